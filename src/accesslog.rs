@@ -1,0 +1,269 @@
+//! The JSONL access log: one line per request — failed, rejected and cancelled ones too — written
+//! by one task fed through a bounded channel. The data path never waits on it: when the channel
+//! is full the record is dropped and counted (`inferscope_access_log_dropped_total`).
+
+use crate::meter::RequestRecord;
+use serde::Serialize;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+use tokio::io::{AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::sync::{mpsc, oneshot};
+
+enum Msg {
+    Record(Box<RequestRecord>),
+    Flush(oneshot::Sender<()>),
+}
+
+/// Sending side of the access log. Cheap to call from the data path.
+#[derive(Debug)]
+pub struct AccessLog {
+    tx: Option<mpsc::Sender<Msg>>,
+    counters: Arc<Counters>,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    dropped: AtomicU64,
+    written: AtomicU64,
+    write_errors: AtomicU64,
+}
+
+impl std::fmt::Debug for Msg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Msg")
+    }
+}
+
+impl AccessLog {
+    /// A log that records nothing (no `access_log` configured).
+    pub fn disabled() -> Self {
+        Self {
+            tx: None,
+            counters: Arc::default(),
+        }
+    }
+
+    /// Opens (appends to) `path` — `-` means standard output — and spawns the writer task on the
+    /// current runtime. `capacity` bounds the records waiting to be written.
+    pub async fn open(path: &Path, capacity: usize) -> std::io::Result<Self> {
+        let out: Box<dyn AsyncWrite + Send + Unpin> = if path == Path::new("-") {
+            Box::new(tokio::io::stdout())
+        } else {
+            Box::new(
+                tokio::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .await?,
+            )
+        };
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        let counters = Arc::<Counters>::default();
+        tokio::spawn(write_loop(rx, BufWriter::new(out), Arc::clone(&counters)));
+        Ok(Self {
+            tx: Some(tx),
+            counters,
+        })
+    }
+
+    /// Queues one record; never waits. A full queue drops it and counts the drop.
+    pub fn send(&self, rec: RequestRecord) {
+        if let Some(tx) = &self.tx {
+            if tx.try_send(Msg::Record(Box::new(rec))).is_err() {
+                self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Waits until every record queued before this call is written and flushed (shutdown path).
+    pub async fn flush(&self) {
+        if let Some(tx) = &self.tx {
+            let (ack, done) = oneshot::channel();
+            if tx.send(Msg::Flush(ack)).await.is_ok() {
+                let _ = tokio::time::timeout(Duration::from_secs(10), done).await;
+            }
+        }
+    }
+
+    /// Records dropped because the queue was full.
+    pub fn dropped(&self) -> u64 {
+        self.counters.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Lines written so far.
+    pub fn written(&self) -> u64 {
+        self.counters.written.load(Ordering::Relaxed)
+    }
+
+    /// Failed writes so far.
+    pub fn write_errors(&self) -> u64 {
+        self.counters.write_errors.load(Ordering::Relaxed)
+    }
+}
+
+async fn write_loop(
+    mut rx: mpsc::Receiver<Msg>,
+    mut out: BufWriter<Box<dyn AsyncWrite + Send + Unpin>>,
+    counters: Arc<Counters>,
+) {
+    let mut line = Vec::with_capacity(1024);
+    let mut warned = false;
+    while let Some(msg) = rx.recv().await {
+        match msg {
+            Msg::Record(rec) => {
+                line.clear();
+                if serde_json::to_writer(&mut line, &LogLine::from(&*rec)).is_ok() {
+                    line.push(b'\n');
+                    match out.write_all(&line).await {
+                        Ok(()) => counters.written.fetch_add(1, Ordering::Relaxed),
+                        Err(e) => {
+                            if !warned {
+                                tracing::error!(error = %e, "access log write failed");
+                                warned = true;
+                            }
+                            counters.write_errors.fetch_add(1, Ordering::Relaxed)
+                        }
+                    };
+                }
+                if rx.is_empty() {
+                    let _ = out.flush().await;
+                }
+            }
+            Msg::Flush(ack) => {
+                let _ = out.flush().await;
+                let _ = ack.send(());
+            }
+        }
+    }
+    let _ = out.flush().await;
+}
+
+/// Milliseconds with microsecond precision.
+fn ms(d: Duration) -> f64 {
+    (d.as_micros() as f64) / 1000.0
+}
+
+#[derive(Serialize)]
+struct ItlSummary {
+    p50: f64,
+    p99: f64,
+    max: f64,
+    count: usize,
+}
+
+/// The access-log line (DESIGN §4): field names are a contract.
+#[derive(Serialize)]
+struct LogLine<'a> {
+    ts: String,
+    request_id: &'a str,
+    trace_id: &'a str,
+    route: &'a str,
+    model: &'a str,
+    backend: &'a str,
+    variant: &'a str,
+    method: &'a str,
+    path: &'a str,
+    status: u16,
+    stream: bool,
+    outcome: &'static str,
+    ttft_ms: Option<f64>,
+    ttfc_ms: Option<f64>,
+    tpot_ms: Option<f64>,
+    e2e_ms: f64,
+    upstream_ttft_ms: Option<f64>,
+    overhead_ms: Option<f64>,
+    itl_ms: Option<ItlSummary>,
+    input_tokens: Option<u64>,
+    output_tokens: Option<u64>,
+    tokens_source: Option<&'static str>,
+    finish_reason: Option<&'a str>,
+    bytes_in: u64,
+    bytes_out: u64,
+    malformed_events: u32,
+    error: Option<&'static str>,
+}
+
+impl<'a> From<&'a RequestRecord> for LogLine<'a> {
+    fn from(r: &'a RequestRecord) -> Self {
+        let m = &r.meta;
+        let itl = (!r.itl.is_empty()).then(|| {
+            let v = r.itl_sorted();
+            let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+            ItlSummary {
+                p50: ms(at(0.5)),
+                p99: ms(at(0.99)),
+                max: ms(v[v.len() - 1]),
+                count: v.len(),
+            }
+        });
+        LogLine {
+            ts: rfc3339(m.ts),
+            request_id: &m.request_id,
+            trace_id: &m.trace_id,
+            route: &m.route,
+            model: &m.model,
+            backend: &m.backend,
+            variant: &m.variant,
+            method: m.method.as_str(),
+            path: &m.path,
+            status: r.status,
+            stream: m.stream,
+            outcome: r.outcome.as_str(),
+            ttft_ms: r.ttft.map(ms),
+            ttfc_ms: r.ttfc.map(ms),
+            tpot_ms: r.tpot.map(ms),
+            e2e_ms: ms(r.e2e),
+            upstream_ttft_ms: r.upstream_ttft.map(ms),
+            overhead_ms: r.overhead.map(ms),
+            itl_ms: itl,
+            input_tokens: r.input_tokens,
+            output_tokens: r.output_tokens,
+            tokens_source: r.tokens_source.map(|t| t.as_str()),
+            finish_reason: r.finish_reason.as_ref().map(|f| f.as_str()),
+            bytes_in: m.bytes_in,
+            bytes_out: r.bytes_out,
+            malformed_events: r.malformed_events,
+            error: r.error,
+        }
+    }
+}
+
+/// RFC 3339 UTC timestamp with milliseconds, from the system clock.
+pub fn rfc3339(t: std::time::SystemTime) -> String {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs();
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil-from-days (Howard Hinnant's algorithm), valid for all dates after 1970.
+    let z = days as i64 + 719_468;
+    let era = z / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        d.subsec_millis()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_formats_known_instants() {
+        let t = UNIX_EPOCH + Duration::from_millis(1_796_140_800_123);
+        assert_eq!(rfc3339(t), "2026-12-01T16:00:00.123Z");
+        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
+        let leap = UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
+        assert_eq!(rfc3339(leap), "2000-02-29T00:00:00.000Z");
+    }
+}

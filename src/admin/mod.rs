@@ -1,0 +1,125 @@
+//! The admin plane (its own listener; API clients never reach it): `GET /metrics` (Prometheus),
+//! `GET /stats` (JSON), `GET /healthz` (the process is up), `GET /readyz` (routes can be served
+//! and the gateway is not draining). `/experiments`, `/feedback` and the dashboard are later work.
+
+use crate::recorder::Recorder;
+use crate::route::Router;
+use crate::stats::{render_prometheus, Scalar};
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// What the admin endpoints read.
+#[derive(Debug)]
+pub struct AdminState {
+    /// Stats and counters.
+    pub recorder: Arc<Recorder>,
+    /// Routes (for readiness).
+    pub router: Arc<Router>,
+    /// False once draining has begun.
+    pub accepting: Arc<AtomicBool>,
+}
+
+fn reply(status: StatusCode, ctype: &'static str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(ctype));
+    r.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
+}
+
+/// Answers one admin request.
+pub async fn handle<B>(
+    state: Arc<AdminState>,
+    req: Request<B>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return Ok(reply(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain",
+            "method not allowed\n",
+        ));
+    }
+    let r = match req.uri().path() {
+        "/healthz" => reply(StatusCode::OK, "text/plain", "ok\n"),
+        "/readyz" => {
+            let draining = !state.accepting.load(Ordering::Relaxed);
+            if draining {
+                reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "draining\n")
+            } else if !state.router.ready() {
+                reply(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain",
+                    "a route has no backend\n",
+                )
+            } else {
+                reply(StatusCode::OK, "text/plain", "ready\n")
+            }
+        }
+        "/stats" => {
+            let mut v = state.recorder.stats.snapshot().to_json();
+            if let serde_json::Value::Object(m) = &mut v {
+                m.insert("in_flight".into(), state.recorder.in_flight().into());
+                m.insert(
+                    "access_log_dropped".into(),
+                    state.recorder.log.dropped().into(),
+                );
+            }
+            reply(StatusCode::OK, "application/json", v.to_string())
+        }
+        "/metrics" => {
+            let rec = &state.recorder;
+            let scalars = [
+                Scalar {
+                    name: "inferscope_in_flight_requests",
+                    kind: "gauge",
+                    help: "Requests started and not yet finished.",
+                    value: rec.in_flight() as f64,
+                },
+                Scalar {
+                    name: "inferscope_access_log_dropped_total",
+                    kind: "counter",
+                    help: "Access-log records dropped because the writer queue was full.",
+                    value: rec.log.dropped() as f64,
+                },
+                Scalar {
+                    name: "inferscope_access_log_written_total",
+                    kind: "counter",
+                    help: "Access-log lines written.",
+                    value: rec.log.written() as f64,
+                },
+                Scalar {
+                    name: "inferscope_access_log_write_errors_total",
+                    kind: "counter",
+                    help: "Access-log writes that failed.",
+                    value: rec.log.write_errors() as f64,
+                },
+                Scalar {
+                    name: "inferscope_ready",
+                    kind: "gauge",
+                    help: "1 when the gateway accepts traffic and every route has a backend.",
+                    value: f64::from(u8::from(
+                        state.accepting.load(Ordering::Relaxed) && state.router.ready(),
+                    )),
+                },
+            ];
+            let text = render_prometheus(&rec.stats.snapshot(), &scalars);
+            reply(
+                StatusCode::OK,
+                "text/plain; version=0.0.4; charset=utf-8",
+                text,
+            )
+        }
+        _ => reply(
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "not found: try /stats, /metrics, /healthz, /readyz\n",
+        ),
+    };
+    Ok(r)
+}

@@ -1,0 +1,204 @@
+//! The command line: parses arguments and calls library entry points. `anyhow` lives here.
+
+use crate::app::{self, Overrides};
+use crate::config::{self, sim_profile};
+use crate::sim::{self, SimOptions};
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+/// A streaming-aware measuring gateway for LLM inference.
+#[derive(Debug, Parser)]
+#[command(name = "inferscope", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Run the gateway (with no --config: two simulated backends behind model `demo`).
+    Serve {
+        /// YAML config file.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Data-plane address, overriding the config (port 0 picks a free port).
+        #[arg(long)]
+        listen: Option<SocketAddr>,
+        /// Admin address, overriding the config (port 0 picks a free port).
+        #[arg(long)]
+        admin: Option<SocketAddr>,
+    },
+    /// Run a simulated OpenAI-compatible backend.
+    Sim {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8000")]
+        listen: SocketAddr,
+        /// `fp16`, `int8`, or a profile YAML file.
+        #[arg(long, default_value = "fp16")]
+        profile: String,
+        /// Override the profile's base time to first token (ms).
+        #[arg(long)]
+        ttft_ms: Option<f64>,
+        /// Override the profile's time per output token (ms).
+        #[arg(long)]
+        tpot_ms: Option<f64>,
+        /// Override the profile's relative jitter (0 = exact timing).
+        #[arg(long)]
+        jitter: Option<f64>,
+        /// Override the output tokens carried by each chunk.
+        #[arg(long)]
+        tokens_per_chunk: Option<u32>,
+        /// Seed of every random choice.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Model id listed by /v1/models.
+        #[arg(long, default_value = "demo")]
+        model: String,
+    },
+    /// Validate a config file: exit 0, or print the error (file:line: key: problem) and exit 2.
+    Check {
+        /// YAML config file.
+        file: PathBuf,
+    },
+}
+
+/// Entry point of the binary.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    if let Cmd::Check { file } = &cli.cmd {
+        return match config::load(file) {
+            Ok(c) => {
+                println!(
+                    "ok: {} ({} backends, {} routes)",
+                    file.display(),
+                    c.backends.len(),
+                    c.routes.len()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli.cmd)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cmd: Cmd) -> anyhow::Result<()> {
+    match cmd {
+        Cmd::Serve {
+            config,
+            listen,
+            admin,
+        } => {
+            let cfg = match &config {
+                Some(path) => config::load(path)?,
+                None => Arc::new(config::embedded_default()?),
+            };
+            let running = app::start(cfg, Overrides { listen, admin }).await?;
+            ready_line(&format!(
+                "inferscope ready data={} admin={}",
+                running.data_addr, running.admin_addr
+            ))?;
+            tracing::info!(data = %running.data_addr, admin = %running.admin_addr, "serving");
+            terminated().await;
+            tracing::info!("shutting down: draining in-flight requests");
+            running.shutdown();
+            if !running.wait().await {
+                tracing::warn!("some requests did not finish within the grace period");
+            }
+            Ok(())
+        }
+        Cmd::Sim {
+            listen,
+            profile,
+            ttft_ms,
+            tpot_ms,
+            jitter,
+            tokens_per_chunk,
+            seed,
+            model,
+        } => {
+            let mut p = sim_profile(&profile).map_err(anyhow::Error::msg)?;
+            p.ttft_base_ms = ttft_ms.unwrap_or(p.ttft_base_ms);
+            p.tpot_ms = tpot_ms.unwrap_or(p.tpot_ms);
+            p.jitter = jitter.unwrap_or(p.jitter);
+            p.tokens_per_chunk = tokens_per_chunk.unwrap_or(p.tokens_per_chunk);
+            p.validate().map_err(anyhow::Error::msg)?;
+            let listener = tokio::net::TcpListener::bind(listen)
+                .await
+                .with_context(|| format!("binding {listen}"))?;
+            let mut opts = SimOptions::new(p);
+            opts.seed = seed;
+            opts.model = model;
+            let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+            let handle = sim::spawn(listener, opts, async move {
+                let _ = rx.await;
+            })?;
+            ready_line(&format!("inferscope-sim ready addr={}", handle.addr))?;
+            terminated().await;
+            let _ = stop.send(());
+            Ok(())
+        }
+        Cmd::Check { .. } => Ok(()),
+    }
+}
+
+fn ready_line(line: &str) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}")?;
+    out.flush()?;
+    Ok(())
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn terminated() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

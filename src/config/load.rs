@@ -1,0 +1,273 @@
+//! `load()` → `parse()` → `validate()`: text to an immutable `Config`, or an error that names the
+//! file, the line and the key.
+
+use super::locate::{locate, Seg};
+use super::schema::{BackendConfig, Config, RouteConfig};
+use crate::sim::Profile;
+use std::collections::HashSet;
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+
+/// A configuration problem, located.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// File name as given (or `<embedded default>`).
+    pub file: String,
+    /// 1-based line, when known.
+    pub line: Option<usize>,
+    /// 1-based column, when known.
+    pub column: Option<usize>,
+    /// Dotted key path, e.g. `routes[0].backends[1]`.
+    pub key: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file)?;
+        if let Some(l) = self.line {
+            write!(f, ":{l}")?;
+            if let Some(c) = self.column {
+                write!(f, ":{c}")?;
+            }
+        }
+        write!(f, ": {}: {}", self.key, self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Reads, parses and validates the config file at `path`.
+pub fn load(path: &Path) -> Result<Arc<Config>, ConfigError> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        file: file.clone(),
+        line: None,
+        column: None,
+        key: "(file)".into(),
+        message: format!("cannot read: {e}"),
+    })?;
+    parse(&text, &file).map(Arc::new)
+}
+
+/// Parses and validates config `text`; `file` names it in errors.
+pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
+    let de = serde_yaml::Deserializer::from_str(text);
+    let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+        let key = match e.path().to_string() {
+            p if p == "." || p.is_empty() => "(top level)".to_string(),
+            p => p,
+        };
+        let inner = e.into_inner();
+        let loc = inner.location();
+        let message = inner.to_string();
+        // serde_yaml appends " at line L column C"; the location is printed in front instead.
+        let message = match message.find(" at line ") {
+            Some(i) => message[..i].to_string(),
+            None => message,
+        };
+        ConfigError {
+            file: file.to_string(),
+            line: loc.as_ref().map(|l| l.line()),
+            column: loc.as_ref().map(|l| l.column()),
+            key,
+            message,
+        }
+    })?;
+    validate(&config).map_err(|(path, message)| ConfigError {
+        file: file.to_string(),
+        line: locate(text, &path),
+        column: None,
+        key: super::locate::render(&path),
+        message,
+    })?;
+    Ok(config)
+}
+
+type Invalid = (Vec<Seg>, String);
+
+fn err<T>(path: Vec<Seg>, msg: impl Into<String>) -> Result<T, Invalid> {
+    Err((path, msg.into()))
+}
+
+/// Checks what the schema alone cannot: references, uniqueness, ranges.
+pub fn validate(c: &Config) -> Result<(), Invalid> {
+    use Seg::{Index as I, Key as K};
+    if c.backends.is_empty() {
+        return err(vec![K("backends")], "at least one backend is required");
+    }
+    let mut names = HashSet::new();
+    for (i, b) in c.backends.iter().enumerate() {
+        let at = |k: &'static str| vec![K("backends"), I(i), K(k)];
+        if b.name.is_empty() || !names.insert(b.name.as_str()) {
+            return err(
+                at("name"),
+                format!("backend name `{}` is empty or not unique", b.name),
+            );
+        }
+        validate_backend(b).map_err(|(k, m)| (at(k), m))?;
+    }
+    if c.routes.is_empty() {
+        return err(vec![K("routes")], "at least one route is required");
+    }
+    let mut routes = HashSet::new();
+    for (i, r) in c.routes.iter().enumerate() {
+        if r.name.is_empty() || !routes.insert(r.name.as_str()) {
+            return err(
+                vec![K("routes"), I(i), K("name")],
+                format!("route name `{}` is empty or not unique", r.name),
+            );
+        }
+        validate_route(r, &names).map_err(|(mut p, m)| {
+            let mut full = vec![K("routes"), I(i)];
+            full.append(&mut p);
+            (full, m)
+        })?;
+    }
+    let l = &c.limits;
+    let limits = [
+        ("max_request_body_bytes", l.max_request_body_bytes),
+        ("max_concurrent_requests", l.max_concurrent_requests),
+        ("max_event_bytes", l.max_event_bytes),
+    ];
+    for (k, v) in limits {
+        if v == 0 {
+            return err(vec![K("limits"), K(k)], "must be greater than 0");
+        }
+    }
+    if let Some(a) = &c.access_log {
+        if a.queue == 0 {
+            return err(vec![K("access_log"), K("queue")], "must be greater than 0");
+        }
+    }
+    Ok(())
+}
+
+fn validate_backend(b: &BackendConfig) -> Result<(), (&'static str, String)> {
+    match (&b.url, &b.sim) {
+        (Some(_), Some(_)) | (None, None) => {
+            return Err(("url", "give exactly one of `url` and `sim`".into()))
+        }
+        (Some(url), None) => {
+            let uri: http::Uri = url
+                .parse()
+                .map_err(|e| ("url", format!("`{url}` is not a URL: {e}")))?;
+            match uri.scheme_str() {
+                Some("http") => {}
+                Some("https") => {
+                    return Err((
+                        "url",
+                        "https upstreams arrive with TLS support; use http:// for now".into(),
+                    ))
+                }
+                _ => return Err(("url", format!("`{url}` must start with http://"))),
+            }
+            if uri.host().is_none() {
+                return Err(("url", format!("`{url}` has no host")));
+            }
+            if uri.path().len() > 1 || uri.query().is_some() {
+                return Err(("url", format!("`{url}`: give only scheme, host and port; the request path is forwarded as-is")));
+            }
+        }
+        (None, Some(sim)) => {
+            sim_profile(&sim.profile).map_err(|m| ("sim", m))?;
+        }
+    }
+    Ok(())
+}
+
+/// Resolves a simulator profile: a built-in name or a YAML file.
+pub fn sim_profile(name: &str) -> Result<Profile, String> {
+    if let Some(p) = Profile::named(name) {
+        return Ok(p);
+    }
+    let text = std::fs::read_to_string(name)
+        .map_err(|e| format!("profile `{name}` is neither fp16, int8 nor a readable file: {e}"))?;
+    let p: Profile =
+        serde_yaml::from_str(&text).map_err(|e| format!("profile file `{name}`: {e}"))?;
+    p.validate()
+        .map_err(|e| format!("profile file `{name}`: {e}"))?;
+    Ok(p)
+}
+
+fn validate_route(r: &RouteConfig, backends: &HashSet<&str>) -> Result<(), Invalid> {
+    use Seg::{Index as I, Key as K};
+    if let Some(p) = &r.matcher.path_prefix {
+        if !p.starts_with('/') {
+            return err(
+                vec![K("match"), K("path_prefix")],
+                format!("`{p}` must start with /"),
+            );
+        }
+    }
+    let check = |list: &[String], base: Vec<Seg>| -> Result<(), Invalid> {
+        if list.is_empty() {
+            return err(base, "needs at least one backend");
+        }
+        for (j, b) in list.iter().enumerate() {
+            if !backends.contains(b.as_str()) {
+                let mut p = base.clone();
+                p.push(I(j));
+                return err(p, format!("unknown backend `{b}`"));
+            }
+        }
+        Ok(())
+    };
+    match (&r.experiment, r.backends.is_empty()) {
+        (Some(_), false) => err(
+            vec![K("backends")],
+            "give either `backends` or `experiment`, not both",
+        ),
+        (None, true) => err(
+            vec![K("backends")],
+            "a route needs `backends` or an `experiment`",
+        ),
+        (None, false) => check(&r.backends, vec![K("backends")]),
+        (Some(x), true) => {
+            let base = || vec![K("experiment")];
+            if x.variants.is_empty() {
+                return err(
+                    vec![K("experiment"), K("variants")],
+                    "at least one variant is required",
+                );
+            }
+            if let Some(k) = &x.sticky_key {
+                if k.strip_prefix("header:")
+                    .is_none_or(|h| http::HeaderName::try_from(h).is_err())
+                {
+                    return err(
+                        vec![K("experiment"), K("sticky_key")],
+                        format!("`{k}`: only `header:NAME` is supported"),
+                    );
+                }
+            }
+            let mut seen = HashSet::new();
+            let mut total = 0u64;
+            let mut controls = 0;
+            for (v, var) in x.variants.iter().enumerate() {
+                let at = |k: &'static str| vec![K("experiment"), K("variants"), I(v), K(k)];
+                if var.name.is_empty() || !seen.insert(var.name.as_str()) {
+                    return err(
+                        at("name"),
+                        format!("variant name `{}` is empty or not unique", var.name),
+                    );
+                }
+                check(&var.backends, at("backends"))?;
+                total += u64::from(var.weight);
+                controls += usize::from(var.control);
+            }
+            if total == 0 {
+                return err(base(), "the variants' weights add up to 0");
+            }
+            if controls != 1 {
+                return err(
+                    vec![K("experiment"), K("variants")],
+                    format!("exactly one variant must be `control: true` (found {controls})"),
+                );
+            }
+            Ok(())
+        }
+    }
+}

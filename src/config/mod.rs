@@ -1,0 +1,25 @@
+//! Configuration: YAML schema (serde, unknown keys rejected), `load()` → `validate()` → immutable
+//! `Arc<Config>`, errors that name file, line and key, and the embedded default. serde_yaml is used
+//! only here.
+
+mod load;
+mod locate;
+mod schema;
+
+pub use load::{load, parse, sim_profile, ConfigError};
+pub use schema::{
+    parse_duration, AccessLogConfig, AdminConfig, BackendConfig, Config, ExperimentConfig, Limits,
+    MatchConfig, RouteConfig, SimBackend, VariantConfig,
+};
+
+/// The embedded default (also shipped as `config/default.yaml`): two in-process simulated
+/// backends, `fp16` and `int8`, behind model `demo`, split 50/50.
+pub const DEFAULT_YAML: &str = include_str!("../../config/default.yaml");
+
+/// Name used for the embedded default in errors and logs.
+pub const DEFAULT_NAME: &str = "<embedded default>";
+
+/// The embedded default, parsed.
+pub fn embedded_default() -> Result<Config, ConfigError> {
+    parse(DEFAULT_YAML, DEFAULT_NAME)
+}

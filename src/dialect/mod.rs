@@ -1,0 +1,126 @@
+//! Wire formats: which endpoint speaks which dialect, and what one event of it means for
+//! measurement (output? usage? finish reason? error?).
+//!
+//! Only the OpenAI chat-completions and legacy completions formats are classified today; the
+//! other known inference endpoints are recognised (their request bodies are read for `model`)
+//! and measured by timing alone until their dialects land.
+
+mod openai;
+
+pub use openai::classify;
+
+/// The known inference endpoints whose JSON request body the gateway reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `/v1/chat/completions`
+    ChatCompletions,
+    /// `/v1/completions`
+    Completions,
+    /// `/v1/responses` (recognised; events not yet classified)
+    Responses,
+    /// `/v1/messages` (recognised; events not yet classified)
+    Messages,
+    /// TGI `/generate_stream` (recognised; events not yet classified)
+    GenerateStream,
+    /// Ollama `/api/chat` (recognised; events not yet classified)
+    OllamaChat,
+    /// Ollama `/api/generate` (recognised; events not yet classified)
+    OllamaGenerate,
+}
+
+impl Endpoint {
+    /// The endpoint served at `path`, if it is a known inference endpoint.
+    pub fn from_path(path: &str) -> Option<Self> {
+        Some(match path.trim_end_matches('/') {
+            "/v1/chat/completions" => Self::ChatCompletions,
+            "/v1/completions" => Self::Completions,
+            "/v1/responses" => Self::Responses,
+            "/v1/messages" => Self::Messages,
+            "/generate_stream" => Self::GenerateStream,
+            "/api/chat" => Self::OllamaChat,
+            "/api/generate" => Self::OllamaGenerate,
+            _ => return None,
+        })
+    }
+
+    /// True for the OpenAI formats whose events `classify` understands and whose streaming
+    /// requests accept `stream_options.include_usage`.
+    pub fn is_openai(self) -> bool {
+        matches!(self, Self::ChatCompletions | Self::Completions)
+    }
+
+    /// Name used for `gen_ai.operation.name`-style labels.
+    pub fn operation(self) -> &'static str {
+        match self {
+            Self::ChatCompletions | Self::Responses | Self::Messages | Self::OllamaChat => "chat",
+            Self::Completions | Self::GenerateStream | Self::OllamaGenerate => "text_completion",
+        }
+    }
+}
+
+/// Why generation stopped, as the backend reported it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FinishReason {
+    /// `stop`
+    Stop,
+    /// `length`
+    Length,
+    /// `tool_calls`
+    ToolCalls,
+    /// `content_filter`
+    ContentFilter,
+    /// Anything else, kept verbatim.
+    Other(Box<str>),
+}
+
+impl FinishReason {
+    /// Parses a reported reason (allocates only for unusual values).
+    pub fn parse(s: &str) -> Self {
+        match s {
+            "stop" => Self::Stop,
+            "length" => Self::Length,
+            "tool_calls" => Self::ToolCalls,
+            "content_filter" => Self::ContentFilter,
+            other => Self::Other(other.into()),
+        }
+    }
+
+    /// The reason as the backend spelled it.
+    pub fn as_str(&self) -> &str {
+        match self {
+            Self::Stop => "stop",
+            Self::Length => "length",
+            Self::ToolCalls => "tool_calls",
+            Self::ContentFilter => "content_filter",
+            Self::Other(s) => s,
+        }
+    }
+}
+
+/// Token counts reported by the backend.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub input: Option<u64>,
+    /// Completion tokens.
+    pub output: Option<u64>,
+}
+
+/// What one event (or one whole non-streaming body) means for measurement.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Observation {
+    /// The event carries output: non-empty content, reasoning, tool-call arguments or text.
+    pub output: bool,
+    /// Usage reported in this event.
+    pub usage: Option<Usage>,
+    /// A chunk with no choices and a usage object (the one `include_usage` adds).
+    pub usage_only: bool,
+    /// Finish reason reported in this event.
+    pub finish: Option<FinishReason>,
+    /// The terminal `[DONE]` sentinel.
+    pub done: bool,
+    /// An error object inside the stream.
+    pub error: bool,
+    /// The data was not the JSON this dialect expects.
+    pub malformed: bool,
+}

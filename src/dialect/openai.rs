@@ -1,0 +1,300 @@
+//! OpenAI chat-completions and legacy completions: streamed chunks and whole bodies.
+//!
+//! The views below deserialize only what measurement needs, borrowing from the input and
+//! iterating arrays without collecting them, so classifying an event allocates nothing unless a
+//! string holds JSON escapes (then serde_json unescapes it into a scratch buffer).
+
+use super::{FinishReason, Observation, Usage};
+use serde::de::{self, Deserializer, IgnoredAny, SeqAccess, Visitor};
+use serde::Deserialize;
+use std::fmt;
+
+/// Classifies one SSE event's data, or a whole non-streaming JSON body.
+pub fn classify(data: &[u8]) -> Observation {
+    let trimmed = data.trim_ascii();
+    if trimmed == b"[DONE]" {
+        return Observation {
+            done: true,
+            ..Observation::default()
+        };
+    }
+    match serde_json::from_slice::<ChunkView>(trimmed) {
+        Ok(v) => {
+            let usage = v.usage.map(|u| Usage {
+                input: u.prompt_tokens,
+                output: u.completion_tokens,
+            });
+            Observation {
+                output: v.choices.output,
+                usage_only: usage.is_some() && v.choices.count == 0,
+                usage,
+                finish: v.choices.finish,
+                done: false,
+                error: v.error.is_some() || v.object.0,
+                malformed: false,
+            }
+        }
+        Err(_) => Observation {
+            malformed: true,
+            ..Observation::default()
+        },
+    }
+}
+
+#[derive(Deserialize)]
+struct ChunkView {
+    #[serde(default)]
+    choices: Choices,
+    #[serde(default)]
+    usage: Option<UsageView>,
+    #[serde(default)]
+    error: Option<IgnoredAny>,
+    #[serde(default)]
+    object: IsError,
+}
+
+#[derive(Deserialize)]
+struct UsageView {
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+}
+
+/// Summary of a `choices` array, folded while it is read.
+#[derive(Default)]
+struct Choices {
+    count: u32,
+    output: bool,
+    finish: Option<FinishReason>,
+}
+
+#[derive(Deserialize)]
+struct ChoiceView {
+    #[serde(default)]
+    delta: Option<MessageView>,
+    #[serde(default)]
+    message: Option<MessageView>,
+    #[serde(default)]
+    text: NonEmpty,
+    #[serde(default)]
+    finish_reason: Option<Reason>,
+}
+
+#[derive(Deserialize)]
+struct MessageView {
+    #[serde(default)]
+    content: NonEmpty,
+    #[serde(default)]
+    reasoning_content: NonEmpty,
+    #[serde(default)]
+    reasoning: NonEmpty,
+    #[serde(default)]
+    tool_calls: AnyToolOutput,
+}
+
+#[derive(Deserialize)]
+struct ToolCallView {
+    #[serde(default)]
+    function: Option<FunctionView>,
+}
+
+#[derive(Deserialize)]
+struct FunctionView {
+    #[serde(default)]
+    arguments: NonEmpty,
+    #[serde(default)]
+    name: NonEmpty,
+}
+
+impl MessageView {
+    fn has_output(&self) -> bool {
+        self.content.0 || self.reasoning_content.0 || self.reasoning.0 || self.tool_calls.0
+    }
+}
+
+impl<'de> Deserialize<'de> for Choices {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Choices;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an array of choices")
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Choices, E> {
+                Ok(Choices::default())
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Choices, A::Error> {
+                let mut out = Choices::default();
+                while let Some(c) = seq.next_element::<ChoiceView>()? {
+                    out.count += 1;
+                    let msg = c.delta.as_ref().or(c.message.as_ref());
+                    out.output |= c.text.0 || msg.is_some_and(MessageView::has_output);
+                    if let Some(Reason(r)) = c.finish_reason {
+                        out.finish = Some(r);
+                    }
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// True when a string value is present and non-empty (null, absent and `""` are false).
+#[derive(Default)]
+struct NonEmpty(bool);
+
+impl<'de> Deserialize<'de> for NonEmpty {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = NonEmpty;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string or null")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<NonEmpty, E> {
+                Ok(NonEmpty(!s.is_empty()))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<NonEmpty, E> {
+                Ok(NonEmpty(false))
+            }
+            fn visit_none<E: de::Error>(self) -> Result<NonEmpty, E> {
+                Ok(NonEmpty(false))
+            }
+            fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<NonEmpty, D::Error> {
+                d.deserialize_any(V)
+            }
+            // Some servers send content as an array of parts: any part counts as output.
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<NonEmpty, A::Error> {
+                let mut any = false;
+                while seq.next_element::<IgnoredAny>()?.is_some() {
+                    any = true;
+                }
+                Ok(NonEmpty(any))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// True when any tool call carries a non-empty function name or arguments.
+#[derive(Default)]
+struct AnyToolOutput(bool);
+
+impl<'de> Deserialize<'de> for AnyToolOutput {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = AnyToolOutput;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an array of tool calls or null")
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<AnyToolOutput, E> {
+                Ok(AnyToolOutput(false))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<AnyToolOutput, A::Error> {
+                let mut any = false;
+                while let Some(t) = seq.next_element::<ToolCallView>()? {
+                    any |= t.function.is_some_and(|f| f.arguments.0 || f.name.0);
+                }
+                Ok(AnyToolOutput(any))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A finish reason (string) or null.
+struct Reason(FinishReason);
+
+impl<'de> Deserialize<'de> for Reason {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Reason;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a finish reason")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Reason, E> {
+                Ok(Reason(FinishReason::parse(s)))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// `"object": "error"` (vLLM's in-stream error shape).
+#[derive(Default)]
+struct IsError(bool);
+
+impl<'de> Deserialize<'de> for IsError {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = IsError;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an object kind")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<IsError, E> {
+                Ok(IsError(s == "error"))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<IsError, E> {
+                Ok(IsError(false))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn role_only_and_usage_only_chunks_are_not_output() {
+        let role = classify(br#"{"id":"x","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}"#);
+        assert!(!role.output && !role.usage_only && !role.malformed);
+        let usage = classify(
+            br#"{"id":"x","choices":[],"usage":{"prompt_tokens":7,"completion_tokens":12}}"#,
+        );
+        assert!(usage.usage_only && !usage.output);
+        assert_eq!(
+            usage.usage,
+            Some(Usage {
+                input: Some(7),
+                output: Some(12)
+            })
+        );
+    }
+
+    #[test]
+    fn content_reasoning_tools_and_text_are_output() {
+        for data in [
+            &br#"{"choices":[{"delta":{"content":"Hi \n"}}]}"#[..],
+            br#"{"choices":[{"delta":{"reasoning_content":"hm"}}]}"#,
+            br#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\""}}]}}]}"#,
+            br#"{"choices":[{"text":"x","index":0,"finish_reason":null}]}"#,
+        ] {
+            assert!(classify(data).output, "{}", String::from_utf8_lossy(data));
+        }
+    }
+
+    #[test]
+    fn finish_done_error_and_malformed() {
+        let f = classify(br#"{"choices":[{"delta":{},"finish_reason":"length"}]}"#);
+        assert_eq!(f.finish, Some(FinishReason::Length));
+        assert!(classify(b" [DONE]").done);
+        assert!(classify(br#"{"error":{"message":"boom"}}"#).error);
+        assert!(classify(br#"{"object":"error","message":"boom"}"#).error);
+        assert!(classify(br#"{"choices":[{"delta":"#).malformed);
+    }
+
+    #[test]
+    fn whole_body_message_counts() {
+        let body = br#"{"choices":[{"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}"#;
+        let o = classify(body);
+        assert!(o.output && !o.usage_only);
+        assert_eq!(o.finish, Some(FinishReason::Stop));
+    }
+}

@@ -1,0 +1,243 @@
+//! `MeteredBody`: wraps the upstream response body, timestamps each frame in `poll_frame`, hands
+//! the same `Bytes` on at once, and finalizes the request's record exactly once — at the end of
+//! the body, on a body error, or on drop (the client went away).
+//!
+//! The one exception to "forward as-is": when the gateway injected `stream_options.include_usage`,
+//! the extra usage-only event is cut out of the stream (by slicing the `Bytes`, not copying). To
+//! do that, while that event has not been seen, an incomplete trailing event is held back until
+//! its end arrives — at most one event's bytes, for at most the time the backend takes to finish
+//! writing it.
+
+use super::progress::{End, Meter, StripPlan};
+use crate::sse::OpenBlock;
+use bytes::{Bytes, BytesMut};
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use tokio::time::Instant;
+
+pin_project! {
+    /// An `http_body::Body` that measures the body it wraps without buffering it.
+    pub struct MeteredBody<B> {
+        #[pin]
+        inner: B,
+        meter: Option<Meter>,
+        // Strip mode only: the start of an incomplete event, and frames decided but not returned.
+        held: Option<Bytes>,
+        queue: VecDeque<Bytes>,
+        upstream_done: bool,
+    }
+
+    impl<B> PinnedDrop for MeteredBody<B> {
+        fn drop(this: Pin<&mut Self>) {
+            if let Some(meter) = this.project().meter.take() {
+                meter.finish(End::Dropped);
+            }
+        }
+    }
+}
+
+impl<B> MeteredBody<B> {
+    /// Wraps `inner`, feeding its frames to `meter`.
+    pub fn new(inner: B, meter: Meter) -> Self {
+        Self {
+            inner,
+            meter: Some(meter),
+            held: None,
+            queue: VecDeque::new(),
+            upstream_done: false,
+        }
+    }
+}
+
+impl<B> Body for MeteredBody<B>
+where
+    B: Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let mut this = self.project();
+        loop {
+            if let Some(bytes) = this.queue.pop_front() {
+                if let Some(m) = this.meter.as_mut() {
+                    m.sent(bytes.len());
+                }
+                return Poll::Ready(Some(Ok(Frame::data(bytes))));
+            }
+            if *this.upstream_done {
+                if let Some(m) = this.meter.take() {
+                    m.finish(End::Complete);
+                }
+                return Poll::Ready(None);
+            }
+            match ready!(this.inner.as_mut().poll_frame(cx)) {
+                None => {
+                    *this.upstream_done = true;
+                    // A held, never-completed event is still the client's: forward it.
+                    if let Some(h) = this.held.take() {
+                        this.queue.push_back(h);
+                    }
+                }
+                Some(Err(e)) => {
+                    if let Some(m) = this.meter.take() {
+                        m.finish(End::BodyError);
+                    }
+                    return Poll::Ready(Some(Err(e)));
+                }
+                Some(Ok(frame)) => {
+                    let data = match frame.into_data() {
+                        Ok(data) => data,
+                        Err(trailers) => return Poll::Ready(Some(Ok(trailers))),
+                    };
+                    let now = Instant::now();
+                    let Some(m) = this.meter.as_mut() else {
+                        return Poll::Ready(Some(Ok(Frame::data(data))));
+                    };
+                    let stripping = m.stripping();
+                    let plan = m.observe(&data, now);
+                    if !stripping && this.held.is_none() {
+                        m.sent(data.len());
+                        return Poll::Ready(Some(Ok(Frame::data(data))));
+                    }
+                    *this.held = strip(this.held.take(), data, plan, m.stripping(), this.queue);
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        // Never claim the end early: the record is finalized by the poll that returns `None`.
+        false
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        if self.held.is_some() || self.meter.as_ref().is_some_and(Meter::stripping) {
+            SizeHint::default()
+        } else {
+            self.inner.size_hint()
+        }
+    }
+}
+
+/// Splits `held ++ data` into what goes to the client now (pushed on `queue`), what is dropped
+/// (the injected usage event) and what stays held (an incomplete trailing event, while `hold`).
+fn strip(
+    held: Option<Bytes>,
+    data: Bytes,
+    plan: StripPlan,
+    hold: bool,
+    queue: &mut VecDeque<Bytes>,
+) -> Option<Bytes> {
+    let h = held.as_ref().map_or(0, Bytes::len);
+    let total = h + data.len();
+    let drop = plan.drop.map(|(s, e)| (s.map_or(0, |s| h + s), h + e));
+    let hold_from = match (hold, plan.open) {
+        (true, Some(OpenBlock::At(t))) => h + t,
+        (true, Some(OpenBlock::Earlier)) => 0,
+        _ => total,
+    };
+    let piece = |a: usize, b: usize, queue: &mut VecDeque<Bytes>| {
+        if let Some(held) = &held {
+            if a < h {
+                queue.push_back(held.slice(a..b.min(h)));
+            }
+        }
+        if b > h {
+            queue.push_back(data.slice(a.max(h) - h..b - h));
+        }
+    };
+    match drop {
+        Some((ds, de)) => {
+            if ds > 0 {
+                piece(0, ds, queue);
+            }
+            if hold_from > de {
+                piece(de, hold_from, queue);
+            }
+        }
+        None if hold_from > 0 => piece(0, hold_from, queue),
+        None => {}
+    }
+    queue.retain(|b| !b.is_empty());
+    if hold_from >= total {
+        None
+    } else if hold_from >= h {
+        Some(data.slice(hold_from - h..))
+    } else {
+        // The incomplete event spans frames: join its pieces (rare; bounded by one event).
+        let mut joined = BytesMut::with_capacity(total - hold_from);
+        if let Some(held) = &held {
+            joined.extend_from_slice(&held[hold_from..]);
+        }
+        joined.extend_from_slice(&data);
+        Some(joined.freeze())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(
+        held: Option<&'static [u8]>,
+        data: &'static [u8],
+        plan: StripPlan,
+        hold: bool,
+    ) -> (Vec<u8>, Option<Vec<u8>>) {
+        let mut q = VecDeque::new();
+        let held = strip(
+            held.map(Bytes::from_static),
+            Bytes::from_static(data),
+            plan,
+            hold,
+            &mut q,
+        );
+        (
+            q.iter().flat_map(|b| b.to_vec()).collect(),
+            held.map(|b| b.to_vec()),
+        )
+    }
+
+    #[test]
+    fn drops_the_usage_event_and_holds_an_incomplete_tail() {
+        let plan = StripPlan {
+            drop: Some((Some(4), 8)),
+            open: Some(OpenBlock::At(10)),
+        };
+        assert_eq!(
+            run(None, b"aaaaUUUUbbcc", plan, true),
+            (b"aaaabb".to_vec(), Some(b"cc".to_vec()))
+        );
+        let plan = StripPlan {
+            drop: Some((None, 2)),
+            open: None,
+        };
+        assert_eq!(
+            run(Some(b"UU"), b"UUdd", plan, false),
+            (b"dd".to_vec(), None)
+        );
+        let plan = StripPlan {
+            drop: None,
+            open: Some(OpenBlock::Earlier),
+        };
+        assert_eq!(
+            run(Some(b"ab"), b"cd", plan, true),
+            (Vec::new(), Some(b"abcd".to_vec()))
+        );
+        let plan = StripPlan {
+            drop: None,
+            open: None,
+        };
+        assert_eq!(
+            run(Some(b"ab"), b"cd", plan, false),
+            (b"abcd".to_vec(), None)
+        );
+    }
+}

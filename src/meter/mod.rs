@@ -1,0 +1,10 @@
+//! Per-request measurement: the body wrapper that timestamps every upstream frame where the bytes
+//! are, and the one `RequestRecord` each request produces.
+
+mod body;
+mod progress;
+mod record;
+
+pub use body::MeteredBody;
+pub use progress::{End, Framing, Meter, Permit, StripPlan};
+pub use record::{ItlSample, Outcome, RequestMeta, RequestRecord, TokensSource};

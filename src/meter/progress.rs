@@ -1,0 +1,302 @@
+//! `Meter`: the per-request state that frames are fed into, and its one-time finalization.
+
+use super::record::{ItlSample, Outcome, RequestMeta, RequestRecord, TokensSource};
+use crate::dialect::{self, FinishReason, Usage};
+use crate::recorder::Recorder;
+use crate::sse::{Event, NdjsonScanner, OpenBlock, SseScanner};
+use bytes::Bytes;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::OwnedSemaphorePermit;
+
+/// A concurrency permit shared between the request and its response body.
+pub type Permit = Arc<OwnedSemaphorePermit>;
+use tokio::time::Instant;
+
+/// Cap on a non-streaming body kept (as shared `Bytes`, no copy) to read its `usage`.
+const MAX_JSON_CAPTURE: usize = 4 << 20;
+
+/// How the response body is cut into events.
+#[derive(Debug)]
+pub enum Framing {
+    /// `text/event-stream` from an OpenAI-format endpoint.
+    Sse(SseScanner),
+    /// `application/x-ndjson` (events timed, not yet classified).
+    Ndjson(NdjsonScanner),
+    /// A whole JSON body from an OpenAI-format endpoint: kept by reference, read at the end.
+    Json {
+        /// The body's frames (reference-counted, not copied).
+        parts: Vec<Bytes>,
+        /// Their total length; capture stops past `MAX_JSON_CAPTURE`.
+        len: usize,
+    },
+    /// Anything else: timed and counted only.
+    Opaque,
+}
+
+/// What the event callback updates. Kept apart from the scanner so both can be borrowed at once.
+#[derive(Debug, Default)]
+struct Progress {
+    t_chunk1: Option<Instant>,
+    t_tok1: Option<Instant>,
+    t_tok_last: Option<Instant>,
+    itl: Vec<ItlSample>,
+    output_events: u64,
+    /// Cumulative completion tokens from per-chunk usage (vLLM `continuous_usage_stats`).
+    cum_output: Option<u64>,
+    usage: Usage,
+    finish: Option<FinishReason>,
+    done: bool,
+    error_event: bool,
+    malformed: u32,
+    classify: bool,
+    strip_usage: bool,
+    /// Range of the usage-only event to drop from this frame, if any.
+    drop: Option<(Option<usize>, usize)>,
+}
+
+impl Progress {
+    fn on_event(&mut self, ev: Event<'_>, now: Instant) {
+        self.t_chunk1.get_or_insert(now);
+        if !self.classify {
+            self.output_events += 1;
+            self.mark_output(now, 1);
+            return;
+        }
+        let o = dialect::classify(ev.data);
+        if o.malformed {
+            self.malformed += 1;
+            return;
+        }
+        self.done |= o.done;
+        self.error_event |= o.error;
+        if let Some(u) = o.usage {
+            self.usage.input = u.input.or(self.usage.input);
+            self.usage.output = u.output.or(self.usage.output);
+        }
+        if o.output {
+            self.output_events += 1;
+            let tokens = match (o.usage.and_then(|u| u.output), self.cum_output) {
+                (Some(cum), prev) => {
+                    self.cum_output = Some(cum);
+                    cum.saturating_sub(prev.unwrap_or(0)).max(1)
+                }
+                (None, _) => 1,
+            };
+            self.mark_output(now, u32::try_from(tokens).unwrap_or(u32::MAX));
+        }
+        if o.finish.is_some() {
+            self.finish = o.finish;
+        }
+        if o.usage_only && self.strip_usage {
+            self.drop = Some((ev.start, ev.end));
+        }
+    }
+
+    fn mark_output(&mut self, now: Instant, tokens: u32) {
+        match self.t_tok_last {
+            Some(last) => self.itl.push(ItlSample {
+                gap: now.saturating_duration_since(last),
+                tokens,
+            }),
+            None => self.t_tok1 = Some(now),
+        }
+        self.t_tok_last = Some(now);
+    }
+}
+
+/// Result of observing one frame when the injected usage chunk must be removed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct StripPlan {
+    /// Range of the usage-only event in this frame (`start == None`: it began in held bytes).
+    pub drop: Option<(Option<usize>, usize)>,
+    /// Where the frame's incomplete trailing block began.
+    pub open: Option<OpenBlock>,
+}
+
+/// Per-request measurement state. Created when the upstream response head arrives; consumed by
+/// `finish`, exactly once.
+#[derive(Debug)]
+pub struct Meter {
+    meta: RequestMeta,
+    status: u16,
+    framing: Framing,
+    progress: Progress,
+    bytes_out: u64,
+    observe_cost: Duration,
+    recorder: Arc<Recorder>,
+    /// Held for the life of the response: the gateway-wide concurrency limit counts streams.
+    _permit: Option<Permit>,
+}
+
+/// How the body ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// The upstream body ended.
+    Complete,
+    /// The upstream body failed mid-way.
+    BodyError,
+    /// The client dropped the response before its end.
+    Dropped,
+}
+
+impl Meter {
+    /// A meter for a response with `status`, cut by `framing`. `classify` reads events as the
+    /// OpenAI dialect (otherwise every event counts as output, timing only). `strip_usage` removes
+    /// the usage-only chunk that the gateway asked for on the client's behalf.
+    pub fn new(
+        meta: RequestMeta,
+        status: u16,
+        framing: Framing,
+        classify: bool,
+        strip_usage: bool,
+        recorder: Arc<Recorder>,
+        permit: Option<Permit>,
+    ) -> Self {
+        Self {
+            meta,
+            status,
+            framing,
+            progress: Progress {
+                classify,
+                strip_usage,
+                itl: Vec::with_capacity(64),
+                ..Progress::default()
+            },
+            bytes_out: 0,
+            observe_cost: Duration::ZERO,
+            recorder,
+            _permit: permit,
+        }
+    }
+
+    /// True while the usage-only chunk still has to be removed from the stream.
+    pub fn stripping(&self) -> bool {
+        self.progress.strip_usage
+    }
+
+    /// Observes one frame received at `now`. Never copies the frame's bytes (a non-streaming JSON
+    /// body is kept by reference).
+    pub fn observe(&mut self, data: &Bytes, now: Instant) -> StripPlan {
+        let p = &mut self.progress;
+        p.drop = None;
+        let open = match &mut self.framing {
+            Framing::Sse(s) => Some(s.feed(data, |ev| p.on_event(ev, now))),
+            Framing::Ndjson(s) => Some(s.feed(data, |ev| p.on_event(ev, now))),
+            Framing::Json { parts, len } => {
+                p.t_chunk1.get_or_insert(now);
+                *len += data.len();
+                if *len <= MAX_JSON_CAPTURE {
+                    parts.push(data.clone());
+                }
+                None
+            }
+            Framing::Opaque => {
+                p.t_chunk1.get_or_insert(now);
+                None
+            }
+        };
+        let plan = StripPlan { drop: p.drop, open };
+        if p.drop.is_some() {
+            // Only one usage-only chunk is ever added; after it, frames pass untouched.
+            p.strip_usage = false;
+        }
+        self.observe_cost += now.elapsed();
+        plan
+    }
+
+    /// Counts bytes actually handed to the client.
+    pub fn sent(&mut self, n: usize) {
+        self.bytes_out += n as u64;
+    }
+
+    /// Builds the record and hands it to the recorder. Consumes the meter: exactly once.
+    pub fn finish(self, end: End) {
+        let (rec, recorder) = self.into_record(end);
+        recorder.record(rec);
+    }
+
+    fn into_record(mut self, end: End) -> (RequestRecord, Arc<Recorder>) {
+        let now = Instant::now();
+        let truncated_partial = match &self.framing {
+            Framing::Sse(s) => s.has_partial(),
+            Framing::Ndjson(s) => s.has_partial(),
+            _ => false,
+        };
+        let mut malformed = self.progress.malformed;
+        if let Framing::Sse(s) = &self.framing {
+            malformed += s.issues().oversized_lines;
+        }
+        if let Framing::Json { parts, len } = &mut self.framing {
+            if end == End::Complete && *len <= MAX_JSON_CAPTURE && self.status < 300 {
+                let body: Vec<u8> = parts.concat();
+                let o = dialect::classify(&body);
+                if o.malformed {
+                    malformed += 1;
+                }
+                self.progress.error_event |= o.error;
+                if let Some(u) = o.usage {
+                    self.progress.usage = u;
+                }
+                self.progress.finish = o.finish;
+                self.progress.done = true;
+            }
+        }
+        let p = &self.progress;
+        let streamed = matches!(self.framing, Framing::Sse(_) | Framing::Ndjson(_));
+        let (outcome, error) = match end {
+            End::Dropped => (Outcome::ClientCancelled, Some("client_disconnected")),
+            End::BodyError => (Outcome::Truncated, Some("upstream_body_error")),
+            End::Complete if self.status >= 500 => (Outcome::BackendError, Some("upstream_status")),
+            End::Complete if self.status >= 400 => (Outcome::ClientError, None),
+            End::Complete if p.error_event => (Outcome::BackendError, Some("stream_error_event")),
+            End::Complete if p.classify && streamed && (!p.done || truncated_partial) => {
+                (Outcome::Truncated, Some("no_terminal_event"))
+            }
+            End::Complete => (Outcome::Ok, None),
+        };
+        let (output_tokens, tokens_source) = match p.usage.output {
+            Some(n) => (Some(n), Some(TokensSource::Usage)),
+            None if streamed => (Some(p.output_events), Some(TokensSource::Counted)),
+            None => (None, None),
+        };
+        let t0 = self.meta.t0;
+        let since =
+            |t: Option<Instant>, from: Instant| t.map(|t| t.saturating_duration_since(from));
+        let tpot = match (p.t_tok1, p.t_tok_last, output_tokens) {
+            (Some(a), Some(b), Some(n)) if n > 1 => {
+                Some(b.saturating_duration_since(a) / u32::try_from(n - 1).unwrap_or(u32::MAX))
+            }
+            _ => None,
+        };
+        let overhead = self
+            .meta
+            .t_sent
+            .map(|s| s.saturating_duration_since(t0) + self.observe_cost);
+        let upstream_ttft = self.meta.t_sent.and_then(|s| since(p.t_tok1, s));
+        let rec = RequestRecord {
+            status: self.status,
+            outcome,
+            ttft: since(p.t_tok1, t0),
+            ttfc: if streamed {
+                since(p.t_chunk1, t0)
+            } else {
+                None
+            },
+            tpot,
+            e2e: now.saturating_duration_since(t0),
+            upstream_ttft,
+            overhead,
+            itl: std::mem::take(&mut self.progress.itl),
+            input_tokens: self.progress.usage.input,
+            output_tokens,
+            tokens_source,
+            finish_reason: self.progress.finish.take(),
+            bytes_out: self.bytes_out,
+            malformed_events: malformed,
+            error,
+            meta: self.meta,
+        };
+        (rec, self.recorder)
+    }
+}

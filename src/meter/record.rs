@@ -1,0 +1,202 @@
+//! `RequestRecord`: everything measured about one request, produced exactly once.
+
+use crate::dialect::FinishReason;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use tokio::time::Instant;
+
+/// How a request ended (DESIGN §3, plus `client_error` for a backend's 4xx answer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// Completed normally.
+    Ok,
+    /// The backend answered 4xx: the request itself was refused (bad prompt, unknown model…).
+    ClientError,
+    /// Status ≥ 500, an error event inside the stream, or the backend could not be reached.
+    BackendError,
+    /// The body ended (or broke) without a terminal event.
+    Truncated,
+    /// A gateway timeout fired.
+    Timeout,
+    /// The client went away before the response was complete.
+    ClientCancelled,
+    /// The gateway refused the request (limits, body too large, no route).
+    Rejected,
+    /// The gateway itself failed.
+    GatewayError,
+}
+
+impl Outcome {
+    /// Every outcome, in the order used for counters.
+    pub const ALL: [Outcome; 8] = [
+        Outcome::Ok,
+        Outcome::ClientError,
+        Outcome::BackendError,
+        Outcome::Truncated,
+        Outcome::Timeout,
+        Outcome::ClientCancelled,
+        Outcome::Rejected,
+        Outcome::GatewayError,
+    ];
+
+    /// The stable label used in logs, JSON and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::ClientError => "client_error",
+            Outcome::BackendError => "backend_error",
+            Outcome::Truncated => "truncated",
+            Outcome::Timeout => "timeout",
+            Outcome::ClientCancelled => "client_cancelled",
+            Outcome::Rejected => "rejected",
+            Outcome::GatewayError => "gateway_error",
+        }
+    }
+
+    /// Index into `ALL`.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Where the token counts came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokensSource {
+    /// The backend's `usage` object.
+    Usage,
+    /// Counted output events (one per event).
+    Counted,
+}
+
+impl TokensSource {
+    /// The stable label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TokensSource::Usage => "usage",
+            TokensSource::Counted => "counted",
+        }
+    }
+}
+
+/// One inter-token gap: the time between two successive output events, and how many tokens the
+/// later event carried (1 unless the backend reports per-chunk usage), so per-token ITL is
+/// `gap / tokens`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ItlSample {
+    /// Gap since the previous output event.
+    pub gap: Duration,
+    /// Tokens in the later event.
+    pub tokens: u32,
+}
+
+/// What is known about a request before its response body flows: who, where, when.
+#[derive(Debug, Clone)]
+pub struct RequestMeta {
+    /// Wall-clock time the request head was accepted (for the log's `ts`).
+    pub ts: SystemTime,
+    /// Monotonic `t0`: request head accepted.
+    pub t0: Instant,
+    /// `x-inferscope-request-id`.
+    pub request_id: Arc<str>,
+    /// W3C trace id (continued from the client's `traceparent`, or new).
+    pub trace_id: Arc<str>,
+    /// Route name (`-` when none matched).
+    pub route: Arc<str>,
+    /// Requested model (`-` when the body named none).
+    pub model: Arc<str>,
+    /// Backend name (`-` before one was chosen).
+    pub backend: Arc<str>,
+    /// Experiment variant (`-` outside experiments).
+    pub variant: Arc<str>,
+    /// HTTP method.
+    pub method: http::Method,
+    /// Request path (without query).
+    pub path: Arc<str>,
+    /// The client asked for a streamed response.
+    pub stream: bool,
+    /// Request body bytes (read bodies exactly; streamed-through ones by `content-length`).
+    pub bytes_in: u64,
+    /// Monotonic `t_sent`: upstream request handed to the connection.
+    pub t_sent: Option<Instant>,
+    /// Monotonic `t_hdr`: upstream response head received.
+    pub t_hdr: Option<Instant>,
+}
+
+/// Everything measured about one request. Durations are `None` when they do not apply.
+#[derive(Debug, Clone)]
+pub struct RequestRecord {
+    /// Who, where and when.
+    pub meta: RequestMeta,
+    /// Status sent to the client.
+    pub status: u16,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// `t_tok1 − t0`.
+    pub ttft: Option<Duration>,
+    /// `t_chunk1 − t0`.
+    pub ttfc: Option<Duration>,
+    /// `(t_tokN − t_tok1) / (n_out − 1)`, when `n_out > 1`.
+    pub tpot: Option<Duration>,
+    /// `t_end − t0`.
+    pub e2e: Duration,
+    /// `t_tok1 − t_sent`.
+    pub upstream_ttft: Option<Duration>,
+    /// `(t_sent − t0)` plus time spent observing frames.
+    pub overhead: Option<Duration>,
+    /// One sample per gap between output events.
+    pub itl: Vec<ItlSample>,
+    /// Prompt tokens.
+    pub input_tokens: Option<u64>,
+    /// Output tokens.
+    pub output_tokens: Option<u64>,
+    /// Where `output_tokens` came from.
+    pub tokens_source: Option<TokensSource>,
+    /// Why generation stopped.
+    pub finish_reason: Option<FinishReason>,
+    /// Response body bytes sent to the client.
+    pub bytes_out: u64,
+    /// Events whose data was not the expected JSON (forwarded untouched all the same).
+    pub malformed_events: u32,
+    /// A bounded error kind (`upstream_connect`, `body_too_large`…), never a raw message.
+    pub error: Option<&'static str>,
+}
+
+impl RequestRecord {
+    /// A record for a request that ended before any upstream body flowed.
+    pub fn without_body(
+        meta: RequestMeta,
+        status: u16,
+        outcome: Outcome,
+        error: Option<&'static str>,
+        bytes_out: u64,
+    ) -> Self {
+        let e2e = meta.t0.elapsed();
+        let overhead = meta.t_sent.map(|t| t.saturating_duration_since(meta.t0));
+        Self {
+            meta,
+            status,
+            outcome,
+            ttft: None,
+            ttfc: None,
+            tpot: None,
+            e2e,
+            upstream_ttft: None,
+            overhead,
+            itl: Vec::new(),
+            input_tokens: None,
+            output_tokens: None,
+            tokens_source: None,
+            finish_reason: None,
+            bytes_out,
+            malformed_events: 0,
+            error,
+        }
+    }
+
+    /// ITL gaps in ascending order (for summaries).
+    pub fn itl_sorted(&self) -> Vec<Duration> {
+        let mut v: Vec<Duration> = self.itl.iter().map(|s| s.gap).collect();
+        v.sort_unstable();
+        v
+    }
+}

@@ -1,0 +1,124 @@
+//! Gateway-made errors: each has a bounded `kind`, who is to blame, an outcome, and exactly one
+//! way to become a response — an OpenAI-shaped JSON body with `x-inferscope-error: <kind>`, so
+//! clients never confuse it with a backend's own error.
+
+use crate::meter::Outcome;
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode};
+use http_body_util::Full;
+use serde_json::json;
+
+/// Who caused an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Blame {
+    /// The client's request.
+    Downstream,
+    /// The backend.
+    Upstream,
+    /// The gateway itself (limits, configuration).
+    Gateway,
+}
+
+/// Everything the gateway itself can answer with instead of a backend response.
+#[derive(Debug)]
+pub enum ProxyError {
+    /// No route matches the request.
+    NoRoute,
+    /// The JSON body of an inference request is larger than the limit.
+    BodyTooLarge(usize),
+    /// The request body could not be read.
+    BodyRead,
+    /// Too many requests in flight.
+    Overloaded,
+    /// The backend could not be reached or failed before answering.
+    Upstream(hyper_util::client::legacy::Error),
+    /// The upstream request could not be built.
+    BadUpstreamRequest,
+}
+
+impl ProxyError {
+    /// Bounded error code for logs, headers and metric labels.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ProxyError::NoRoute => "no_route",
+            ProxyError::BodyTooLarge(_) => "body_too_large",
+            ProxyError::BodyRead => "body_read",
+            ProxyError::Overloaded => "overloaded",
+            ProxyError::Upstream(e) if e.is_connect() => "upstream_connect",
+            ProxyError::Upstream(_) => "upstream_failed",
+            ProxyError::BadUpstreamRequest => "bad_upstream_request",
+        }
+    }
+
+    /// Who is to blame.
+    pub fn blame(&self) -> Blame {
+        match self {
+            ProxyError::NoRoute | ProxyError::BodyTooLarge(_) | ProxyError::BodyRead => {
+                Blame::Downstream
+            }
+            ProxyError::Upstream(_) => Blame::Upstream,
+            ProxyError::Overloaded | ProxyError::BadUpstreamRequest => Blame::Gateway,
+        }
+    }
+
+    /// Status sent to the client.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ProxyError::NoRoute => StatusCode::NOT_FOUND,
+            ProxyError::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::BodyRead => StatusCode::BAD_REQUEST,
+            ProxyError::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
+            ProxyError::BadUpstreamRequest => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The outcome recorded for the request.
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            ProxyError::BadUpstreamRequest => Outcome::GatewayError,
+            ProxyError::Upstream(_) => Outcome::BackendError,
+            _ => Outcome::Rejected,
+        }
+    }
+
+    fn message(&self) -> String {
+        match self {
+            ProxyError::NoRoute => {
+                "no route matches this request (check the model name and path)".into()
+            }
+            ProxyError::BodyTooLarge(limit) => {
+                format!("request body is larger than the gateway's limit of {limit} bytes")
+            }
+            ProxyError::BodyRead => "the request body could not be read".into(),
+            ProxyError::Overloaded => "the gateway is at its concurrency limit; retry later".into(),
+            ProxyError::Upstream(e) if e.is_connect() => "the backend could not be reached".into(),
+            ProxyError::Upstream(_) => "the backend failed before sending a response".into(),
+            ProxyError::BadUpstreamRequest => {
+                "the gateway could not build the upstream request".into()
+            }
+        }
+    }
+
+    /// The one place an error becomes a response.
+    pub fn into_response(self) -> Response<Full<Bytes>> {
+        let typ = match self.blame() {
+            Blame::Downstream => "invalid_request_error",
+            Blame::Upstream => "upstream_error",
+            Blame::Gateway => "gateway_error",
+        };
+        let body = json!({"error": {"message": self.message(), "type": typ, "code": self.kind()}});
+        let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
+        *r.status_mut() = self.status();
+        let h = r.headers_mut();
+        h.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        h.insert("x-inferscope-error", HeaderValue::from_static(self.kind()));
+        if matches!(self, ProxyError::Overloaded) {
+            h.insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        r
+    }
+}

@@ -1,0 +1,14 @@
+//! The proxy: `ProxyService` (the innermost tower service), its layers, request rewriting and the
+//! pooled upstream client.
+
+mod error;
+mod layers;
+mod request;
+mod service;
+
+pub use error::{Blame, ProxyError};
+pub use layers::{Admission, InFlightLimitLayer, RequestId, RequestIdLayer, REQUEST_ID_HEADER};
+pub use request::{inspect, remove_hop_headers, traceparent_trace_id, Ids, Inspected};
+pub use service::{
+    upstream_client, Gateway, ProxyBody, ProxyService, UpstreamBody, VARIANT_HEADER,
+};

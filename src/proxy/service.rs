@@ -1,0 +1,338 @@
+//! `ProxyService`: one request through its phases — admit, read (inference bodies only), route,
+//! forward, wrap the response body in a meter. Every request leaves exactly one record: the meter
+//! writes it when the body ends, `fail` when the gateway answers itself, and `Pending`'s drop when
+//! the client goes away before a response exists.
+
+use super::error::ProxyError;
+use super::layers::{Admission, RequestId};
+use super::request::{inspect, remove_hop_headers, traceparent_trace_id, Ids};
+use crate::config::Limits;
+use crate::dialect::Endpoint;
+use crate::meter::{Framing, Meter, MeteredBody, Outcome, RequestMeta, RequestRecord};
+use crate::recorder::Recorder;
+use crate::route::{Router, NONE};
+use crate::sse::{NdjsonScanner, SseScanner};
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request, Response, Uri, Version};
+use http_body::Body as _;
+use http_body_util::{BodyExt, Either, Full, LengthLimitError, Limited};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+use tokio::time::Instant;
+
+/// Body sent upstream: the (possibly rewritten) inference body, or the client's body streamed.
+pub type UpstreamBody = Either<Full<Bytes>, Incoming>;
+/// Body sent to the client: the metered upstream body, or a gateway-made error.
+pub type ProxyBody = Either<MeteredBody<Incoming>, Full<Bytes>>;
+/// Response header naming the experiment variant that served the request.
+pub const VARIANT_HEADER: &str = "x-inferscope-variant";
+
+/// The pooled keep-alive upstream client, `TCP_NODELAY` on every connection.
+pub fn upstream_client(connect_timeout: Duration) -> Client<HttpConnector, UpstreamBody> {
+    let mut http = HttpConnector::new();
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(connect_timeout));
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_timer(TokioTimer::new())
+        .build(http)
+}
+
+/// Everything requests share.
+#[derive(Debug)]
+pub struct Gateway {
+    /// Routes and backends.
+    pub router: Arc<Router>,
+    /// Where records go.
+    pub recorder: Arc<Recorder>,
+    /// Limits.
+    pub limits: Limits,
+    /// Id source.
+    pub ids: Arc<Ids>,
+    client: Client<HttpConnector, UpstreamBody>,
+    none: Arc<str>,
+}
+
+impl Gateway {
+    /// A gateway over `router`, recording into `recorder`.
+    pub fn new(
+        router: Arc<Router>,
+        recorder: Arc<Recorder>,
+        limits: Limits,
+        ids: Arc<Ids>,
+    ) -> Self {
+        let client = upstream_client(limits.connect_timeout);
+        Self {
+            router,
+            recorder,
+            limits,
+            ids,
+            client,
+            none: Arc::from(NONE),
+        }
+    }
+}
+
+/// The innermost service of the data plane.
+#[derive(Debug, Clone)]
+pub struct ProxyService {
+    gw: Arc<Gateway>,
+}
+
+impl ProxyService {
+    /// A service over `gw`.
+    pub fn new(gw: Arc<Gateway>) -> Self {
+        Self { gw }
+    }
+}
+
+impl tower::Service<Request<Incoming>> for ProxyService {
+    type Response = Response<ProxyBody>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+        let gw = Arc::clone(&self.gw);
+        Box::pin(async move { Ok(proxy(gw, req).await) })
+    }
+}
+
+/// A request's meta until its response exists. Dropped with the meta still inside means the
+/// client went away first: that is recorded as `client_cancelled`.
+struct Pending {
+    meta: Option<RequestMeta>,
+    recorder: Arc<Recorder>,
+}
+
+impl Pending {
+    fn meta(&mut self) -> &mut RequestMeta {
+        self.meta.get_or_insert_with(|| unreachable_meta())
+    }
+
+    fn take(&mut self) -> RequestMeta {
+        self.meta.take().unwrap_or_else(unreachable_meta)
+    }
+
+    /// Answers with a gateway-made error and records it.
+    fn fail(mut self, err: ProxyError) -> Response<ProxyBody> {
+        let (status, outcome, kind) = (err.status(), err.outcome(), err.kind());
+        let resp = err.into_response();
+        let len = resp.body().size_hint().exact().unwrap_or(0);
+        let rec =
+            RequestRecord::without_body(self.take(), status.as_u16(), outcome, Some(kind), len);
+        self.recorder.record(rec);
+        resp.map(Either::Right)
+    }
+}
+
+/// `Pending` always holds its meta until taken, and is never used after; this only keeps the
+/// type total without a panic.
+fn unreachable_meta() -> RequestMeta {
+    RequestMeta {
+        ts: SystemTime::now(),
+        t0: Instant::now(),
+        request_id: Arc::from(NONE),
+        trace_id: Arc::from(NONE),
+        route: Arc::from(NONE),
+        model: Arc::from(NONE),
+        backend: Arc::from(NONE),
+        variant: Arc::from(NONE),
+        method: Method::GET,
+        path: Arc::from(NONE),
+        stream: false,
+        bytes_in: 0,
+        t_sent: None,
+        t_hdr: None,
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let Some(meta) = self.meta.take() {
+            let rec = RequestRecord::without_body(
+                meta,
+                499,
+                Outcome::ClientCancelled,
+                Some("client_disconnected"),
+                0,
+            );
+            self.recorder.record(rec);
+        }
+    }
+}
+
+async fn proxy(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<ProxyBody> {
+    let t0 = Instant::now();
+    let (mut parts, body) = req.into_parts();
+    let request_id = match parts.extensions.remove::<RequestId>() {
+        Some(RequestId(id)) => id,
+        None => gw.ids.request_id().into(),
+    };
+    let trace_id: Arc<str> = match traceparent_trace_id(&parts.headers) {
+        Some(t) => t.into(),
+        None => gw.ids.trace_id().into(),
+    };
+    let bytes_in = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let none = &gw.none;
+    gw.recorder.started();
+    let mut pending = Pending {
+        meta: Some(RequestMeta {
+            ts: SystemTime::now(),
+            t0,
+            request_id,
+            trace_id,
+            route: Arc::clone(none),
+            model: Arc::clone(none),
+            backend: Arc::clone(none),
+            variant: Arc::clone(none),
+            method: parts.method.clone(),
+            path: parts.uri.path().into(),
+            stream: false,
+            bytes_in: bytes_in.unwrap_or(0),
+            t_sent: None,
+            t_hdr: None,
+        }),
+        recorder: Arc::clone(&gw.recorder),
+    };
+
+    // Phase 1: admission.
+    let permit = match parts.extensions.remove::<Admission>() {
+        Some(Admission::Admitted(p)) => Some(p),
+        Some(Admission::Full) => return pending.fail(ProxyError::Overloaded),
+        None => None,
+    };
+
+    // Phase 2: read the body of known inference endpoints (bounded); stream everything else.
+    let endpoint = (parts.method == Method::POST)
+        .then(|| Endpoint::from_path(parts.uri.path()))
+        .flatten();
+    let (upstream_body, model, strip_usage) = match endpoint {
+        Some(ep) => {
+            let limit = gw.limits.max_request_body_bytes;
+            if bytes_in.is_some_and(|n| n > limit as u64) {
+                return pending.fail(ProxyError::BodyTooLarge(limit));
+            }
+            let bytes = match Limited::new(body, limit).collect().await {
+                Ok(c) => c.to_bytes(),
+                Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
+                    return pending.fail(ProxyError::BodyTooLarge(limit))
+                }
+                Err(_) => return pending.fail(ProxyError::BodyRead),
+            };
+            pending.meta().bytes_in = bytes.len() as u64;
+            let ins = inspect(bytes, ep.is_openai());
+            pending.meta().stream = ins.stream;
+            if ins.body.len() as u64 != pending.meta().bytes_in {
+                parts.headers.remove(header::CONTENT_LENGTH);
+            }
+            (
+                Either::Left(Full::new(ins.body)),
+                ins.model,
+                ins.strip_usage,
+            )
+        }
+        None => (Either::Right(body), None, false),
+    };
+    if let Some(m) = &model {
+        pending.meta().model = m.as_str().into();
+    }
+
+    // Phase 3: route.
+    let Some(sel) = gw
+        .router
+        .select(model.as_deref(), parts.uri.path(), &parts.headers)
+    else {
+        return pending.fail(ProxyError::NoRoute);
+    };
+    {
+        let m = pending.meta();
+        m.route = sel.route;
+        m.backend = Arc::clone(&sel.backend.name);
+        m.variant = Arc::clone(&sel.variant);
+    }
+
+    // Phase 4: forward.
+    let client_version = parts.version;
+    let mut uri = sel.backend.base.clone().into_parts();
+    uri.path_and_query = parts.uri.path_and_query().cloned();
+    let Ok(uri) = Uri::from_parts(uri) else {
+        return pending.fail(ProxyError::BadUpstreamRequest);
+    };
+    let mut headers = std::mem::take(&mut parts.headers);
+    remove_hop_headers(&mut headers);
+    headers.remove(header::HOST);
+    if let Some(auth) = &sel.backend.authorization {
+        headers.insert(header::AUTHORIZATION, auth.clone());
+    }
+    let mut up = Request::new(upstream_body);
+    *up.method_mut() = parts.method;
+    *up.uri_mut() = uri;
+    *up.version_mut() = Version::HTTP_11;
+    *up.headers_mut() = headers;
+    pending.meta().t_sent = Some(Instant::now());
+    let resp = match gw.client.request(up).await {
+        Ok(r) => r,
+        Err(e) => return pending.fail(ProxyError::Upstream(e)),
+    };
+    pending.meta().t_hdr = Some(Instant::now());
+
+    // Phase 5: respond through the meter.
+    let (mut rparts, rbody) = resp.into_parts();
+    remove_hop_headers(&mut rparts.headers);
+    rparts.version = client_version;
+    let ctype = rparts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let classify = endpoint.is_some_and(Endpoint::is_openai);
+    let max_line = gw.limits.max_event_bytes;
+    let framing = if ctype.starts_with("text/event-stream") {
+        Framing::Sse(SseScanner::new(max_line))
+    } else if ctype.starts_with("application/x-ndjson") {
+        Framing::Ndjson(NdjsonScanner::new(max_line))
+    } else if classify && ctype.starts_with("application/json") {
+        Framing::Json {
+            parts: Vec::new(),
+            len: 0,
+        }
+    } else {
+        Framing::Opaque
+    };
+    let strip = strip_usage && matches!(framing, Framing::Sse(_));
+    if strip {
+        rparts.headers.remove(header::CONTENT_LENGTH);
+    }
+    let variant = Arc::clone(&pending.meta().variant);
+    if variant.as_ref() != NONE {
+        if let Ok(v) = HeaderValue::try_from(variant.as_ref()) {
+            rparts.headers.insert(super::VARIANT_HEADER, v);
+        }
+    }
+    let status = rparts.status.as_u16();
+    let meter = Meter::new(
+        pending.take(),
+        status,
+        framing,
+        classify,
+        strip,
+        Arc::clone(&gw.recorder),
+        permit,
+    );
+    Response::from_parts(rparts, Either::Left(MeteredBody::new(rbody, meter)))
+}

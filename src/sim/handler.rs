@@ -1,0 +1,422 @@
+//! Request handling for the simulator: parses an OpenAI request, then generates the response on
+//! the profile's schedule, recording ground truth as it writes.
+
+use super::{ChunkKind, Rng, Sent, SimState, Truth};
+use bytes::Bytes;
+use http::{header, Method, Response, StatusCode};
+use http_body::{Body, Frame};
+use http_body_util::{BodyExt, Either, Full, Limited};
+use hyper::body::Incoming;
+use serde_json::{json, Value};
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{SystemTime, UNIX_EPOCH};
+use tokio::sync::mpsc;
+use tokio::time::{sleep_until, Instant};
+
+/// Response body of the simulator: a whole body, or chunks produced by a generator task.
+pub type SimBody = Either<Full<Bytes>, ChannelBody>;
+
+const WORDS: [&str; 16] = [
+    "the", "model", "answers", "quickly", "and", "tokens", "stream", "out", "one", "by", "while",
+    "latency", "is", "measured", "at", "every",
+];
+
+/// Body fed by an mpsc channel; dropping it tells the generator the client went away.
+#[derive(Debug)]
+pub struct ChannelBody(mpsc::Receiver<Bytes>);
+
+impl Body for ChannelBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        self.0.poll_recv(cx).map(|c| c.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+fn full(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<SimBody> {
+    let mut r = Response::new(Either::Left(Full::new(body.into())));
+    *r.status_mut() = status;
+    if let Ok(v) = content_type.parse() {
+        r.headers_mut().insert(header::CONTENT_TYPE, v);
+    }
+    r
+}
+
+fn error(status: StatusCode, msg: &str) -> Response<SimBody> {
+    let body = json!({"error": {"message": msg, "type": "invalid_request_error"}}).to_string();
+    full(status, "application/json", body)
+}
+
+/// What one generation request asked for.
+struct Plan {
+    index: u64,
+    chat: bool,
+    model: String,
+    stream: bool,
+    include_usage: bool,
+    prompt_tokens: u64,
+    output_tokens: u64,
+    hit_max: bool,
+    created: u64,
+}
+
+pub(super) async fn handle(
+    state: Arc<SimState>,
+    req: http::Request<Incoming>,
+) -> Response<SimBody> {
+    let arrival = Instant::now();
+    let path = req.uri().path().to_owned();
+    match (req.method(), path.as_str()) {
+        (&Method::GET, "/health") => full(StatusCode::OK, "text/plain", "ok"),
+        (&Method::GET, "/v1/models") => {
+            let body = json!({"object": "list", "data": [{
+                "id": state.opts.model, "object": "model", "owned_by": state.opts.profile.name,
+            }]});
+            full(StatusCode::OK, "application/json", body.to_string())
+        }
+        (&Method::POST, "/v1/chat/completions" | "/v1/completions") => {
+            let body = match Limited::new(req.into_body(), 16 << 20).collect().await {
+                Ok(b) => b.to_bytes(),
+                Err(_) => return error(StatusCode::BAD_REQUEST, "could not read the request body"),
+            };
+            let Ok(v) = serde_json::from_slice::<Value>(&body) else {
+                return error(StatusCode::BAD_REQUEST, "the request body is not JSON");
+            };
+            let chat = path == "/v1/chat/completions";
+            let plan = plan(&state, &v, chat);
+            let truth = Truth {
+                index: plan.index,
+                path,
+                request: body.to_vec(),
+                arrival,
+                sent: Vec::new(),
+                bytes: Vec::new(),
+                prompt_tokens: plan.prompt_tokens,
+                output_tokens: plan.output_tokens,
+                cancelled: false,
+                completed: false,
+            };
+            if plan.stream {
+                let (tx, rx) = mpsc::channel(4);
+                tokio::spawn(generate(state, plan, truth, tx));
+                let mut r = Response::new(Either::Right(ChannelBody(rx)));
+                let h = r.headers_mut();
+                h.insert(
+                    header::CONTENT_TYPE,
+                    http::HeaderValue::from_static("text/event-stream"),
+                );
+                h.insert(
+                    header::CACHE_CONTROL,
+                    http::HeaderValue::from_static("no-cache"),
+                );
+                r
+            } else {
+                whole(state, plan, truth).await
+            }
+        }
+        _ => error(StatusCode::NOT_FOUND, "no such endpoint on the simulator"),
+    }
+}
+
+fn plan(state: &SimState, v: &Value, chat: bool) -> Plan {
+    let index = state.next_index.fetch_add(1, Ordering::Relaxed);
+    let mut rng = Rng::new(state.opts.seed.wrapping_add(index));
+    let p = &state.opts.profile;
+    let max_tokens = v
+        .get("max_completion_tokens")
+        .or_else(|| v.get("max_tokens"))
+        .and_then(Value::as_u64);
+    let output_tokens = max_tokens
+        .unwrap_or_else(|| u64::from(rng.range(p.min_output_tokens, p.max_output_tokens)))
+        .max(1);
+    let text = |x: &Value| -> usize {
+        match x {
+            Value::String(s) => s.split_whitespace().count(),
+            Value::Array(parts) => parts
+                .iter()
+                .map(|p| {
+                    p.get("text")
+                        .or(Some(p))
+                        .and_then(Value::as_str)
+                        .map_or(0, |s| s.split_whitespace().count())
+                })
+                .sum(),
+            _ => 0,
+        }
+    };
+    let prompt_tokens = if chat {
+        v.get("messages").and_then(Value::as_array).map_or(0, |m| {
+            m.iter().map(|m| 4 + m.get("content").map_or(0, text)).sum()
+        })
+    } else {
+        v.get("prompt").map_or(0, text)
+    } as u64;
+    Plan {
+        index,
+        chat,
+        model: v
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or(&state.opts.model)
+            .to_owned(),
+        stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false),
+        include_usage: v
+            .pointer("/stream_options/include_usage")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+        prompt_tokens: prompt_tokens.max(1),
+        output_tokens,
+        hit_max: max_tokens.is_some(),
+        created: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    }
+}
+
+impl Plan {
+    fn id(&self) -> String {
+        format!(
+            "{}-sim-{}",
+            if self.chat { "chatcmpl" } else { "cmpl" },
+            self.index
+        )
+    }
+
+    fn head(&self, object: &str) -> String {
+        format!(
+            r#""id":"{}","object":"{object}","created":{},"model":{}"#,
+            self.id(),
+            self.created,
+            Value::from(self.model.as_str())
+        )
+    }
+
+    fn usage(&self) -> Value {
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.output_tokens,
+            "total_tokens": self.prompt_tokens + self.output_tokens,
+        })
+    }
+
+    fn finish_reason(&self) -> &'static str {
+        if self.hit_max {
+            "length"
+        } else {
+            "stop"
+        }
+    }
+
+    /// One SSE event carrying a chunk whose choice is `choice` (a JSON object body).
+    fn chunk(&self, choice: &str) -> Vec<u8> {
+        let object = if self.chat {
+            "chat.completion.chunk"
+        } else {
+            "text_completion"
+        };
+        format!(
+            "data: {{{},\"choices\":[{{\"index\":0,{choice}}}]}}\n\n",
+            self.head(object)
+        )
+        .into_bytes()
+    }
+
+    fn content(&self, text: &str) -> Vec<u8> {
+        let t = Value::from(text);
+        if self.chat {
+            self.chunk(&format!(
+                r#""delta":{{"content":{t}}},"logprobs":null,"finish_reason":null"#
+            ))
+        } else {
+            self.chunk(&format!(
+                r#""text":{t},"logprobs":null,"finish_reason":null"#
+            ))
+        }
+    }
+}
+
+fn words(rng: &mut Rng, k: u64) -> String {
+    let mut s = String::new();
+    for _ in 0..k {
+        s.push(' ');
+        s.push_str(WORDS[(rng.next_u64() % WORDS.len() as u64) as usize]);
+    }
+    s
+}
+
+/// Counts the stream as active while alive.
+struct Active<'a>(&'a SimState);
+
+impl<'a> Active<'a> {
+    fn new(s: &'a SimState) -> Self {
+        s.active.fetch_add(1, Ordering::Relaxed);
+        Self(s)
+    }
+}
+
+impl Drop for Active<'_> {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+fn finish(state: &SimState, truth: Truth) {
+    if state.opts.record_truth {
+        state
+            .truth
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(truth);
+    }
+    state.finished.send_modify(|n| *n += 1);
+}
+
+async fn generate(state: Arc<SimState>, plan: Plan, mut truth: Truth, tx: mpsc::Sender<Bytes>) {
+    let done = {
+        let _active = Active::new(&state);
+        stream(&state, &plan, &mut truth, &tx).await
+    };
+    truth.completed = done;
+    truth.cancelled = !done;
+    finish(&state, truth);
+}
+
+/// Writes the whole stream; false when the client went away first.
+async fn stream(
+    state: &SimState,
+    plan: &Plan,
+    truth: &mut Truth,
+    tx: &mpsc::Sender<Bytes>,
+) -> bool {
+    let p = &state.opts.profile;
+    let mut rng = Rng::new(state.opts.seed.wrapping_add(plan.index).rotate_left(17));
+    let record = state.opts.record_truth;
+    let send = |kind: ChunkKind, bytes: Vec<u8>, truth: &mut Truth| {
+        let at = Instant::now();
+        if record {
+            let start = truth.bytes.len();
+            truth.bytes.extend_from_slice(&bytes);
+            truth.sent.push(Sent {
+                at,
+                kind,
+                range: start..truth.bytes.len(),
+            });
+        }
+        tx.send(Bytes::from(bytes))
+    };
+    if plan.chat && p.role_chunk {
+        let role = plan.chunk(
+            r#""delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null"#,
+        );
+        if send(ChunkKind::Role, role, truth).await.is_err() {
+            return false;
+        }
+    }
+    let mut deadline = truth.arrival + rng.jitter(p.ttft(plan.prompt_tokens), p.jitter);
+    let mut produced = 0;
+    while produced < plan.output_tokens {
+        tokio::select! {
+            () = sleep_until(deadline) => {}
+            () = tx.closed() => return false,
+        }
+        let k = u64::from(p.tokens_per_chunk).min(plan.output_tokens - produced);
+        let text = words(&mut rng, k);
+        let kind = ChunkKind::Content { tokens: k as u32 };
+        if send(kind, plan.content(&text), truth).await.is_err() {
+            return false;
+        }
+        produced += k;
+        let step = rng.jitter(
+            p.decode_step(state.active.load(Ordering::Relaxed)),
+            p.jitter,
+        );
+        deadline += step * k as u32;
+    }
+    let fin = if plan.chat {
+        plan.chunk(&format!(
+            r#""delta":{{}},"logprobs":null,"finish_reason":"{}""#,
+            plan.finish_reason()
+        ))
+    } else {
+        plan.chunk(&format!(
+            r#""text":"","logprobs":null,"finish_reason":"{}""#,
+            plan.finish_reason()
+        ))
+    };
+    if send(ChunkKind::Finish, fin, truth).await.is_err() {
+        return false;
+    }
+    if plan.include_usage {
+        let object = if plan.chat {
+            "chat.completion.chunk"
+        } else {
+            "text_completion"
+        };
+        let usage = format!(
+            "data: {{{},\"choices\":[],\"usage\":{}}}\n\n",
+            plan.head(object),
+            plan.usage()
+        );
+        if send(ChunkKind::Usage, usage.into_bytes(), truth)
+            .await
+            .is_err()
+        {
+            return false;
+        }
+    }
+    send(ChunkKind::Done, b"data: [DONE]\n\n".to_vec(), truth)
+        .await
+        .is_ok()
+}
+
+async fn whole(state: Arc<SimState>, plan: Plan, mut truth: Truth) -> Response<SimBody> {
+    let p = &state.opts.profile;
+    let mut rng = Rng::new(state.opts.seed.wrapping_add(plan.index).rotate_left(17));
+    let body = {
+        let _active = Active::new(&state);
+        let mut deadline = truth.arrival + rng.jitter(p.ttft(plan.prompt_tokens), p.jitter);
+        for _ in 1..plan.output_tokens {
+            deadline += rng.jitter(
+                p.decode_step(state.active.load(Ordering::Relaxed)),
+                p.jitter,
+            );
+        }
+        sleep_until(deadline).await;
+        let text = words(&mut rng, plan.output_tokens);
+        let choice = if plan.chat {
+            json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": plan.finish_reason()})
+        } else {
+            json!({"index": 0, "text": text, "logprobs": null, "finish_reason": plan.finish_reason()})
+        };
+        let object = if plan.chat {
+            "chat.completion"
+        } else {
+            "text_completion"
+        };
+        format!(
+            "{{{},\"choices\":[{}],\"usage\":{}}}",
+            plan.head(object),
+            choice,
+            plan.usage()
+        )
+    };
+    let at = Instant::now();
+    if state.opts.record_truth {
+        truth.bytes = body.clone().into_bytes();
+        truth.sent.push(Sent {
+            at,
+            kind: ChunkKind::Body,
+            range: 0..truth.bytes.len(),
+        });
+    }
+    truth.completed = true;
+    finish(&state, truth);
+    full(StatusCode::OK, "application/json", body)
+}

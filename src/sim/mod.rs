@@ -1,0 +1,196 @@
+//! A simulated OpenAI-compatible backend: `/v1/chat/completions` and `/v1/completions` (streaming
+//! and not), `/v1/models`, `/health`, with a timing model (see `profile`) deterministic under a
+//! seed. It keeps ground truth for verification: per request, the exact bytes it sent and the
+//! instant each chunk left, readable in-process through `SimHandle`.
+//!
+//! Fault injection (refuse, error status, die or stall after K chunks, malformed SSE) arrives with
+//! the resilience work; `Profile` is where those knobs will live.
+
+mod handler;
+mod profile;
+
+pub use profile::{Profile, Rng};
+
+use crate::server::{self, ServerOptions};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// Simulator settings.
+#[derive(Debug, Clone)]
+pub struct SimOptions {
+    /// Timing model.
+    pub profile: Profile,
+    /// Seed for every random choice; request `i` (in arrival order) uses `seed + i`.
+    pub seed: u64,
+    /// Model id listed by `/v1/models`.
+    pub model: String,
+    /// Keep per-request ground truth (bytes and send instants) in memory.
+    pub record_truth: bool,
+}
+
+impl SimOptions {
+    /// Options for a built-in profile, seed 0, model `demo`, no ground truth.
+    pub fn new(profile: Profile) -> Self {
+        Self {
+            profile,
+            seed: 0,
+            model: "demo".into(),
+            record_truth: false,
+        }
+    }
+}
+
+/// What a chunk the simulator sent was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChunkKind {
+    /// Role-only first delta (no output).
+    Role,
+    /// Output tokens.
+    Content {
+        /// Tokens in this chunk.
+        tokens: u32,
+    },
+    /// Empty delta with `finish_reason`.
+    Finish,
+    /// Usage-only chunk (`choices: []`), sent when `stream_options.include_usage` was set.
+    Usage,
+    /// `data: [DONE]`.
+    Done,
+    /// A whole non-streaming body.
+    Body,
+}
+
+/// One write of the simulator: when it left, what it was, where its bytes are in `Truth::bytes`.
+#[derive(Debug, Clone)]
+pub struct Sent {
+    /// Instant the chunk was handed to the connection.
+    pub at: Instant,
+    /// What it was.
+    pub kind: ChunkKind,
+    /// Its range in `Truth::bytes`.
+    pub range: std::ops::Range<usize>,
+}
+
+/// Ground truth of one request, as the simulator saw it.
+#[derive(Debug, Clone)]
+pub struct Truth {
+    /// Request index in arrival order.
+    pub index: u64,
+    /// Request path.
+    pub path: String,
+    /// The request body as received.
+    pub request: Vec<u8>,
+    /// Instant the request head was handled.
+    pub arrival: Instant,
+    /// Every write, in order.
+    pub sent: Vec<Sent>,
+    /// Every byte of the response body, in order.
+    pub bytes: Vec<u8>,
+    /// Prompt tokens the simulator counted.
+    pub prompt_tokens: u64,
+    /// Output tokens generated.
+    pub output_tokens: u64,
+    /// The client went away before the response was complete.
+    pub cancelled: bool,
+    /// The response was sent completely.
+    pub completed: bool,
+}
+
+impl Truth {
+    /// Instant the first content chunk left, relative to arrival (the true TTFT).
+    pub fn ttft(&self) -> Option<Duration> {
+        self.sent
+            .iter()
+            .find(|s| matches!(s.kind, ChunkKind::Content { .. }))
+            .map(|s| s.at - self.arrival)
+    }
+
+    /// Send instants of the content chunks.
+    pub fn content_times(&self) -> Vec<Instant> {
+        self.sent
+            .iter()
+            .filter(|s| matches!(s.kind, ChunkKind::Content { .. }))
+            .map(|s| s.at)
+            .collect()
+    }
+}
+
+#[derive(Debug)]
+struct SimState {
+    opts: SimOptions,
+    next_index: AtomicU64,
+    active: AtomicUsize,
+    truth: Mutex<Vec<Truth>>,
+    /// Bumped whenever a request finishes (completed or cancelled), for waiters.
+    finished: watch::Sender<u64>,
+}
+
+/// In-process access to a running simulator's ground truth.
+#[derive(Debug, Clone)]
+pub struct SimHandle {
+    state: Arc<SimState>,
+    /// Address it listens on.
+    pub addr: SocketAddr,
+}
+
+impl SimHandle {
+    /// Ground truth of every request so far, in arrival order of completion.
+    pub fn truth(&self) -> Vec<Truth> {
+        let mut v = self
+            .state
+            .truth
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        v.sort_by_key(|t| t.index);
+        v
+    }
+
+    /// Streams currently being generated.
+    pub fn active(&self) -> usize {
+        self.state.active.load(Ordering::Relaxed)
+    }
+
+    /// Waits until at least `n` requests have finished (completed or cancelled), up to `limit`.
+    /// Returns whether they did.
+    pub async fn wait_finished(&self, n: u64, limit: Duration) -> bool {
+        let mut rx = self.state.finished.subscribe();
+        tokio::time::timeout(limit, rx.wait_for(|v| *v >= n))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+}
+
+/// Serves the simulator on `listener` until `shutdown` resolves.
+pub fn spawn(
+    listener: TcpListener,
+    opts: SimOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<SimHandle> {
+    let addr = listener.local_addr()?;
+    let (finished, _) = watch::channel(0);
+    let state = Arc::new(SimState {
+        opts,
+        next_index: AtomicU64::new(0),
+        active: AtomicUsize::new(0),
+        truth: Mutex::new(Vec::new()),
+        finished,
+    });
+    let svc_state = Arc::clone(&state);
+    let service = hyper::service::service_fn(move |req| {
+        let state = Arc::clone(&svc_state);
+        async move { Ok::<_, std::convert::Infallible>(handler::handle(state, req).await) }
+    });
+    let opts = ServerOptions {
+        header_read_timeout: None,
+        grace: Duration::from_secs(5),
+    };
+    tokio::spawn(server::run(listener, service, opts, shutdown));
+    Ok(SimHandle { state, addr })
+}

@@ -1,0 +1,198 @@
+//! The simulator's timing model and its named profiles.
+//!
+//! TTFT = `ttft_base + prefill_per_token × prompt_tokens`; each decode step takes
+//! `tpot × (1 + batch_slowdown × (active_streams − 1))`, times a uniform jitter factor in
+//! `[1 − jitter, 1 + jitter]`. Output length is `max_tokens` when given, otherwise uniform in
+//! `[min_output_tokens, max_output_tokens]`. Everything random comes from a seeded generator.
+
+use serde::Deserialize;
+use std::time::Duration;
+
+/// A simulated backend's behaviour.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    /// Profile name (reported as the served model's `owned_by`).
+    pub name: String,
+    /// Fixed part of the time to first token, in milliseconds.
+    pub ttft_base_ms: f64,
+    /// Prefill cost per prompt token, in milliseconds.
+    #[serde(default)]
+    pub prefill_per_token_ms: f64,
+    /// Decode time per output token with one active stream, in milliseconds.
+    pub tpot_ms: f64,
+    /// Relative jitter of every wait (0 = exact timing).
+    #[serde(default)]
+    pub jitter: f64,
+    /// Fractional decode slowdown per additional concurrent stream (batching).
+    #[serde(default)]
+    pub batch_slowdown: f64,
+    /// Output tokens carried by each content chunk.
+    #[serde(default = "one")]
+    pub tokens_per_chunk: u32,
+    /// Output length bounds when the request gives no `max_tokens`.
+    #[serde(default = "min_out")]
+    pub min_output_tokens: u32,
+    /// See `min_output_tokens`.
+    #[serde(default = "max_out")]
+    pub max_output_tokens: u32,
+    /// Send a role-only first chunk as soon as the request arrives (like vLLM's first delta).
+    #[serde(default = "yes")]
+    pub role_chunk: bool,
+}
+
+fn one() -> u32 {
+    1
+}
+fn min_out() -> u32 {
+    32
+}
+fn max_out() -> u32 {
+    96
+}
+fn yes() -> bool {
+    true
+}
+
+impl Profile {
+    /// FP16-like: the baseline.
+    pub fn fp16() -> Self {
+        Self {
+            name: "fp16".into(),
+            ttft_base_ms: 40.0,
+            prefill_per_token_ms: 0.05,
+            tpot_ms: 20.0,
+            jitter: 0.1,
+            batch_slowdown: 0.004,
+            tokens_per_chunk: 1,
+            min_output_tokens: 32,
+            max_output_tokens: 96,
+            role_chunk: true,
+        }
+    }
+
+    /// INT8-like: faster prefill and decode than `fp16`.
+    pub fn int8() -> Self {
+        Self {
+            name: "int8".into(),
+            ttft_base_ms: 30.0,
+            prefill_per_token_ms: 0.035,
+            tpot_ms: 13.0,
+            ..Self::fp16()
+        }
+    }
+
+    /// A built-in profile by name.
+    pub fn named(name: &str) -> Option<Self> {
+        match name {
+            "fp16" => Some(Self::fp16()),
+            "int8" => Some(Self::int8()),
+            _ => None,
+        }
+    }
+
+    /// Time to first token for a prompt of `prompt_tokens`, before jitter.
+    pub fn ttft(&self, prompt_tokens: u64) -> Duration {
+        ms(self.ttft_base_ms + self.prefill_per_token_ms * prompt_tokens as f64)
+    }
+
+    /// One decode step with `active` concurrent streams, before jitter.
+    pub fn decode_step(&self, active: usize) -> Duration {
+        let slow = 1.0 + self.batch_slowdown * (active.saturating_sub(1)) as f64;
+        ms(self.tpot_ms * slow)
+    }
+
+    /// Checks the values make sense.
+    pub fn validate(&self) -> Result<(), String> {
+        let finite = [
+            self.ttft_base_ms,
+            self.prefill_per_token_ms,
+            self.tpot_ms,
+            self.jitter,
+            self.batch_slowdown,
+        ];
+        if finite.iter().any(|v| !v.is_finite() || *v < 0.0) {
+            return Err("timing values must be finite and non-negative".into());
+        }
+        if self.jitter >= 1.0 {
+            return Err("jitter must be below 1".into());
+        }
+        if self.tokens_per_chunk == 0 {
+            return Err("tokens_per_chunk must be at least 1".into());
+        }
+        if self.min_output_tokens == 0 || self.min_output_tokens > self.max_output_tokens {
+            return Err("need 1 <= min_output_tokens <= max_output_tokens".into());
+        }
+        Ok(())
+    }
+}
+
+fn ms(v: f64) -> Duration {
+    Duration::from_secs_f64(v.max(0.0) / 1000.0)
+}
+
+/// SplitMix64: small, fast, and the same sequence for the same seed on every platform.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator for `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    /// Next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[0, 1)`.
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Uniform integer in `[lo, hi]`.
+    pub fn range(&mut self, lo: u32, hi: u32) -> u32 {
+        let span = u64::from(hi - lo) + 1;
+        lo + (self.next_u64() % span) as u32
+    }
+
+    /// `d` scaled by a uniform factor in `[1 − jitter, 1 + jitter]`.
+    pub fn jitter(&mut self, d: Duration, jitter: f64) -> Duration {
+        if jitter == 0.0 {
+            return d;
+        }
+        d.mul_f64(1.0 + jitter * (2.0 * self.unit() - 1.0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn int8_is_faster_and_batching_slows_decode() {
+        let (f, i) = (Profile::fp16(), Profile::int8());
+        assert!(i.ttft(100) < f.ttft(100));
+        assert!(i.decode_step(1) < f.decode_step(1));
+        assert!(f.decode_step(65) > f.decode_step(1));
+        assert_eq!(f.ttft(0), Duration::from_millis(40));
+    }
+
+    #[test]
+    fn rng_is_deterministic_and_jitter_bounded() {
+        let (mut a, mut b) = (Rng::new(7), Rng::new(7));
+        for _ in 0..1000 {
+            let (x, y) = (
+                a.jitter(Duration::from_millis(10), 0.2),
+                b.jitter(Duration::from_millis(10), 0.2),
+            );
+            assert_eq!(x, y);
+            assert!(x >= Duration::from_millis(8) && x <= Duration::from_millis(12));
+        }
+    }
+}

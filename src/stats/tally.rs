@@ -1,0 +1,173 @@
+//! `Tally`: the counters and HdrHistograms (µs, 3 significant digits) of one group over one span
+//! of time, mergeable so rollups and windows are built by adding tallies.
+
+use crate::meter::{Outcome, RequestRecord};
+use hdrhistogram::Histogram;
+use serde_json::{json, Map, Value};
+use std::time::Duration;
+
+/// Largest recordable value: one hour in microseconds (larger values saturate).
+const MAX_US: u64 = 3_600_000_000;
+
+/// A histogram created on first use (groups that never stream hold no TTFT histogram), plus the
+/// exact sum for Prometheus `_sum`.
+#[derive(Debug, Clone, Default)]
+pub struct Hist {
+    h: Option<Histogram<u64>>,
+    sum_us: u64,
+}
+
+impl Hist {
+    /// Records one duration.
+    pub fn record(&mut self, d: Duration) {
+        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        if self.h.is_none() {
+            self.h = Histogram::new_with_bounds(1, MAX_US, 3).ok();
+        }
+        if let Some(h) = &mut self.h {
+            h.saturating_record(us.min(MAX_US));
+        }
+        self.sum_us = self.sum_us.saturating_add(us);
+    }
+
+    /// Adds another histogram's samples.
+    pub fn merge(&mut self, other: &Hist) {
+        if let Some(o) = &other.h {
+            match &mut self.h {
+                Some(h) => {
+                    let _ = h.add(o);
+                }
+                None => self.h = Some(o.clone()),
+            }
+        }
+        self.sum_us = self.sum_us.saturating_add(other.sum_us);
+    }
+
+    /// Number of samples.
+    pub fn count(&self) -> u64 {
+        self.h.as_ref().map_or(0, Histogram::len)
+    }
+
+    /// Exact sum of samples, in seconds.
+    pub fn sum_seconds(&self) -> f64 {
+        self.sum_us as f64 / 1e6
+    }
+
+    /// Samples ≤ `le_seconds` (for cumulative Prometheus buckets).
+    pub fn count_le(&self, le_seconds: f64) -> u64 {
+        let Some(h) = &self.h else { return 0 };
+        let le_us = (le_seconds * 1e6) as u64;
+        if le_us >= h.max() {
+            return h.len();
+        }
+        h.count_between(0, le_us)
+    }
+
+    /// `{p50 p90 p95 p99 p999 mean max count}` in milliseconds (null when empty).
+    pub fn summary_ms(&self) -> Value {
+        let Some(h) = self.h.as_ref().filter(|h| !h.is_empty()) else {
+            return Value::Null;
+        };
+        let ms = |us: u64| us as f64 / 1000.0;
+        json!({
+            "p50": ms(h.value_at_quantile(0.50)),
+            "p90": ms(h.value_at_quantile(0.90)),
+            "p95": ms(h.value_at_quantile(0.95)),
+            "p99": ms(h.value_at_quantile(0.99)),
+            "p999": ms(h.value_at_quantile(0.999)),
+            "mean": h.mean().round() / 1000.0,
+            "max": ms(h.max()),
+            "count": h.len(),
+        })
+    }
+}
+
+/// The latency metrics every tally keeps, by their `/stats` names.
+pub const METRICS: [&str; 6] = ["ttft", "ttfc", "tpot", "itl", "e2e", "overhead"];
+
+/// Counters and histograms of one group over one span of time.
+#[derive(Debug, Clone, Default)]
+pub struct Tally {
+    /// Requests recorded.
+    pub requests: u64,
+    /// Requests by outcome, indexed by `Outcome::index`.
+    pub outcomes: [u64; Outcome::ALL.len()],
+    /// Sum of prompt tokens.
+    pub input_tokens: u64,
+    /// Sum of output tokens.
+    pub output_tokens: u64,
+    /// Events that were not the expected JSON.
+    pub malformed_events: u64,
+    /// Histograms in `METRICS` order.
+    pub hists: [Hist; METRICS.len()],
+}
+
+impl Tally {
+    /// Adds one request.
+    pub fn record(&mut self, r: &RequestRecord) {
+        self.requests += 1;
+        self.outcomes[r.outcome.index()] += 1;
+        self.input_tokens += r.input_tokens.unwrap_or(0);
+        self.output_tokens += r.output_tokens.unwrap_or(0);
+        self.malformed_events += u64::from(r.malformed_events);
+        let [ttft, ttfc, tpot, itl, e2e, overhead] = &mut self.hists;
+        r.ttft.map(|d| ttft.record(d));
+        r.ttfc.map(|d| ttfc.record(d));
+        r.tpot.map(|d| tpot.record(d));
+        for s in &r.itl {
+            itl.record(s.gap);
+        }
+        e2e.record(r.e2e);
+        r.overhead.map(|d| overhead.record(d));
+    }
+
+    /// Adds another tally.
+    pub fn merge(&mut self, o: &Tally) {
+        self.requests += o.requests;
+        for (a, b) in self.outcomes.iter_mut().zip(o.outcomes) {
+            *a += b;
+        }
+        self.input_tokens += o.input_tokens;
+        self.output_tokens += o.output_tokens;
+        self.malformed_events += o.malformed_events;
+        for (a, b) in self.hists.iter_mut().zip(&o.hists) {
+            a.merge(b);
+        }
+    }
+
+    /// The `/stats` JSON of this tally, with rates over `seconds`.
+    pub fn to_json(&self, seconds: f64) -> Value {
+        let mut m = Map::new();
+        m.insert("requests".into(), self.requests.into());
+        let mut errors = Map::new();
+        let mut outcomes = Map::new();
+        for o in Outcome::ALL {
+            let n = self.outcomes[o.index()];
+            outcomes.insert(o.as_str().into(), n.into());
+            if o != Outcome::Ok && n > 0 {
+                errors.insert(o.as_str().into(), n.into());
+            }
+        }
+        m.insert("errors".into(), errors.into());
+        m.insert("outcomes".into(), outcomes.into());
+        m.insert("input_tokens".into(), self.input_tokens.into());
+        m.insert("output_tokens".into(), self.output_tokens.into());
+        m.insert("malformed_events".into(), self.malformed_events.into());
+        for (name, h) in METRICS.iter().zip(&self.hists) {
+            m.insert((*name).into(), h.summary_ms());
+        }
+        let rate = |n: u64| {
+            if seconds > 0.0 {
+                ((n as f64 / seconds) * 1000.0).round() / 1000.0
+            } else {
+                0.0
+            }
+        };
+        m.insert("requests_per_s".into(), rate(self.requests).into());
+        m.insert(
+            "output_tokens_per_s".into(),
+            rate(self.output_tokens).into(),
+        );
+        Value::Object(m)
+    }
+}
