@@ -1,1 +1,162 @@
-fn main() {}
+//! Per-chunk cost of the data path (scan + classify + meter) and per-request cost of recording,
+//! each next to a baseline measured in the same run: a bare `memchr` pass over the same bytes.
+//!
+//! Run: `cargo bench --bench data_path`. Results go to BENCHMARKS.md.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
+use bytes::Bytes;
+use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
+use http::Method;
+use inferscope::accesslog::AccessLog;
+use inferscope::meter::{End, Framing, ItlSample, Meter, Outcome, RequestMeta, RequestRecord};
+use inferscope::recorder::Recorder;
+use inferscope::sse::SseScanner;
+use inferscope::stats::Stats;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use tokio::time::Instant;
+
+/// One vLLM-style content chunk (≈ 230 bytes), as one frame.
+fn chunk(i: usize) -> Bytes {
+    Bytes::from(format!(
+        "data: {{\"id\":\"chatcmpl-b3f1c0e2a9d54\",\"object\":\"chat.completion.chunk\",\"created\":1764500000,\"model\":\"meta-llama/Llama-3.1-8B-Instruct\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\" word{i}\"}},\"logprobs\":null,\"finish_reason\":null}}]}}\n\n"
+    ))
+}
+
+fn meta() -> RequestMeta {
+    let none: Arc<str> = Arc::from("-");
+    RequestMeta {
+        ts: SystemTime::now(),
+        t0: Instant::now(),
+        request_id: Arc::from("bench"),
+        trace_id: Arc::from("0af7651916cd43dd8448eb211c80319c"),
+        route: Arc::from("chat"),
+        model: Arc::from("llama"),
+        backend: Arc::from("fp16"),
+        variant: none,
+        method: Method::POST,
+        path: Arc::from("/v1/chat/completions"),
+        stream: true,
+        bytes_in: 200,
+        t_sent: Some(Instant::now()),
+        t_hdr: Some(Instant::now()),
+    }
+}
+
+const CHUNKS: usize = 256;
+
+fn per_chunk(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let _guard = rt.enter();
+    let frames: Vec<Bytes> = (0..CHUNKS).map(chunk).collect();
+    let recorder = Arc::new(Recorder::new(Stats::new(64), AccessLog::disabled()));
+
+    let mut g = c.benchmark_group("per_chunk");
+    g.throughput(Throughput::Elements(CHUNKS as u64));
+    g.bench_function("baseline_memchr_newlines", |b| {
+        b.iter(|| {
+            let mut n = 0;
+            for f in &frames {
+                n += memchr::memchr_iter(b'\n', f).count();
+            }
+            black_box(n)
+        })
+    });
+    g.bench_function("sse_scan_only", |b| {
+        b.iter(|| {
+            let mut s = SseScanner::default();
+            let mut n = 0;
+            for f in &frames {
+                s.feed(f, |e| n += e.data.len());
+            }
+            black_box(n)
+        })
+    });
+    g.bench_function("scan_classify_meter", |b| {
+        b.iter(|| {
+            let mut m = Meter::new(
+                meta(),
+                200,
+                Framing::Sse(SseScanner::default()),
+                true,
+                false,
+                Arc::clone(&recorder),
+                None,
+            );
+            let now = Instant::now();
+            for f in &frames {
+                black_box(m.observe(f, now));
+            }
+            black_box(&m);
+        })
+    });
+    g.finish();
+}
+
+fn record_path(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let _guard = rt.enter();
+    let recorder = Recorder::new(Stats::new(64), AccessLog::disabled());
+    let record = RequestRecord {
+        status: 200,
+        outcome: Outcome::Ok,
+        ttft: Some(Duration::from_millis(120)),
+        ttfc: Some(Duration::from_millis(3)),
+        tpot: Some(Duration::from_millis(21)),
+        e2e: Duration::from_millis(1500),
+        upstream_ttft: Some(Duration::from_millis(119)),
+        overhead: Some(Duration::from_micros(80)),
+        itl: (0..64)
+            .map(|i| ItlSample {
+                gap: Duration::from_micros(20_000 + i * 37),
+                tokens: 1,
+            })
+            .collect(),
+        input_tokens: Some(100),
+        output_tokens: Some(64),
+        tokens_source: None,
+        finish_reason: None,
+        bytes_out: 15_000,
+        malformed_events: 0,
+        error: None,
+        meta: meta(),
+    };
+    let mut g = c.benchmark_group("per_request");
+    g.bench_function("record_64_token_stream", |b| {
+        b.iter(|| {
+            recorder.started();
+            recorder.record(black_box(record.clone()));
+        })
+    });
+    g.bench_function("finish_meter_64_chunks", |b| {
+        let frames: Vec<Bytes> = (0..64).map(chunk).collect();
+        let shared = Arc::new(Recorder::new(Stats::new(4), AccessLog::disabled()));
+        b.iter(|| {
+            shared.started();
+            let mut m = Meter::new(
+                meta(),
+                200,
+                Framing::Sse(SseScanner::default()),
+                true,
+                false,
+                Arc::clone(&shared),
+                None,
+            );
+            let now = Instant::now();
+            for f in &frames {
+                m.observe(f, now);
+            }
+            m.finish(End::Complete);
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, per_chunk, record_path);
+criterion_main!(benches);

@@ -47,12 +47,14 @@ pub struct Running {
     /// In-process simulators, by backend name.
     pub sims: HashMap<String, SimHandle>,
     stop: watch::Sender<bool>,
+    accepting: Arc<AtomicBool>,
     done: JoinHandle<bool>,
 }
 
 impl Running {
     /// Begins a graceful shutdown (idempotent).
     pub fn shutdown(&self) {
+        self.accepting.store(false, Ordering::Relaxed);
         let _ = self.stop.send(true);
     }
 
@@ -62,12 +64,8 @@ impl Running {
     }
 }
 
-fn stopped(
-    mut rx: watch::Receiver<bool>,
-) -> impl std::future::Future<Output = ()> + Send + 'static {
-    async move {
-        let _ = rx.wait_for(|s| *s).await;
-    }
+async fn stopped(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
 }
 
 /// Starts everything `config` describes and returns once the listeners are bound.
@@ -167,7 +165,6 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
     let mut stop_rx = data_rx;
     let done = tokio::spawn(async move {
         let _ = stop_rx.wait_for(|s| *s).await;
-        accepting.store(false, Ordering::Relaxed);
         let drained = data_task.await.unwrap_or(false);
         if !drained {
             tracing::warn!("shutdown grace period ended with requests still in flight");
@@ -184,6 +181,7 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         recorder,
         sims,
         stop: stop_data,
+        accepting,
         done,
     })
 }

@@ -102,19 +102,36 @@ where
                     };
                     let stripping = m.stripping();
                     let plan = m.observe(&data, now);
+                    // A body of known length ends with its last byte: hyper may never poll again.
+                    let last = this.inner.is_end_stream();
                     if !stripping && this.held.is_none() {
                         m.sent(data.len());
+                        if last {
+                            *this.upstream_done = true;
+                            if let Some(m) = this.meter.take() {
+                                m.finish(End::Complete);
+                            }
+                        }
                         return Poll::Ready(Some(Ok(Frame::data(data))));
                     }
                     *this.held = strip(this.held.take(), data, plan, m.stripping(), this.queue);
+                    if last {
+                        *this.upstream_done = true;
+                        if let Some(h) = this.held.take() {
+                            this.queue.push_back(h);
+                        }
+                    }
                 }
             }
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        // Never claim the end early: the record is finalized by the poll that returns `None`.
-        false
+        // Claimed only once the record is written, so the end is never reported before it.
+        self.meter.is_none()
+            && self.queue.is_empty()
+            && self.held.is_none()
+            && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {

@@ -97,6 +97,7 @@ pub fn remove_hop_headers(h: &mut HeaderMap) {
 pub struct Ids {
     prefix: u64,
     counter: AtomicU64,
+    traces: AtomicU64,
 }
 
 impl Default for Ids {
@@ -108,6 +109,7 @@ impl Default for Ids {
         Self {
             prefix: crate::route::fnv1a(&seed.to_le_bytes()),
             counter: AtomicU64::new(0),
+            traces: AtomicU64::new(0),
         }
     }
 }
@@ -124,7 +126,7 @@ impl Ids {
 
     /// A new W3C trace id (32 hex digits, never all zero).
     pub fn trace_id(&self) -> String {
-        let n = self.counter.fetch_add(1, Ordering::Relaxed);
+        let n = self.traces.fetch_add(1, Ordering::Relaxed);
         let a = crate::route::fnv1a(&(self.prefix ^ n).to_le_bytes());
         let b = crate::route::fnv1a(&a.to_le_bytes()) | 1;
         format!("{a:016x}{b:016x}")

@@ -118,7 +118,7 @@ struct Pending {
 
 impl Pending {
     fn meta(&mut self) -> &mut RequestMeta {
-        self.meta.get_or_insert_with(|| unreachable_meta())
+        self.meta.get_or_insert_with(unreachable_meta)
     }
 
     fn take(&mut self) -> RequestMeta {

@@ -111,14 +111,22 @@ impl Tally {
         self.output_tokens += r.output_tokens.unwrap_or(0);
         self.malformed_events += u64::from(r.malformed_events);
         let [ttft, ttfc, tpot, itl, e2e, overhead] = &mut self.hists;
-        r.ttft.map(|d| ttft.record(d));
-        r.ttfc.map(|d| ttfc.record(d));
-        r.tpot.map(|d| tpot.record(d));
+        if let Some(d) = r.ttft {
+            ttft.record(d);
+        }
+        if let Some(d) = r.ttfc {
+            ttfc.record(d);
+        }
+        if let Some(d) = r.tpot {
+            tpot.record(d);
+        }
         for s in &r.itl {
             itl.record(s.gap);
         }
         e2e.record(r.e2e);
-        r.overhead.map(|d| overhead.record(d));
+        if let Some(d) = r.overhead {
+            overhead.record(d);
+        }
     }
 
     /// Adds another tally.

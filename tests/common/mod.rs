@@ -1,0 +1,328 @@
+//! Shared test harness: an in-process gateway and simulator on real loopback sockets (port 0), a
+//! plain HTTP client that timestamps every frame it receives, and a scripted raw-socket backend
+//! for responses the simulator does not produce (errors, broken streams).
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use bytes::Bytes;
+use http::{HeaderMap, Request};
+use http_body_util::{BodyExt, Full};
+use inferscope::app::{self, Overrides, Running};
+use inferscope::config;
+use inferscope::sim::{self, Profile, SimHandle, SimOptions};
+use serde_json::Value;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// A fresh, empty directory for one test's files.
+pub fn temp_dir() -> PathBuf {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let d = std::env::temp_dir().join(format!(
+        "inferscope-test-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A simulator with exact timing (no jitter) unless the profile says otherwise, recording truth.
+pub async fn start_sim(profile: Profile, seed: u64) -> SimHandle {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut opts = SimOptions::new(profile);
+    opts.seed = seed;
+    opts.record_truth = true;
+    sim::spawn(listener, opts, std::future::pending()).unwrap()
+}
+
+/// A quick, exact profile: TTFT `ttft_ms`, TPOT `tpot_ms`, no jitter, no batching effect.
+pub fn exact(ttft_ms: f64, tpot_ms: f64) -> Profile {
+    Profile {
+        jitter: 0.0,
+        batch_slowdown: 0.0,
+        ttft_base_ms: ttft_ms,
+        prefill_per_token_ms: 0.0,
+        tpot_ms,
+        ..Profile::fp16()
+    }
+}
+
+/// A gateway in front of `backends` (name → address), one route `main` for every path, the
+/// access log in `dir`. `extra` is appended to the YAML (e.g. `limits:`).
+pub async fn start_gateway(
+    backends: &[(&str, SocketAddr)],
+    dir: &std::path::Path,
+    extra: &str,
+) -> Running {
+    let mut yaml = format!(
+        "access_log: {{ path: {:?} }}\nbackends:\n",
+        dir.join("access.jsonl")
+    );
+    for (name, addr) in backends {
+        yaml.push_str(&format!("  - {{ name: {name}, url: \"http://{addr}\" }}\n"));
+    }
+    let names: Vec<&str> = backends.iter().map(|b| b.0).collect();
+    yaml.push_str(&format!(
+        "routes:\n  - name: main\n    backends: [{}]\n",
+        names.join(", ")
+    ));
+    yaml.push_str(extra);
+    start_yaml(&yaml).await
+}
+
+/// A gateway from YAML text, on ephemeral ports.
+pub async fn start_yaml(yaml: &str) -> Running {
+    let cfg = config::parse(yaml, "test.yaml").unwrap_or_else(|e| panic!("{e}\n{yaml}"));
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    app::start(
+        Arc::new(cfg),
+        Overrides {
+            listen: Some(any),
+            admin: Some(any),
+        },
+    )
+    .await
+    .unwrap()
+}
+
+/// Shuts the gateway down (which flushes the access log) and returns the log's lines.
+pub async fn stop_and_read_log(running: Running, dir: &std::path::Path) -> Vec<Value> {
+    running.shutdown();
+    assert!(running.wait().await, "gateway did not drain in time");
+    let text = std::fs::read_to_string(dir.join("access.jsonl")).unwrap_or_default();
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// What a client saw.
+#[derive(Debug)]
+pub struct Received {
+    pub status: u16,
+    pub headers: HeaderMap,
+    /// Every body frame with the instant it arrived.
+    pub frames: Vec<(Instant, Bytes)>,
+    /// Instant just before the request was written.
+    pub t_send: Instant,
+    /// The unread rest of the body when reading stopped early (kept open while this lives).
+    pub rest: Option<hyper::body::Incoming>,
+}
+
+impl Received {
+    pub fn body(&self) -> Vec<u8> {
+        self.frames.iter().flat_map(|f| f.1.to_vec()).collect()
+    }
+
+    /// Instant at which the client had received the first `n` body bytes.
+    pub fn time_of_byte(&self, n: usize) -> Option<Instant> {
+        let mut seen = 0;
+        for (t, b) in &self.frames {
+            seen += b.len();
+            if seen >= n {
+                return Some(*t);
+            }
+        }
+        None
+    }
+}
+
+/// A client connection (HTTP/1.1 over a fresh loopback TCP connection).
+pub struct Client {
+    sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    conn: JoinHandle<()>,
+}
+
+impl Client {
+    pub async fn connect(addr: SocketAddr) -> Self {
+        let stream = TcpStream::connect(addr).await.unwrap();
+        stream.set_nodelay(true).unwrap();
+        let (sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .unwrap();
+        let conn = tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Self { sender, conn }
+    }
+
+    fn request(
+        method: &str,
+        path: &str,
+        body: &str,
+        headers: &[(&str, &str)],
+    ) -> Request<Full<Bytes>> {
+        let mut b = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", "inferscope.test");
+        if !body.is_empty() {
+            b = b.header("content-type", "application/json");
+        }
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        b.body(Full::new(Bytes::from(body.to_owned()))).unwrap()
+    }
+
+    /// Sends a request and reads the whole response, timestamping frames.
+    pub async fn send(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: &str,
+        headers: &[(&str, &str)],
+    ) -> Received {
+        self.send_until(method, path, body, headers, usize::MAX)
+            .await
+    }
+
+    /// Like `send`, but stops reading after `max_frames` body frames (the rest stays unread).
+    pub async fn send_until(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: &str,
+        headers: &[(&str, &str)],
+        max_frames: usize,
+    ) -> Received {
+        let req = Self::request(method, path, body, headers);
+        self.sender.ready().await.unwrap();
+        let t_send = Instant::now();
+        let resp = self.sender.send_request(req).await.unwrap();
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let mut body = resp.into_body();
+        let mut frames = Vec::new();
+        let mut rest = None;
+        loop {
+            if frames.len() >= max_frames {
+                rest = Some(body);
+                break;
+            }
+            match body.frame().await {
+                Some(Ok(f)) => {
+                    let now = Instant::now();
+                    if let Ok(d) = f.into_data() {
+                        frames.push((now, d));
+                    }
+                }
+                _ => break,
+            }
+        }
+        Received {
+            status,
+            headers,
+            frames,
+            t_send,
+            rest,
+        }
+    }
+
+    /// Closes the TCP connection at once.
+    pub fn abort(self) {
+        self.conn.abort();
+        drop(self.sender);
+    }
+}
+
+/// One request on a fresh connection.
+pub async fn post(addr: SocketAddr, path: &str, body: &str, headers: &[(&str, &str)]) -> Received {
+    Client::connect(addr)
+        .await
+        .send("POST", path, body, headers)
+        .await
+}
+
+/// GET `path` on the admin listener and parse JSON (or return text as a JSON string).
+pub async fn admin_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let r = Client::connect(addr).await.send("GET", path, "", &[]).await;
+    (r.status, String::from_utf8(r.body()).unwrap())
+}
+
+/// A chat request body.
+pub fn chat(stream: bool, max_tokens: u32, extra: &str) -> String {
+    format!(
+        r#"{{"model":"demo","stream":{stream},"max_tokens":{max_tokens},"messages":[{{"role":"user","content":"say something short"}}]{extra}}}"#
+    )
+}
+
+/// A backend that answers every connection with `response` (raw HTTP/1.1 bytes, written in the
+/// given pieces with `gap` between them), then closes. A real server on a real socket, for
+/// responses the simulator does not make.
+pub async fn start_raw(pieces: Vec<Vec<u8>>, gap: Duration) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let pieces = pieces.clone();
+            tokio::spawn(async move {
+                read_request(&mut s).await;
+                for (i, p) in pieces.iter().enumerate() {
+                    if i > 0 {
+                        tokio::time::sleep(gap).await;
+                    }
+                    if s.write_all(p).await.is_err() {
+                        return;
+                    }
+                }
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+async fn read_request(s: &mut TcpStream) {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let Ok(n) = s.read(&mut chunk).await else {
+            return;
+        };
+        if n == 0 {
+            return;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+            let len = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            if buf.len() >= end + 4 + len {
+                return;
+            }
+        }
+    }
+}
+
+/// A chunked SSE response head.
+pub const SSE_HEAD: &[u8] =
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+
+/// One HTTP/1.1 chunk holding `data`.
+pub fn chunk(data: &[u8]) -> Vec<u8> {
+    let mut v = format!("{:x}\r\n", data.len()).into_bytes();
+    v.extend_from_slice(data);
+    v.extend_from_slice(b"\r\n");
+    v
+}
+
+/// Milliseconds field of a log line, as a Duration.
+pub fn ms(v: &Value, key: &str) -> Duration {
+    Duration::from_secs_f64(
+        v[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{key} missing in {v}"))
+            / 1000.0,
+    )
+}

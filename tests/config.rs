@@ -1,0 +1,135 @@
+//! Config files: every shipped example parses; errors name the file, the line and the key.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use inferscope::config::{self, parse};
+
+#[test]
+fn every_shipped_config_parses() {
+    let mut n = 0;
+    for entry in std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/config")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            parse(&text, &path.display().to_string()).unwrap_or_else(|e| panic!("{e}"));
+            n += 1;
+        }
+    }
+    assert!(n >= 2, "config/ holds the default and the vLLM example");
+    assert_eq!(
+        config::DEFAULT_YAML,
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config/default.yaml"))
+            .unwrap()
+    );
+}
+
+const BASE: &str = "\
+backends:
+  - { name: a, url: \"http://127.0.0.1:1\" }
+routes:
+  - name: r
+    match: { model: m }
+    backends: [a]
+";
+
+#[test]
+fn unknown_key_is_rejected_with_line_and_key() {
+    let text = BASE.replace("match: { model: m }", "match: { modle: m }");
+    let e = parse(&text, "gw.yaml").unwrap_err();
+    assert_eq!(e.line, Some(5), "{e}");
+    assert_eq!(e.key, "routes[0].match.modle");
+    assert!(e.message.contains("unknown field `modle`"), "{e}");
+    assert!(e.to_string().starts_with("gw.yaml:5:"), "{e}");
+}
+
+#[test]
+fn wrong_type_names_the_key() {
+    let text = format!("{BASE}limits:\n  max_concurrent_requests: lots\n");
+    let e = parse(&text, "gw.yaml").unwrap_err();
+    assert_eq!(
+        (e.line, e.key.as_str()),
+        (Some(8), "limits.max_concurrent_requests"),
+        "{e}"
+    );
+    let text = format!("{BASE}limits:\n  connect_timeout: 5 parsecs\n");
+    let e = parse(&text, "gw.yaml").unwrap_err();
+    assert_eq!(
+        (e.line, e.key.as_str()),
+        (Some(8), "limits.connect_timeout"),
+        "{e}"
+    );
+    assert!(e.message.contains("unknown unit"), "{e}");
+}
+
+#[test]
+fn validation_errors_point_at_the_offending_line() {
+    let text = BASE.replace("backends: [a]", "backends:\n      - a\n      - b");
+    let e = parse(&text, "gw.yaml").unwrap_err();
+    assert_eq!(
+        (e.line, e.key.as_str()),
+        (Some(8), "routes[0].backends[1]"),
+        "{e}"
+    );
+    assert!(e.message.contains("unknown backend `b`"));
+
+    let text = BASE.replace("http://127.0.0.1:1", "ftp://x");
+    let e = parse(&text, "gw.yaml").unwrap_err();
+    assert_eq!(
+        (e.line, e.key.as_str()),
+        (Some(2), "backends[0].url"),
+        "{e}"
+    );
+
+    let two_controls = "\
+backends:
+  - { name: a, url: \"http://127.0.0.1:1\" }
+routes:
+  - name: r
+    experiment:
+      name: x
+      variants:
+        - { name: p, backends: [a], weight: 1, control: true }
+        - { name: q, backends: [a], weight: 1, control: true }
+";
+    let e = parse(two_controls, "gw.yaml").unwrap_err();
+    assert_eq!(
+        (e.line, e.key.as_str()),
+        (Some(7), "routes[0].experiment.variants"),
+        "{e}"
+    );
+}
+
+#[test]
+fn check_command_reports_file_line_and_key() {
+    let dir = std::env::temp_dir().join(format!("inferscope-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.yaml");
+    std::fs::write(
+        &bad,
+        BASE.replace("backends: [a]", "backends: [a]\n    retries: 3"),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_inferscope"))
+        .arg("check")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("{}:7:", bad.display()))
+            && err.contains("routes[0]")
+            && err.contains("retries"),
+        "{err}"
+    );
+    let good = concat!(env!("CARGO_MANIFEST_DIR"), "/config/vllm-two-backends.yaml");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_inferscope"))
+        .arg("check")
+        .arg(good)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
