@@ -37,7 +37,7 @@ fn unknown_key_is_rejected_with_line_and_key() {
     let e = parse(&text, "gw.yaml").unwrap_err();
     assert_eq!(e.line, Some(5), "{e}");
     assert_eq!(e.key, "routes[0].match.modle");
-    assert!(e.message.contains("unknown field `modle`"), "{e}");
+    assert!(e.message.starts_with("unknown field `modle`"), "{e}");
     assert!(e.to_string().starts_with("gw.yaml:5:"), "{e}");
 }
 

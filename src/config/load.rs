@@ -68,6 +68,11 @@ pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
             Some(i) => message[..i].to_string(),
             None => message,
         };
+        // serde_yaml also prefixes its own path ("routes[0]: …"); the key is printed already.
+        let message = match message.split_once(": ") {
+            Some((head, rest)) if !head.contains(' ') && key.starts_with(head) => rest.to_string(),
+            _ => message,
+        };
         ConfigError {
             file: file.to_string(),
             line: loc.as_ref().map(|l| l.line()),
