@@ -267,3 +267,55 @@ mod tests {
         assert_eq!(rfc3339(leap), "2000-02-29T00:00:00.000Z");
     }
 }
+
+#[cfg(test)]
+mod queue_tests {
+    use super::*;
+    use crate::meter::{Outcome, RequestMeta};
+    use tokio::time::Instant;
+
+    fn rec() -> RequestRecord {
+        let s = |v: &str| Arc::<str>::from(v);
+        let meta = RequestMeta {
+            ts: std::time::SystemTime::now(),
+            t0: Instant::now(),
+            request_id: s("r"),
+            trace_id: s("t"),
+            route: s("-"),
+            model: s("-"),
+            backend: s("-"),
+            variant: s("-"),
+            method: http::Method::GET,
+            path: s("/"),
+            stream: false,
+            bytes_in: 0,
+            t_sent: None,
+            t_hdr: None,
+        };
+        RequestRecord::without_body(meta, 200, Outcome::Ok, None, 0)
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_full_queue_drops_and_counts_never_waits() {
+        let path =
+            std::env::temp_dir().join(format!("inferscope-log-{}.jsonl", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let log = AccessLog::open(&path, 4)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        // On a current-thread runtime the writer cannot run until this task yields: the queue
+        // takes 4 records and the other 96 are dropped, without `send` ever blocking.
+        for _ in 0..100 {
+            log.send(rec());
+        }
+        assert_eq!(log.dropped(), 96);
+        log.flush().await;
+        assert_eq!(log.written(), 4);
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        assert_eq!(text.lines().count(), 4);
+        let line: serde_json::Value =
+            serde_json::from_str(text.lines().next().unwrap_or("")).unwrap_or_default();
+        assert_eq!(line["outcome"], "ok");
+        let _ = std::fs::remove_file(&path);
+    }
+}

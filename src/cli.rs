@@ -59,6 +59,9 @@ enum Cmd {
         /// Model id listed by /v1/models.
         #[arg(long, default_value = "demo")]
         model: String,
+        /// Precede each streamed event with `: t_us=N` (µs since the request arrived): ground truth.
+        #[arg(long)]
+        truth_comments: bool,
     },
     /// Validate a config file: exit 0, or print the error (file:line: key: problem) and exit 2.
     Check {
@@ -148,6 +151,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             tokens_per_chunk,
             seed,
             model,
+            truth_comments,
         } => {
             let mut p = sim_profile(&profile).map_err(anyhow::Error::msg)?;
             p.ttft_base_ms = ttft_ms.unwrap_or(p.ttft_base_ms);
@@ -161,6 +165,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             let mut opts = SimOptions::new(p);
             opts.seed = seed;
             opts.model = model;
+            opts.truth_comments = truth_comments;
             let (stop, rx) = tokio::sync::oneshot::channel::<()>();
             let handle = sim::spawn(listener, opts, async move {
                 let _ = rx.await;

@@ -14,7 +14,10 @@ use tokio::time::Instant;
 
 #[test]
 fn observing_content_chunks_does_not_allocate() {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let _g = rt.enter();
     let chunk = |i: usize, split: bool| {
         let s = format!("data: {{\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\" w{i}\"}},\"finish_reason\":null}}]}}\n\n");
@@ -44,15 +47,29 @@ fn observing_content_chunks_does_not_allocate() {
         t_hdr: None,
     };
     let recorder = Arc::new(Recorder::new(Stats::new(4), AccessLog::disabled()));
-    let mut m = Meter::new(meta, 200, Framing::Sse(SseScanner::default()), true, false, recorder, None);
+    let mut m = Meter::new(
+        meta,
+        200,
+        Framing::Sse(SseScanner::default()),
+        true,
+        false,
+        recorder,
+        None,
+    );
     // Warm-up: the scanner's carry buffer reaches its working size once.
     m.observe(&chunk(0, true), Instant::now());
-    m.observe(&Bytes::from_static(b":\"c1\",\"choices\":[]}\n\n"), Instant::now());
+    m.observe(
+        &Bytes::from_static(b":\"c1\",\"choices\":[]}\n\n"),
+        Instant::now(),
+    );
 
     let info = allocation_counter::measure(|| {
         for f in &frames {
             m.observe(f, Instant::now());
         }
     });
-    assert_eq!(info.count_total, 0, "allocations while observing 60 content chunks");
+    assert_eq!(
+        info.count_total, 0,
+        "allocations while observing 60 content chunks"
+    );
 }

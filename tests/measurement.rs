@@ -323,3 +323,43 @@ async fn backend_errors_truncation_and_malformed_events_pass_through() {
     assert_eq!(log[1]["tokens_source"], "counted");
     assert_eq!(log[1]["itl_ms"]["count"], 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn truth_comments_pass_through_and_bound_the_measurement() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut opts = inferscope::sim::SimOptions::new(exact(20.0, 5.0));
+    opts.truth_comments = true;
+    let sim = inferscope::sim::spawn(listener, opts, std::future::pending()).unwrap();
+    let dir = temp_dir();
+    let gw = start_gateway(&[("sim", sim.addr)], &dir, "").await;
+    let r = post(
+        gw.data_addr,
+        "/v1/chat/completions",
+        &chat(true, 3, ""),
+        &[],
+    )
+    .await;
+    let body = String::from_utf8(r.body()).unwrap();
+    // The comment before the first content event carries the simulator's true TTFT.
+    let blocks: Vec<&str> = body.split("\n\n").collect();
+    let first = blocks
+        .iter()
+        .find(|b| b.contains("\"content\":\" "))
+        .unwrap();
+    let t_us: u64 = first
+        .lines()
+        .next()
+        .unwrap()
+        .strip_prefix(": t_us=")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let log = stop_and_read_log(gw, &dir).await;
+    assert_eq!(
+        log[0]["outcome"], "ok",
+        "comments are not events: nothing malformed"
+    );
+    assert_eq!(log[0]["malformed_events"], 0);
+    assert_eq!(log[0]["output_tokens"], 3);
+    assert!(ms(&log[0], "ttft_ms") + Duration::from_micros(1) >= Duration::from_micros(t_us));
+}

@@ -298,8 +298,14 @@ async fn stream(
     let p = &state.opts.profile;
     let mut rng = Rng::new(state.opts.seed.wrapping_add(plan.index).rotate_left(17));
     let record = state.opts.record_truth;
-    let send = |kind: ChunkKind, bytes: Vec<u8>, truth: &mut Truth| {
+    let comments = state.opts.truth_comments;
+    let send = |kind: ChunkKind, mut bytes: Vec<u8>, truth: &mut Truth| {
         let at = Instant::now();
+        if comments {
+            let mut c = format!(": t_us={}\n", (at - truth.arrival).as_micros()).into_bytes();
+            c.append(&mut bytes);
+            bytes = c;
+        }
         if record {
             let start = truth.bytes.len();
             truth.bytes.extend_from_slice(&bytes);

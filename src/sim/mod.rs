@@ -32,6 +32,10 @@ pub struct SimOptions {
     pub model: String,
     /// Keep per-request ground truth (bytes and send instants) in memory.
     pub record_truth: bool,
+    /// Precede every streamed event with an SSE comment `: t_us=N`, N being microseconds from the
+    /// request's arrival to the write — ground truth for an out-of-process observer. SSE clients
+    /// ignore comments; off by default.
+    pub truth_comments: bool,
 }
 
 impl SimOptions {
@@ -42,6 +46,7 @@ impl SimOptions {
             seed: 0,
             model: "demo".into(),
             record_truth: false,
+            truth_comments: false,
         }
     }
 }

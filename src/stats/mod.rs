@@ -192,3 +192,94 @@ impl Snapshot {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meter::{Outcome, RequestMeta};
+    use std::time::{Duration, SystemTime};
+
+    fn record(route: &str, ttft_ms: u64) -> RequestRecord {
+        let s = |v: &str| Arc::<str>::from(v);
+        let meta = RequestMeta {
+            ts: SystemTime::now(),
+            t0: Instant::now(),
+            request_id: s("r"),
+            trace_id: s("t"),
+            route: s(route),
+            model: s("m"),
+            backend: s("b"),
+            variant: s("-"),
+            method: http::Method::POST,
+            path: s("/v1/chat/completions"),
+            stream: true,
+            bytes_in: 0,
+            t_sent: None,
+            t_hdr: None,
+        };
+        let mut r = RequestRecord::without_body(meta, 200, Outcome::Ok, None, 0);
+        r.ttft = Some(Duration::from_millis(ttft_ms));
+        r.output_tokens = Some(10);
+        r
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn window_forgets_after_sixty_seconds_cumulative_does_not() {
+        let stats = Stats::new(16);
+        stats.record(&record("a", 100));
+        tokio::time::advance(Duration::from_secs(45)).await;
+        stats.record(&record("a", 200));
+        let snap = stats.snapshot();
+        let (_, cum, win) = &snap.groups[0];
+        assert_eq!((cum.requests, win.requests), (2, 2));
+        tokio::time::advance(Duration::from_secs(30)).await; // t = 75 s: the first left the window
+        let snap = stats.snapshot();
+        let (_, cum, win) = &snap.groups[0];
+        assert_eq!((cum.requests, win.requests), (2, 1));
+        assert_eq!(win.hists[0].count(), 1);
+        let json = snap.to_json();
+        // HdrHistogram at 3 significant digits: values within 0.1%.
+        let near = |v: &serde_json::Value, want: f64| {
+            (v.as_f64().unwrap_or(0.0) - want).abs() <= want * 0.001
+        };
+        assert!(
+            near(&json["groups"][0]["window"]["ttft"]["max"], 200.0),
+            "{json}"
+        );
+        assert!(
+            near(&json["groups"][0]["window"]["ttft"]["p50"], 200.0),
+            "{json}"
+        );
+        assert!(
+            near(&json["groups"][0]["cumulative"]["ttft"]["p50"], 100.0),
+            "{json}"
+        );
+        // 10 tokens over the 60-s window; 20 over 75 s of uptime.
+        assert_eq!(json["groups"][0]["window"]["output_tokens_per_s"], 0.167);
+        assert_eq!(
+            json["rollups"]["all"]["cumulative"]["output_tokens_per_s"],
+            0.267
+        );
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert_eq!(stats.snapshot().groups[0].2.requests, 0);
+    }
+
+    #[test]
+    fn rollups_merge_groups_and_cardinality_is_capped() {
+        let stats = Stats::new(2);
+        stats.record(&record("a", 10));
+        stats.record(&record("b", 20));
+        stats.record(&record("c", 30)); // third group: over the cap, folded into __other__
+        let json = stats.snapshot().to_json();
+        assert_eq!(json["rollups"]["all"]["cumulative"]["requests"], 3);
+        let empty = Vec::new();
+        let models: Vec<&str> = json["rollups"]["model"]
+            .as_array()
+            .unwrap_or(&empty)
+            .iter()
+            .filter_map(|m| m["model"].as_str())
+            .collect();
+        assert_eq!(models, vec![OTHER_MODEL, "m"]);
+        assert_eq!(json["rollups"]["route"].as_array().map(Vec::len), Some(3));
+    }
+}
