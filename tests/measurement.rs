@@ -113,8 +113,10 @@ async fn ttft_ttfc_tpot_itl_e2e_match_ground_truth() {
         gw_ttfc < gw_ttft,
         "the role-only chunk counts for TTFC, not TTFT"
     );
-    // And tight: on loopback the gateway adds well under 20 ms even on a loaded shared machine.
-    assert!(gw_ttft - (tok1.at - t.arrival) < Duration::from_millis(20));
+    // And close: on loopback the gateway adds well under a millisecond; 50 ms leaves room for a
+    // shared CI machine descheduling a thread, while still catching a clock started or stopped
+    // at the wrong place (that error would be a whole token gap or TTFT, ≥ 50 ms here).
+    assert!(gw_ttft - (tok1.at - t.arrival) < Duration::from_millis(50));
 
     // TPOT averages 29 gaps: per-event delivery delays (sub-ms on loopback) cancel except at the
     // two ends, so 1 ms bounds it with a wide margin.
@@ -127,7 +129,8 @@ async fn ttft_ttfc_tpot_itl_e2e_match_ground_truth() {
         "TPOT {gw_tpot:?} vs truth {truth_tpot:?}"
     );
 
-    // ITL: one sample per gap; its quantiles move by at most the largest per-gap error.
+    // ITL: one sample per gap; its quantiles move by at most the largest per-gap error, which is
+    // scheduling noise (sub-ms typically; the bounds allow a descheduled thread on a busy CI box).
     let mut gaps: Vec<Duration> = times.windows(2).map(|w| w[1] - w[0]).collect();
     gaps.sort();
     let itl = &line["itl_ms"];
