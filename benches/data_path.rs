@@ -8,12 +8,14 @@ use bytes::Bytes;
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
 use http::Method;
 use inferscope::accesslog::AccessLog;
-use inferscope::meter::{End, Framing, ItlSample, Meter, Outcome, RequestMeta, RequestRecord};
+use inferscope::meter::{
+    End, Framing, ItlSample, Meter, MeterOptions, Outcome, RequestMeta, RequestRecord, ResponseInfo,
+};
 use inferscope::recorder::Recorder;
 use inferscope::sse::SseScanner;
 use inferscope::stats::Stats;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 use tokio::time::Instant;
 
 /// One vLLM-style content chunk (≈ 230 bytes), as one frame.
@@ -24,23 +26,13 @@ fn chunk(i: usize) -> Bytes {
 }
 
 fn meta() -> RequestMeta {
-    let none: Arc<str> = Arc::from("-");
-    RequestMeta {
-        ts: SystemTime::now(),
-        t0: Instant::now(),
-        request_id: Arc::from("bench"),
-        trace_id: Arc::from("0af7651916cd43dd8448eb211c80319c"),
-        route: Arc::from("chat"),
-        model: Arc::from("llama"),
-        backend: Arc::from("fp16"),
-        variant: none,
-        method: Method::POST,
-        path: Arc::from("/v1/chat/completions"),
-        stream: true,
-        bytes_in: 200,
-        t_sent: Some(Instant::now()),
-        t_hdr: Some(Instant::now()),
-    }
+    let mut m = RequestMeta::new(Method::POST, "/v1/chat/completions");
+    m.route = Arc::from("chat");
+    m.model = Arc::from("llama");
+    m.backend = Arc::from("fp16");
+    m.stream = true;
+    m.t_sent = Some(Instant::now());
+    m
 }
 
 const CHUNKS: usize = 256;
@@ -52,7 +44,7 @@ fn per_chunk(c: &mut Criterion) {
         .unwrap();
     let _guard = rt.enter();
     let frames: Vec<Bytes> = (0..CHUNKS).map(chunk).collect();
-    let recorder = Arc::new(Recorder::new(Stats::new(64), AccessLog::disabled()));
+    let recorder = Arc::new(Recorder::new(Stats::new(64), AccessLog::disabled(), None));
 
     let mut g = c.benchmark_group("per_chunk");
     g.throughput(Throughput::Elements(CHUNKS as u64));
@@ -81,8 +73,10 @@ fn per_chunk(c: &mut Criterion) {
                 meta(),
                 200,
                 Framing::Sse(SseScanner::default()),
-                true,
-                false,
+                MeterOptions {
+                    classify: true,
+                    ..MeterOptions::default()
+                },
                 Arc::clone(&recorder),
                 None,
             );
@@ -102,7 +96,7 @@ fn record_path(c: &mut Criterion) {
         .build()
         .unwrap();
     let _guard = rt.enter();
-    let recorder = Recorder::new(Stats::new(64), AccessLog::disabled());
+    let recorder = Recorder::new(Stats::new(64), AccessLog::disabled(), None);
     let record = RequestRecord {
         status: 200,
         outcome: Outcome::Ok,
@@ -125,6 +119,7 @@ fn record_path(c: &mut Criterion) {
         bytes_out: 15_000,
         malformed_events: 0,
         error: None,
+        response: ResponseInfo::default(),
         meta: meta(),
     };
     let mut g = c.benchmark_group("per_request");
@@ -136,15 +131,17 @@ fn record_path(c: &mut Criterion) {
     });
     g.bench_function("finish_meter_64_chunks", |b| {
         let frames: Vec<Bytes> = (0..64).map(chunk).collect();
-        let shared = Arc::new(Recorder::new(Stats::new(4), AccessLog::disabled()));
+        let shared = Arc::new(Recorder::new(Stats::new(4), AccessLog::disabled(), None));
         b.iter(|| {
             shared.started();
             let mut m = Meter::new(
                 meta(),
                 200,
                 Framing::Sse(SseScanner::default()),
-                true,
-                false,
+                MeterOptions {
+                    classify: true,
+                    ..MeterOptions::default()
+                },
                 Arc::clone(&shared),
                 None,
             );

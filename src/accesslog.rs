@@ -12,7 +12,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::sync::{mpsc, oneshot};
 
 enum Msg {
-    Record(Box<RequestRecord>),
+    Record(Arc<RequestRecord>),
     Flush(oneshot::Sender<()>),
 }
 
@@ -69,9 +69,9 @@ impl AccessLog {
     }
 
     /// Queues one record; never waits. A full queue drops it and counts the drop.
-    pub fn send(&self, rec: RequestRecord) {
+    pub fn send(&self, rec: Arc<RequestRecord>) {
         if let Some(tx) = &self.tx {
-            if tx.try_send(Msg::Record(Box::new(rec))).is_err() {
+            if tx.try_send(Msg::Record(rec)).is_err() {
                 self.counters.dropped.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -272,26 +272,9 @@ mod tests {
 mod queue_tests {
     use super::*;
     use crate::meter::{Outcome, RequestMeta};
-    use tokio::time::Instant;
 
     fn rec() -> RequestRecord {
-        let s = |v: &str| Arc::<str>::from(v);
-        let meta = RequestMeta {
-            ts: std::time::SystemTime::now(),
-            t0: Instant::now(),
-            request_id: s("r"),
-            trace_id: s("t"),
-            route: s("-"),
-            model: s("-"),
-            backend: s("-"),
-            variant: s("-"),
-            method: http::Method::GET,
-            path: s("/"),
-            stream: false,
-            bytes_in: 0,
-            t_sent: None,
-            t_hdr: None,
-        };
+        let meta = RequestMeta::new(http::Method::GET, "/");
         RequestRecord::without_body(meta, 200, Outcome::Ok, None, 0)
     }
 
@@ -306,7 +289,7 @@ mod queue_tests {
         // On a current-thread runtime the writer cannot run until this task yields: the queue
         // takes 4 records and the other 96 are dropped, without `send` ever blocking.
         for _ in 0..100 {
-            log.send(rec());
+            log.send(Arc::new(rec()));
         }
         assert_eq!(log.dropped(), 96);
         log.flush().await;

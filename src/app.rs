@@ -5,12 +5,13 @@
 use crate::accesslog::AccessLog;
 use crate::admin::{self, AdminState};
 use crate::config::{sim_profile, Config};
-use crate::proxy::{Gateway, Ids, InFlightLimitLayer, ProxyService, RequestIdLayer};
+use crate::proxy::{Gateway, Ids, InFlightLimitLayer, ProxyService, RequestIdLayer, TraceOptions};
 use crate::recorder::Recorder;
 use crate::route::Router;
 use crate::server::{self, ServerOptions};
 use crate::sim::{self, SimHandle, SimOptions};
 use crate::stats::Stats;
+use crate::telemetry::{self, Telemetry};
 use anyhow::Context as _;
 use http::Uri;
 use hyper_util::service::TowerToHyperService;
@@ -96,13 +97,33 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
     }
     let router = Arc::new(Router::new(&config, &bases).map_err(anyhow::Error::msg)?);
 
+    let data_listener = TcpListener::bind(overrides.listen.unwrap_or(config.listen))
+        .await
+        .context("binding the data-plane listener")?;
+    let admin_listener = TcpListener::bind(overrides.admin.unwrap_or(config.admin.listen))
+        .await
+        .context("binding the admin listener")?;
+    let data_addr = data_listener.local_addr()?;
+    let admin_addr = admin_listener.local_addr()?;
+
     let log = match &config.access_log {
         Some(a) => AccessLog::open(&a.path, a.queue)
             .await
             .with_context(|| format!("opening access log {}", a.path.display()))?,
         None => AccessLog::disabled(),
     };
-    let recorder = Arc::new(Recorder::new(Stats::new(MAX_GROUPS), log));
+    let settings = telemetry::resolve(config.telemetry.as_ref(), |k| std::env::var(k).ok())
+        .map_err(|e| anyhow::anyhow!("telemetry: {e}"))?;
+    let trace = TraceOptions {
+        enabled: settings.is_some(),
+        sample_ratio: settings.as_ref().map_or(1.0, |s| s.sample_ratio),
+        capture_content: settings.as_ref().and_then(|s| s.capture_content),
+    };
+    let telemetry = match settings {
+        Some(s) => Some(Telemetry::start(s, data_addr).map_err(anyhow::Error::msg)?),
+        None => None,
+    };
+    let recorder = Arc::new(Recorder::new(Stats::new(MAX_GROUPS), log, telemetry));
     let ids = Arc::new(Ids::default());
     let limits = config.limits.clone();
     let gateway = Arc::new(Gateway::new(
@@ -110,6 +131,7 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         Arc::clone(&recorder),
         limits.clone(),
         Arc::clone(&ids),
+        trace,
     ));
 
     // The data-plane stack, outermost first. (The HTTP/1 header-read timeout is enforced by the
@@ -121,15 +143,6 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         .layer(InFlightLimitLayer::new(limits.max_concurrent_requests))
         .service(ProxyService::new(gateway));
     let data_service = TowerToHyperService::new(stack);
-
-    let data_listener = TcpListener::bind(overrides.listen.unwrap_or(config.listen))
-        .await
-        .context("binding the data-plane listener")?;
-    let admin_listener = TcpListener::bind(overrides.admin.unwrap_or(config.admin.listen))
-        .await
-        .context("binding the admin listener")?;
-    let data_addr = data_listener.local_addr()?;
-    let admin_addr = admin_listener.local_addr()?;
 
     let accepting = Arc::new(AtomicBool::new(true));
     let admin_state = Arc::new(AdminState {
@@ -170,6 +183,9 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
             tracing::warn!("shutdown grace period ended with requests still in flight");
         }
         rec.log.flush().await;
+        if let Some(t) = &rec.telemetry {
+            t.shutdown().await;
+        }
         let _ = stop_rest.send(true);
         let _ = admin_task.await;
         drained

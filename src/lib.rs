@@ -19,6 +19,7 @@
 //! | [`recorder`] | where each finished record goes: stats and the access log |
 //! | [`stats`] | HdrHistograms per group, sliding window, `/stats` JSON, Prometheus text |
 //! | [`accesslog`] | JSONL writer task behind a bounded channel |
+//! | [`telemetry`] | OpenTelemetry spans and metrics over OTLP, trace context |
 //! | [`admin`] | admin HTTP API: `/metrics`, `/stats`, `/healthz`, `/readyz` |
 //! | [`sim`] | simulated OpenAI-compatible backend with a timing model and ground truth |
 
@@ -36,3 +37,4 @@ pub mod server;
 pub mod sim;
 pub mod sse;
 pub mod stats;
+pub mod telemetry;

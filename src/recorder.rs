@@ -4,7 +4,9 @@
 use crate::accesslog::AccessLog;
 use crate::meter::RequestRecord;
 use crate::stats::Stats;
+use crate::telemetry::Telemetry;
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
 
 /// Receives every request's record, exactly once each.
 #[derive(Debug)]
@@ -13,15 +15,18 @@ pub struct Recorder {
     pub stats: Stats,
     /// The JSONL access log (disabled when not configured).
     pub log: AccessLog,
+    /// OpenTelemetry export (absent when off).
+    pub telemetry: Option<Telemetry>,
     in_flight: AtomicI64,
 }
 
 impl Recorder {
-    /// A recorder feeding `stats` and `log`.
-    pub fn new(stats: Stats, log: AccessLog) -> Self {
+    /// A recorder feeding `stats`, `log` and, when on, `telemetry`.
+    pub fn new(stats: Stats, log: AccessLog, telemetry: Option<Telemetry>) -> Self {
         Self {
             stats,
             log,
+            telemetry,
             in_flight: AtomicI64::new(0),
         }
     }
@@ -40,6 +45,10 @@ impl Recorder {
     pub fn record(&self, rec: RequestRecord) {
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
         self.stats.record(&rec);
+        let rec = Arc::new(rec);
+        if let Some(t) = &self.telemetry {
+            t.submit(Arc::clone(&rec));
+        }
         self.log.send(rec);
     }
 }

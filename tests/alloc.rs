@@ -4,12 +4,11 @@
 
 use bytes::Bytes;
 use inferscope::accesslog::AccessLog;
-use inferscope::meter::{Framing, Meter, RequestMeta};
+use inferscope::meter::{Framing, Meter, MeterOptions, RequestMeta};
 use inferscope::recorder::Recorder;
 use inferscope::sse::SseScanner;
 use inferscope::stats::Stats;
 use std::sync::Arc;
-use std::time::SystemTime;
 use tokio::time::Instant;
 
 #[test]
@@ -29,30 +28,20 @@ fn observing_content_chunks_does_not_allocate() {
         }
     };
     let frames: Vec<Bytes> = (0..60).map(|i| chunk(i, false)).collect();
-    let none: Arc<str> = Arc::from("-");
-    let meta = RequestMeta {
-        ts: SystemTime::now(),
-        t0: Instant::now(),
-        request_id: Arc::clone(&none),
-        trace_id: Arc::clone(&none),
-        route: Arc::clone(&none),
-        model: Arc::clone(&none),
-        backend: Arc::clone(&none),
-        variant: Arc::clone(&none),
-        method: http::Method::POST,
-        path: Arc::clone(&none),
-        stream: true,
-        bytes_in: 0,
-        t_sent: None,
-        t_hdr: None,
+    let meta = {
+        let mut m = RequestMeta::new(http::Method::POST, "/");
+        m.stream = true;
+        m
     };
-    let recorder = Arc::new(Recorder::new(Stats::new(4), AccessLog::disabled()));
+    let recorder = Arc::new(Recorder::new(Stats::new(4), AccessLog::disabled(), None));
     let mut m = Meter::new(
         meta,
         200,
         Framing::Sse(SseScanner::default()),
-        true,
-        false,
+        MeterOptions {
+            classify: true,
+            ..MeterOptions::default()
+        },
         recorder,
         None,
     );

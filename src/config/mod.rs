@@ -8,8 +8,9 @@ mod schema;
 
 pub use load::{load, parse, sim_profile, ConfigError};
 pub use schema::{
-    parse_duration, AccessLogConfig, AdminConfig, BackendConfig, Config, ExperimentConfig, Limits,
-    MatchConfig, RouteConfig, SimBackend, VariantConfig,
+    parse_duration, AccessLogConfig, AdminConfig, BackendConfig, BatchConfig, Config,
+    ExperimentConfig, Limits, MatchConfig, OtlpConfig, RouteConfig, SimBackend, TelemetryConfig,
+    TelemetryFormat, VariantConfig,
 };
 
 /// The embedded default (also shipped as `config/default.yaml`): two in-process simulated

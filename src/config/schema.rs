@@ -22,6 +22,10 @@ pub struct Config {
     /// Limits and timeouts.
     #[serde(default)]
     pub limits: Limits,
+    /// OpenTelemetry export (traces and metrics over OTLP). Absent: the `OTEL_*` environment
+    /// variables decide; with neither, telemetry is off.
+    #[serde(default)]
+    pub telemetry: Option<TelemetryConfig>,
     /// Inference backends.
     pub backends: Vec<BackendConfig>,
     /// Routes, first match wins.
@@ -207,6 +211,136 @@ pub struct VariantConfig {
     /// The baseline the others are compared against.
     #[serde(default)]
     pub control: bool,
+}
+
+/// `telemetry:` — every key optional; unset ones fall back to `OTEL_*` variables, then defaults.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// False turns telemetry off even when `OTEL_EXPORTER_OTLP_ENDPOINT` is set.
+    #[serde(default)]
+    pub enabled: Option<bool>,
+    /// The OTLP receiver.
+    #[serde(default)]
+    pub otlp: OtlpConfig,
+    /// `service.name` (else `OTEL_SERVICE_NAME`, else `inferscope`).
+    #[serde(default)]
+    pub service_name: Option<String>,
+    /// Extra resource attributes (merged over `OTEL_RESOURCE_ATTRIBUTES`).
+    #[serde(default)]
+    pub resource: std::collections::BTreeMap<String, String>,
+    /// Ratio of new traces sampled, 0..=1 (else `OTEL_TRACES_SAMPLER_ARG`, else 1). A client's
+    /// `traceparent` decides for its own trace (parent-based).
+    #[serde(default)]
+    pub sample_ratio: Option<f64>,
+    /// Attribute set on spans.
+    #[serde(default)]
+    pub format: TelemetryFormat,
+    /// Record prompts and completions on spans (`gen_ai.input.messages`, `gen_ai.output.messages`).
+    #[serde(default)]
+    pub capture_content: bool,
+    /// Cap on each captured content attribute, in bytes.
+    #[serde(default = "default_content_cap")]
+    pub max_content_bytes: usize,
+    /// Batching of span export.
+    #[serde(default)]
+    pub batch: BatchConfig,
+    /// How often metrics are exported.
+    #[serde(default = "d10s", deserialize_with = "duration")]
+    pub metrics_interval: Duration,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        Self {
+            enabled: None,
+            otlp: OtlpConfig::default(),
+            service_name: None,
+            resource: std::collections::BTreeMap::new(),
+            sample_ratio: None,
+            format: TelemetryFormat::default(),
+            capture_content: false,
+            max_content_bytes: default_content_cap(),
+            batch: BatchConfig::default(),
+            metrics_interval: d10s(),
+        }
+    }
+}
+
+fn default_content_cap() -> usize {
+    16 * 1024
+}
+fn d10s() -> Duration {
+    Duration::from_secs(10)
+}
+
+/// OTLP receiver settings.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OtlpConfig {
+    /// Base endpoint, e.g. `http://127.0.0.1:4317` (gRPC) or `http://127.0.0.1:4318` (HTTP).
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    /// `grpc` or `http/protobuf`.
+    #[serde(default)]
+    pub protocol: Option<String>,
+    /// Headers sent with every export (authentication for hosted receivers).
+    #[serde(default)]
+    pub headers: std::collections::BTreeMap<String, String>,
+    /// Export timeout.
+    #[serde(default, deserialize_with = "opt_duration")]
+    pub timeout: Option<Duration>,
+}
+
+/// Which attribute conventions spans follow.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub enum TelemetryFormat {
+    /// OpenTelemetry GenAI semantic conventions.
+    #[default]
+    #[serde(rename = "genai")]
+    GenAi,
+    /// OpenInference (Arize Phoenix), in addition to the `inferscope.*` attributes.
+    #[serde(rename = "openinference")]
+    OpenInference,
+}
+
+/// Span batching.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchConfig {
+    /// Finished requests waiting for export; beyond it they are dropped (and counted).
+    #[serde(default = "default_queue_spans")]
+    pub max_queue: usize,
+    /// Requests per export call.
+    #[serde(default = "default_batch")]
+    pub max_batch: usize,
+    /// Longest wait before a partial batch is exported.
+    #[serde(default = "d1s", deserialize_with = "duration")]
+    pub interval: Duration,
+}
+
+fn default_queue_spans() -> usize {
+    8192
+}
+fn default_batch() -> usize {
+    512
+}
+fn d1s() -> Duration {
+    Duration::from_secs(1)
+}
+
+impl Default for BatchConfig {
+    fn default() -> Self {
+        Self {
+            max_queue: default_queue_spans(),
+            max_batch: default_batch(),
+            interval: d1s(),
+        }
+    }
+}
+
+fn opt_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    duration(d).map(Some)
 }
 
 /// Parses `250ms`, `5s`, `2m`, `1h` (whole or decimal numbers).

@@ -7,7 +7,7 @@
 
 mod openai;
 
-pub use openai::classify;
+pub use openai::{append_content, classify};
 
 /// The known inference endpoints whose JSON request body the gateway reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,11 +104,20 @@ pub struct Usage {
     pub input: Option<u64>,
     /// Completion tokens.
     pub output: Option<u64>,
+    /// Prompt tokens served from the prefix cache (`prompt_tokens_details.cached_tokens`).
+    pub cached_input: Option<u64>,
+    /// Reasoning tokens (`completion_tokens_details.reasoning_tokens`).
+    pub reasoning: Option<u64>,
 }
 
-/// What one event (or one whole non-streaming body) means for measurement.
+/// What one event (or one whole non-streaming body) means for measurement. Strings borrow from
+/// the event's data unless they contained escapes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Observation {
+pub struct Observation<'a> {
+    /// The response id (`chatcmpl-…`).
+    pub id: Option<std::borrow::Cow<'a, str>>,
+    /// The model that answered.
+    pub model: Option<std::borrow::Cow<'a, str>>,
     /// The event carries output: non-empty content, reasoning, tool-call arguments or text.
     pub output: bool,
     /// Usage reported in this event.

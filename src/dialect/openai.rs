@@ -7,10 +7,11 @@
 use super::{FinishReason, Observation, Usage};
 use serde::de::{self, Deserializer, IgnoredAny, SeqAccess, Visitor};
 use serde::Deserialize;
+use std::borrow::Cow;
 use std::fmt;
 
 /// Classifies one SSE event's data, or a whole non-streaming JSON body.
-pub fn classify(data: &[u8]) -> Observation {
+pub fn classify(data: &[u8]) -> Observation<'_> {
     let trimmed = data.trim_ascii();
     if trimmed == b"[DONE]" {
         return Observation {
@@ -23,8 +24,12 @@ pub fn classify(data: &[u8]) -> Observation {
             let usage = v.usage.map(|u| Usage {
                 input: u.prompt_tokens,
                 output: u.completion_tokens,
+                cached_input: u.prompt_tokens_details.and_then(|d| d.cached_tokens),
+                reasoning: u.completion_tokens_details.and_then(|d| d.reasoning_tokens),
             });
             Observation {
+                id: v.id.map(|s| s.0),
+                model: v.model.map(|s| s.0),
                 output: v.choices.output,
                 usage_only: usage.is_some() && v.choices.count == 0,
                 usage,
@@ -42,7 +47,11 @@ pub fn classify(data: &[u8]) -> Observation {
 }
 
 #[derive(Deserialize)]
-struct ChunkView {
+struct ChunkView<'a> {
+    #[serde(default, borrow)]
+    id: Option<Str<'a>>,
+    #[serde(default, borrow)]
+    model: Option<Str<'a>>,
     #[serde(default)]
     choices: Choices,
     #[serde(default)]
@@ -59,6 +68,56 @@ struct UsageView {
     prompt_tokens: Option<u64>,
     #[serde(default)]
     completion_tokens: Option<u64>,
+    #[serde(default)]
+    prompt_tokens_details: Option<DetailsView>,
+    #[serde(default)]
+    completion_tokens_details: Option<DetailsView>,
+}
+
+#[derive(Deserialize)]
+struct DetailsView {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+    #[serde(default)]
+    reasoning_tokens: Option<u64>,
+}
+
+/// Appends the text an event carries (content or text of its choices) to `out`, up to `cap`
+/// bytes in total. Used only when content capture is opted in.
+pub fn append_content(data: &[u8], out: &mut String, cap: usize) {
+    #[derive(Deserialize)]
+    struct Body<'a> {
+        #[serde(default, borrow)]
+        choices: Vec<Choice<'a>>,
+    }
+    #[derive(Deserialize)]
+    struct Choice<'a> {
+        #[serde(default, borrow)]
+        delta: Option<Msg<'a>>,
+        #[serde(default, borrow)]
+        message: Option<Msg<'a>>,
+        #[serde(default, borrow)]
+        text: Option<Cow<'a, str>>,
+    }
+    #[derive(Deserialize)]
+    struct Msg<'a> {
+        #[serde(default, borrow)]
+        content: Option<Cow<'a, str>>,
+    }
+    let Ok(b) = serde_json::from_slice::<Body<'_>>(data) else {
+        return;
+    };
+    for c in b.choices {
+        let text = c.delta.or(c.message).and_then(|m| m.content).or(c.text);
+        if let Some(t) = text {
+            let room = cap.saturating_sub(out.len());
+            let mut end = t.len().min(room);
+            while !t.is_char_boundary(end) {
+                end -= 1;
+            }
+            out.push_str(&t[..end]);
+        }
+    }
 }
 
 /// Summary of a `choices` array, folded while it is read.
@@ -138,6 +197,29 @@ impl<'de> Deserialize<'de> for Choices {
             }
         }
         d.deserialize_any(V)
+    }
+}
+
+/// A string borrowed from the input when it has no escapes. (serde's own `Cow` does not borrow
+/// inside an `Option`, which would allocate on every event.)
+struct Str<'a>(Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = Str<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Str<'a>, E> {
+                Ok(Str(Cow::Borrowed(s)))
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Str<'a>, E> {
+                Ok(Str(Cow::Owned(s.to_owned())))
+            }
+        }
+        d.deserialize_str(V(std::marker::PhantomData))
     }
 }
 
@@ -263,7 +345,8 @@ mod tests {
             usage.usage,
             Some(Usage {
                 input: Some(7),
-                output: Some(12)
+                output: Some(12),
+                ..Usage::default()
             })
         );
     }
@@ -288,6 +371,22 @@ mod tests {
         assert!(classify(br#"{"error":{"message":"boom"}}"#).error);
         assert!(classify(br#"{"object":"error","message":"boom"}"#).error);
         assert!(classify(br#"{"choices":[{"delta":"#).malformed);
+    }
+
+    #[test]
+    fn ids_details_and_content() {
+        let o = classify(br#"{"id":"chatcmpl-1","model":"llama","choices":[],"usage":{"prompt_tokens":9,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":8},"completion_tokens_details":{"reasoning_tokens":2}}}"#);
+        assert_eq!(o.id.as_deref(), Some("chatcmpl-1"));
+        assert_eq!(o.model.as_deref(), Some("llama"));
+        let u = o.usage.unwrap_or_default();
+        assert_eq!((u.cached_input, u.reasoning), (Some(8), Some(2)));
+        let mut s = String::new();
+        append_content(
+            br#"{"choices":[{"delta":{"content":"h\u00e9llo"}}]}"#,
+            &mut s,
+            4,
+        );
+        assert_eq!(s, "h\u{e9}l", "capped at a character boundary");
     }
 
     #[test]

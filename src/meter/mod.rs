@@ -6,5 +6,7 @@ mod progress;
 mod record;
 
 pub use body::MeteredBody;
-pub use progress::{End, Framing, Meter, Permit, StripPlan};
-pub use record::{ItlSample, Outcome, RequestMeta, RequestRecord, TokensSource};
+pub use progress::{End, Framing, Meter, MeterOptions, Permit, StripPlan};
+pub use record::{
+    ItlSample, Outcome, RequestMeta, RequestParams, RequestRecord, ResponseInfo, TokensSource,
+};

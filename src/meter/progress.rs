@@ -1,6 +1,6 @@
 //! `Meter`: the per-request state that frames are fed into, and its one-time finalization.
 
-use super::record::{ItlSample, Outcome, RequestMeta, RequestRecord, TokensSource};
+use super::record::{ItlSample, Outcome, RequestMeta, RequestRecord, ResponseInfo, TokensSource};
 use crate::dialect::{self, FinishReason, Usage};
 use crate::recorder::Recorder;
 use crate::sse::{Event, NdjsonScanner, OpenBlock, SseScanner};
@@ -53,6 +53,9 @@ struct Progress {
     strip_usage: bool,
     /// Range of the usage-only event to drop from this frame, if any.
     drop: Option<(Option<usize>, usize)>,
+    response: ResponseInfo,
+    /// Cap on captured output text; `None` when capture is off.
+    capture: Option<usize>,
 }
 
 impl Progress {
@@ -70,9 +73,22 @@ impl Progress {
         }
         self.done |= o.done;
         self.error_event |= o.error;
+        // Allocates once per request: only the first event that names them.
+        if self.response.id.is_none() {
+            self.response.id = o.id.map(|c| c.into_owned());
+        }
+        if self.response.model.is_none() {
+            self.response.model = o.model.map(|c| c.into_owned());
+        }
         if let Some(u) = o.usage {
             self.usage.input = u.input.or(self.usage.input);
             self.usage.output = u.output.or(self.usage.output);
+            self.usage.cached_input = u.cached_input.or(self.usage.cached_input);
+            self.usage.reasoning = u.reasoning.or(self.usage.reasoning);
+        }
+        if let Some(cap) = self.capture.filter(|_| o.output) {
+            let out = self.response.output_content.get_or_insert_with(String::new);
+            dialect::append_content(ev.data, out, cap);
         }
         if o.output {
             self.output_events += 1;
@@ -114,6 +130,17 @@ pub struct StripPlan {
     pub open: Option<OpenBlock>,
 }
 
+/// How a meter treats the body.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MeterOptions {
+    /// Read events as the OpenAI dialect (otherwise every event counts as output, timing only).
+    pub classify: bool,
+    /// Remove the usage-only chunk the gateway asked for on the client's behalf.
+    pub strip_usage: bool,
+    /// Capture output text up to this many bytes (content capture opted in).
+    pub capture_output: Option<usize>,
+}
+
 /// Per-request measurement state. Created when the upstream response head arrives; consumed by
 /// `finish`, exactly once.
 #[derive(Debug)]
@@ -141,18 +168,20 @@ pub enum End {
 }
 
 impl Meter {
-    /// A meter for a response with `status`, cut by `framing`. `classify` reads events as the
-    /// OpenAI dialect (otherwise every event counts as output, timing only). `strip_usage` removes
-    /// the usage-only chunk that the gateway asked for on the client's behalf.
+    /// A meter for a response with `status`, cut by `framing`.
     pub fn new(
         meta: RequestMeta,
         status: u16,
         framing: Framing,
-        classify: bool,
-        strip_usage: bool,
+        opts: MeterOptions,
         recorder: Arc<Recorder>,
         permit: Option<Permit>,
     ) -> Self {
+        let MeterOptions {
+            classify,
+            strip_usage,
+            capture_output,
+        } = opts;
         Self {
             meta,
             status,
@@ -160,6 +189,7 @@ impl Meter {
             progress: Progress {
                 classify,
                 strip_usage,
+                capture: capture_output,
                 itl: Vec::with_capacity(64),
                 ..Progress::default()
             },
@@ -238,8 +268,15 @@ impl Meter {
                 if let Some(u) = o.usage {
                     self.progress.usage = u;
                 }
+                self.progress.response.id = o.id.map(|c| c.into_owned());
+                self.progress.response.model = o.model.map(|c| c.into_owned());
                 self.progress.finish = o.finish;
                 self.progress.done = true;
+                if let Some(cap) = self.progress.capture {
+                    let mut text = String::new();
+                    dialect::append_content(&body, &mut text, cap);
+                    self.progress.response.output_content = Some(text);
+                }
             }
         }
         let p = &self.progress;
@@ -295,6 +332,11 @@ impl Meter {
             bytes_out: self.bytes_out,
             malformed_events: malformed,
             error,
+            response: ResponseInfo {
+                cached_input_tokens: self.progress.usage.cached_input,
+                reasoning_tokens: self.progress.usage.reasoning,
+                ..std::mem::take(&mut self.progress.response)
+            },
             meta: self.meta,
         };
         (rec, self.recorder)

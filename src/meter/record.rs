@@ -1,6 +1,8 @@
 //! `RequestRecord`: everything measured about one request, produced exactly once.
 
 use crate::dialect::FinishReason;
+use crate::route::Backend;
+use crate::telemetry::TraceContext;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
@@ -89,6 +91,36 @@ pub struct ItlSample {
     pub tokens: u32,
 }
 
+/// What the request asked for, as far as telemetry reports it.
+#[derive(Debug, Clone, Default)]
+pub struct RequestParams {
+    /// `chat` or `text_completion` (`gen_ai.operation.name`), for known inference endpoints.
+    pub operation: Option<&'static str>,
+    /// `max_completion_tokens` or `max_tokens`.
+    pub max_tokens: Option<u64>,
+    /// `temperature`.
+    pub temperature: Option<f64>,
+    /// `top_p`.
+    pub top_p: Option<f64>,
+    /// Input messages in the GenAI conventions' JSON shape, only when content capture is on.
+    pub input_content: Option<String>,
+}
+
+/// What the response said about itself, beyond timing.
+#[derive(Debug, Clone, Default)]
+pub struct ResponseInfo {
+    /// Response id (`chatcmpl-…`).
+    pub id: Option<String>,
+    /// The model that answered.
+    pub model: Option<String>,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_input_tokens: Option<u64>,
+    /// Reasoning tokens.
+    pub reasoning_tokens: Option<u64>,
+    /// Output text, only when content capture is on (capped).
+    pub output_content: Option<String>,
+}
+
 /// What is known about a request before its response body flows: who, where, when.
 #[derive(Debug, Clone)]
 pub struct RequestMeta {
@@ -98,8 +130,14 @@ pub struct RequestMeta {
     pub t0: Instant,
     /// `x-inferscope-request-id`.
     pub request_id: Arc<str>,
-    /// W3C trace id (continued from the client's `traceparent`, or new).
+    /// W3C trace id (continued from the client's `traceparent`, or new), as hex.
     pub trace_id: Arc<str>,
+    /// Trace and span ids, and the sampling decision.
+    pub trace: TraceContext,
+    /// Request parameters telemetry reports.
+    pub params: RequestParams,
+    /// The chosen backend, once routed.
+    pub upstream: Option<Arc<Backend>>,
     /// Route name (`-` when none matched).
     pub route: Arc<str>,
     /// Requested model (`-` when the body named none).
@@ -120,6 +158,32 @@ pub struct RequestMeta {
     pub t_sent: Option<Instant>,
     /// Monotonic `t_hdr`: upstream response head received.
     pub t_hdr: Option<Instant>,
+}
+
+impl RequestMeta {
+    /// A request accepted now, with every label `-` until it is known.
+    pub fn new(method: http::Method, path: &str) -> Self {
+        let none: Arc<str> = Arc::from(crate::route::NONE);
+        Self {
+            ts: SystemTime::now(),
+            t0: Instant::now(),
+            request_id: Arc::clone(&none),
+            trace_id: Arc::clone(&none),
+            trace: TraceContext::default(),
+            params: RequestParams::default(),
+            upstream: None,
+            route: Arc::clone(&none),
+            model: Arc::clone(&none),
+            backend: Arc::clone(&none),
+            variant: none,
+            method,
+            path: Arc::from(path),
+            stream: false,
+            bytes_in: 0,
+            t_sent: None,
+            t_hdr: None,
+        }
+    }
 }
 
 /// Everything measured about one request. Durations are `None` when they do not apply.
@@ -159,6 +223,8 @@ pub struct RequestRecord {
     pub malformed_events: u32,
     /// A bounded error kind (`upstream_connect`, `body_too_large`…), never a raw message.
     pub error: Option<&'static str>,
+    /// Response id, model, token details, captured output.
+    pub response: ResponseInfo,
 }
 
 impl RequestRecord {
@@ -190,7 +256,18 @@ impl RequestRecord {
             bytes_out,
             malformed_events: 0,
             error,
+            response: ResponseInfo::default(),
         }
+    }
+
+    /// Wall-clock time of a monotonic instant of this request (for exporters that need it).
+    pub fn wall(&self, t: Instant) -> SystemTime {
+        self.meta.ts + t.saturating_duration_since(self.meta.t0)
+    }
+
+    /// Monotonic end of the request.
+    pub fn t_end(&self) -> Instant {
+        self.meta.t0 + self.e2e
     }
 
     /// ITL gaps in ascending order (for summaries).

@@ -8,7 +8,7 @@ mod service;
 
 pub use error::{Blame, ProxyError};
 pub use layers::{Admission, InFlightLimitLayer, RequestId, RequestIdLayer, REQUEST_ID_HEADER};
-pub use request::{inspect, remove_hop_headers, traceparent_trace_id, Ids, Inspected};
+pub use request::{inspect, remove_hop_headers, Ids, Inspected};
 pub use service::{
-    upstream_client, Gateway, ProxyBody, ProxyService, UpstreamBody, VARIANT_HEADER,
+    upstream_client, Gateway, ProxyBody, ProxyService, TraceOptions, UpstreamBody, VARIANT_HEADER,
 };

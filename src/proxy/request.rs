@@ -1,6 +1,7 @@
 //! Request-side helpers: reading the bounded JSON body of inference endpoints, the
 //! `stream_options.include_usage` injection, hop-by-hop header removal, and ids.
 
+use crate::meter::RequestParams;
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName};
 use serde_json::Value;
@@ -18,22 +19,35 @@ pub struct Inspected {
     pub strip_usage: bool,
     /// The body to forward (the original bytes unless usage was injected).
     pub body: Bytes,
+    /// Parameters telemetry reports (operation left for the caller).
+    pub params: RequestParams,
 }
 
 /// Reads what measurement needs from a JSON request body and, for a streaming OpenAI request that
 /// does not ask for usage, asks for it. A body that is not a JSON object is forwarded untouched.
-pub fn inspect(body: Bytes, openai: bool) -> Inspected {
+/// With `capture` (content capture opted in), the input messages are kept, up to that many bytes.
+pub fn inspect(body: Bytes, openai: bool, capture: Option<usize>) -> Inspected {
     let mut out = Inspected {
         model: None,
         stream: false,
         strip_usage: false,
         body,
+        params: RequestParams::default(),
     };
     let Ok(Value::Object(mut v)) = serde_json::from_slice::<Value>(&out.body) else {
         return out;
     };
     out.model = v.get("model").and_then(Value::as_str).map(str::to_owned);
     out.stream = v.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    out.params.max_tokens = v
+        .get("max_completion_tokens")
+        .or_else(|| v.get("max_tokens"))
+        .and_then(Value::as_u64);
+    out.params.temperature = v.get("temperature").and_then(Value::as_f64);
+    out.params.top_p = v.get("top_p").and_then(Value::as_f64);
+    if let Some(cap) = capture {
+        out.params.input_content = input_messages(&v, cap);
+    }
     if !(openai && out.stream) {
         return out;
     }
@@ -63,6 +77,44 @@ pub fn inspect(body: Bytes, openai: bool) -> Inspected {
         }
     }
     out
+}
+
+/// The request's input in the GenAI conventions' `gen_ai.input.messages` shape, capped at `cap`
+/// bytes (a capped value is cut at a character boundary and is then no longer valid JSON; the
+/// conventions allow truncation).
+fn input_messages(v: &serde_json::Map<String, Value>, cap: usize) -> Option<String> {
+    let text_of = |c: &Value| -> Vec<Value> {
+        match c {
+            Value::String(s) => vec![serde_json::json!({"type": "text", "content": s})],
+            Value::Array(parts) => parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                .map(|t| serde_json::json!({"type": "text", "content": t}))
+                .collect(),
+            _ => Vec::new(),
+        }
+    };
+    let messages: Vec<Value> = if let Some(Value::Array(msgs)) = v.get("messages") {
+        msgs.iter()
+            .map(|m| {
+                let role = m.get("role").and_then(Value::as_str).unwrap_or("user");
+                serde_json::json!({"role": role, "parts": m.get("content").map(text_of).unwrap_or_default()})
+            })
+            .collect()
+    } else if let Some(p) = v.get("prompt") {
+        vec![serde_json::json!({"role": "user", "parts": text_of(p)})]
+    } else {
+        return None;
+    };
+    let mut s = Value::Array(messages).to_string();
+    if s.len() > cap {
+        let mut end = cap;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+    Some(s)
 }
 
 /// Removes hop-by-hop headers (RFC 9110 §7.6.1), including those the `Connection` header names.
@@ -124,33 +176,11 @@ impl Ids {
         )
     }
 
-    /// A new W3C trace id (32 hex digits, never all zero).
-    pub fn trace_id(&self) -> String {
+    /// A new non-zero 64-bit id for traces and spans, unpredictable across processes.
+    pub fn span_id(&self) -> u64 {
         let n = self.traces.fetch_add(1, Ordering::Relaxed);
-        let a = crate::route::fnv1a(&(self.prefix ^ n).to_le_bytes());
-        let b = crate::route::fnv1a(&a.to_le_bytes()) | 1;
-        format!("{a:016x}{b:016x}")
+        crate::route::fnv1a(&(self.prefix ^ n.rotate_left(32)).to_le_bytes()) | 1
     }
-}
-
-/// The trace id of a valid W3C `traceparent` header (`00-<trace-id>-<parent-id>-<flags>`).
-pub fn traceparent_trace_id(h: &HeaderMap) -> Option<&str> {
-    let v = h.get("traceparent")?.to_str().ok()?;
-    let mut parts = v.split('-');
-    let (version, trace, parent, flags) =
-        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
-    let hex = |s: &str, n: usize| {
-        s.len() == n
-            && s.bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    };
-    let valid = hex(version, 2)
-        && version != "ff"
-        && hex(trace, 32)
-        && trace.bytes().any(|b| b != b'0')
-        && hex(parent, 16)
-        && hex(flags, 2);
-    valid.then_some(trace)
 }
 
 #[cfg(test)]
@@ -160,20 +190,20 @@ mod tests {
     #[test]
     fn injects_usage_only_when_missing_and_keeps_bytes() {
         let body = Bytes::from_static(br#"{"model": "m", "stream": true, "messages": []}"#);
-        let i = inspect(body, true);
+        let i = inspect(body, true, None);
         assert!(i.strip_usage && i.stream);
         assert_eq!(i.model.as_deref(), Some("m"));
         assert_eq!(&i.body[..], &br#"{"model": "m", "stream": true, "messages": [],"stream_options":{"include_usage":true}}"#[..]);
 
         let asked =
             Bytes::from_static(br#"{"stream":true,"stream_options":{"include_usage":true}}"#);
-        let i = inspect(asked.clone(), true);
+        let i = inspect(asked.clone(), true, None);
         assert!(!i.strip_usage);
         assert_eq!(i.body, asked);
 
         let off =
             Bytes::from_static(br#"{"stream":true,"stream_options":{"include_usage":false}}"#);
-        let i = inspect(off, true);
+        let i = inspect(off, true, None);
         assert!(i.strip_usage);
         let v: Value = serde_json::from_slice(&i.body).unwrap_or_default();
         assert_eq!(
@@ -182,33 +212,34 @@ mod tests {
         );
 
         let plain = Bytes::from_static(br#"{"stream":false}"#);
-        assert!(!inspect(plain, true).strip_usage);
-        assert!(!inspect(Bytes::from_static(b"not json"), true).strip_usage);
-        assert!(!inspect(Bytes::from_static(br#"{"stream":true}"#), false).strip_usage);
+        assert!(!inspect(plain, true, None).strip_usage);
+        assert!(!inspect(Bytes::from_static(b"not json"), true, None).strip_usage);
+        assert!(!inspect(Bytes::from_static(br#"{"stream":true}"#), false, None).strip_usage);
     }
 
     #[test]
-    fn traceparent_parsing() {
-        let mut h = HeaderMap::new();
-        h.insert(
-            "traceparent",
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-                .parse()
-                .unwrap_or(http::HeaderValue::from_static("")),
-        );
-        assert_eq!(
-            traceparent_trace_id(&h),
-            Some("4bf92f3577b34da6a3ce929d0e0e4736")
-        );
-        h.insert(
-            "traceparent",
-            http::HeaderValue::from_static(
-                "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
-            ),
-        );
-        assert_eq!(traceparent_trace_id(&h), None);
+    fn ids_are_distinct_and_non_zero() {
         let ids = Ids::default();
-        assert_ne!(ids.trace_id(), ids.trace_id());
-        assert_eq!(ids.trace_id().len(), 32);
+        let v: std::collections::HashSet<u64> = (0..1000).map(|_| ids.span_id()).collect();
+        assert_eq!(v.len(), 1000);
+        assert!(!v.contains(&0));
+    }
+
+    #[test]
+    fn input_messages_follow_the_genai_shape_and_cap() {
+        let body = Bytes::from_static(br#"{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"hi"}]}]}"#);
+        let i = inspect(body.clone(), true, Some(1000));
+        let v: Value = serde_json::from_str(i.params.input_content.as_deref().unwrap_or(""))
+            .unwrap_or_default();
+        assert_eq!(v[0]["role"], "system");
+        assert_eq!(v[1]["parts"][0]["content"], "hi");
+        assert_eq!(
+            inspect(body.clone(), true, Some(10))
+                .params
+                .input_content
+                .map(|s| s.len()),
+            Some(10)
+        );
+        assert!(inspect(body, true, None).params.input_content.is_none());
     }
 }

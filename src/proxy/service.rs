@@ -5,13 +5,16 @@
 
 use super::error::ProxyError;
 use super::layers::{Admission, RequestId};
-use super::request::{inspect, remove_hop_headers, traceparent_trace_id, Ids};
+use super::request::{inspect, remove_hop_headers, Ids};
 use crate::config::Limits;
 use crate::dialect::Endpoint;
-use crate::meter::{Framing, Meter, MeteredBody, Outcome, RequestMeta, RequestRecord};
+use crate::meter::{
+    Framing, Meter, MeterOptions, MeteredBody, Outcome, RequestMeta, RequestRecord,
+};
 use crate::recorder::Recorder;
 use crate::route::{Router, NONE};
 use crate::sse::{NdjsonScanner, SseScanner};
+use crate::telemetry::TraceContext;
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, Uri, Version};
 use http_body::Body as _;
@@ -25,7 +28,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 use tokio::time::Instant;
 
 /// Body sent upstream: the (possibly rewritten) inference body, or the client's body streamed.
@@ -46,9 +49,22 @@ pub fn upstream_client(connect_timeout: Duration) -> Client<HttpConnector, Upstr
         .build(http)
 }
 
+/// What the data path does for tracing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TraceOptions {
+    /// Telemetry is on: send our `traceparent` upstream.
+    pub enabled: bool,
+    /// Ratio of new traces sampled.
+    pub sample_ratio: f64,
+    /// Capture prompts and completions up to this many bytes.
+    pub capture_content: Option<usize>,
+}
+
 /// Everything requests share.
 #[derive(Debug)]
 pub struct Gateway {
+    /// Tracing behaviour.
+    pub trace: TraceOptions,
     /// Routes and backends.
     pub router: Arc<Router>,
     /// Where records go.
@@ -58,7 +74,6 @@ pub struct Gateway {
     /// Id source.
     pub ids: Arc<Ids>,
     client: Client<HttpConnector, UpstreamBody>,
-    none: Arc<str>,
 }
 
 impl Gateway {
@@ -68,15 +83,16 @@ impl Gateway {
         recorder: Arc<Recorder>,
         limits: Limits,
         ids: Arc<Ids>,
+        trace: TraceOptions,
     ) -> Self {
         let client = upstream_client(limits.connect_timeout);
         Self {
+            trace,
             router,
             recorder,
             limits,
             ids,
             client,
-            none: Arc::from(NONE),
         }
     }
 }
@@ -140,22 +156,7 @@ impl Pending {
 /// `Pending` always holds its meta until taken, and is never used after; this only keeps the
 /// type total without a panic.
 fn unreachable_meta() -> RequestMeta {
-    RequestMeta {
-        ts: SystemTime::now(),
-        t0: Instant::now(),
-        request_id: Arc::from(NONE),
-        trace_id: Arc::from(NONE),
-        route: Arc::from(NONE),
-        model: Arc::from(NONE),
-        backend: Arc::from(NONE),
-        variant: Arc::from(NONE),
-        method: Method::GET,
-        path: Arc::from(NONE),
-        stream: false,
-        bytes_in: 0,
-        t_sent: None,
-        t_hdr: None,
-    }
+    RequestMeta::new(Method::GET, NONE)
 }
 
 impl Drop for Pending {
@@ -180,33 +181,21 @@ async fn proxy(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<ProxyBody> 
         Some(RequestId(id)) => id,
         None => gw.ids.request_id().into(),
     };
-    let trace_id: Arc<str> = match traceparent_trace_id(&parts.headers) {
-        Some(t) => t.into(),
-        None => gw.ids.trace_id().into(),
-    };
+    let trace = TraceContext::start(&parts.headers, || gw.ids.span_id(), gw.trace.sample_ratio);
+    let trace_id: Arc<str> = trace.trace_id_hex().into();
     let bytes_in = parts
         .headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    let none = &gw.none;
     gw.recorder.started();
+    let mut meta = RequestMeta::new(parts.method.clone(), parts.uri.path());
+    meta.t0 = t0;
+    meta.request_id = request_id;
+    meta.trace_id = trace_id;
+    meta.trace = trace;
+    meta.bytes_in = bytes_in.unwrap_or(0);
     let mut pending = Pending {
-        meta: Some(RequestMeta {
-            ts: SystemTime::now(),
-            t0,
-            request_id,
-            trace_id,
-            route: Arc::clone(none),
-            model: Arc::clone(none),
-            backend: Arc::clone(none),
-            variant: Arc::clone(none),
-            method: parts.method.clone(),
-            path: parts.uri.path().into(),
-            stream: false,
-            bytes_in: bytes_in.unwrap_or(0),
-            t_sent: None,
-            t_hdr: None,
-        }),
+        meta: Some(meta),
         recorder: Arc::clone(&gw.recorder),
     };
 
@@ -235,8 +224,10 @@ async fn proxy(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<ProxyBody> 
                 Err(_) => return pending.fail(ProxyError::BodyRead),
             };
             pending.meta().bytes_in = bytes.len() as u64;
-            let ins = inspect(bytes, ep.is_openai());
+            let mut ins = inspect(bytes, ep.is_openai(), gw.trace.capture_content);
+            ins.params.operation = Some(ep.operation());
             pending.meta().stream = ins.stream;
+            pending.meta().params = std::mem::take(&mut ins.params);
             if ins.body.len() as u64 != pending.meta().bytes_in {
                 parts.headers.remove(header::CONTENT_LENGTH);
             }
@@ -264,6 +255,7 @@ async fn proxy(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<ProxyBody> 
         m.route = sel.route;
         m.backend = Arc::clone(&sel.backend.name);
         m.variant = Arc::clone(&sel.variant);
+        m.upstream = Some(Arc::clone(&sel.backend));
     }
 
     // Phase 4: forward.
@@ -278,6 +270,12 @@ async fn proxy(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<ProxyBody> 
     headers.remove(header::HOST);
     if let Some(auth) = &sel.backend.authorization {
         headers.insert(header::AUTHORIZATION, auth.clone());
+    }
+    if gw.trace.enabled {
+        // The backend's spans join this trace as children of our CLIENT span.
+        if let Ok(v) = HeaderValue::try_from(pending.meta().trace.upstream_traceparent()) {
+            headers.insert("traceparent", v);
+        }
     }
     let mut up = Request::new(upstream_body);
     *up.method_mut() = parts.method;
@@ -325,12 +323,16 @@ async fn proxy(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<ProxyBody> 
         }
     }
     let status = rparts.status.as_u16();
+    let opts = MeterOptions {
+        classify,
+        strip_usage: strip,
+        capture_output: gw.trace.capture_content,
+    };
     let meter = Meter::new(
         pending.take(),
         status,
         framing,
-        classify,
-        strip,
+        opts,
         Arc::clone(&gw.recorder),
         permit,
     );

@@ -5,7 +5,9 @@
 mod prometheus;
 mod tally;
 
-pub use prometheus::{render as render_prometheus, Scalar};
+pub use prometheus::{
+    render as render_prometheus, Scalar, DURATION_BOUNDS, OVERHEAD_BOUNDS, TPOT_BOUNDS, TTFT_BOUNDS,
+};
 pub use tally::{Hist, Tally, METRICS};
 
 use crate::meter::RequestRecord;
@@ -197,25 +199,16 @@ impl Snapshot {
 mod tests {
     use super::*;
     use crate::meter::{Outcome, RequestMeta};
-    use std::time::{Duration, SystemTime};
+    use std::time::Duration;
 
     fn record(route: &str, ttft_ms: u64) -> RequestRecord {
-        let s = |v: &str| Arc::<str>::from(v);
-        let meta = RequestMeta {
-            ts: SystemTime::now(),
-            t0: Instant::now(),
-            request_id: s("r"),
-            trace_id: s("t"),
-            route: s(route),
-            model: s("m"),
-            backend: s("b"),
-            variant: s("-"),
-            method: http::Method::POST,
-            path: s("/v1/chat/completions"),
-            stream: true,
-            bytes_in: 0,
-            t_sent: None,
-            t_hdr: None,
+        let meta = {
+            let mut m = RequestMeta::new(http::Method::POST, "/v1/chat/completions");
+            m.route = Arc::from(route);
+            m.model = Arc::from("m");
+            m.backend = Arc::from("b");
+            m.stream = true;
+            m
         };
         let mut r = RequestRecord::without_body(meta, 200, Outcome::Ok, None, 0);
         r.ttft = Some(Duration::from_millis(ttft_ms));

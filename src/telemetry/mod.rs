@@ -1,0 +1,288 @@
+//! OpenTelemetry: one trace per request (a SERVER span and a CLIENT span per upstream attempt,
+//! GenAI semantic conventions), GenAI metrics, exported over OTLP (gRPC or HTTP/protobuf).
+//!
+//! Never on the data path: finished records reach the telemetry task through a bounded queue
+//! (full → dropped and counted), spans are built and exported there in batches with a timeout,
+//! and metric instruments are recorded there too. A slow or dead collector costs a proxied request
+//! nothing but a failed `try_send`. Failures are counted and logged at most once a minute.
+
+mod context;
+mod metrics;
+pub mod names;
+mod settings;
+mod spans;
+
+pub use context::{parse_traceparent, TraceContext};
+pub use settings::{parse_pairs, resolve, Protocol, Settings};
+
+use crate::meter::RequestRecord;
+use opentelemetry::metrics::MeterProvider as _;
+use opentelemetry::KeyValue;
+use opentelemetry_otlp::{SpanExporter, WithExportConfig, WithHttpConfig, WithTonicConfig};
+use opentelemetry_sdk::metrics::periodic_reader_with_async_runtime::PeriodicReader;
+use opentelemetry_sdk::metrics::SdkMeterProvider;
+use opentelemetry_sdk::trace::{SpanData, SpanExporter as _};
+use opentelemetry_sdk::Resource;
+use std::fmt::Display;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+/// Export health, shown in `/metrics`.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Spans exported successfully.
+    pub spans_exported: AtomicU64,
+    /// Span export calls that failed or timed out.
+    pub span_export_failures: AtomicU64,
+    /// Metric export calls that succeeded.
+    pub metric_exports: AtomicU64,
+    /// Metric export calls that failed.
+    pub metric_export_failures: AtomicU64,
+    /// Finished requests dropped because the telemetry queue was full.
+    pub dropped: AtomicU64,
+    last_log: Mutex<Option<Instant>>,
+}
+
+impl Counters {
+    fn export_failed(&self, signal: &str, e: &dyn Display) {
+        let c = if signal == "metrics" {
+            &self.metric_export_failures
+        } else {
+            &self.span_export_failures
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+        let mut last = self.last_log.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+            *last = Some(Instant::now());
+            tracing::warn!(signal, error = %e, "OTLP export failed (logged at most once a minute; see inferscope_telemetry_export_failures_total)");
+        }
+    }
+
+    fn exported_metrics(&self) {
+        self.metric_exports.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+enum Msg {
+    Record(Arc<RequestRecord>),
+    Flush(oneshot::Sender<()>),
+}
+
+/// A running telemetry pipeline.
+#[derive(Debug)]
+pub struct Telemetry {
+    tx: mpsc::Sender<Msg>,
+    /// Export health.
+    pub counters: Arc<Counters>,
+    /// Effective settings.
+    pub settings: Arc<Settings>,
+    meters: SdkMeterProvider,
+}
+
+impl std::fmt::Debug for Msg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Msg")
+    }
+}
+
+fn resource(s: &Settings) -> Resource {
+    Resource::builder()
+        .with_service_name(s.service_name.clone())
+        .with_attributes(
+            s.resource
+                .iter()
+                .map(|(k, v)| KeyValue::new(k.clone(), v.clone())),
+        )
+        .build()
+}
+
+fn span_exporter(s: &Settings) -> Result<SpanExporter, String> {
+    let built = match s.protocol {
+        Protocol::Grpc => {
+            let mut h = http::HeaderMap::new();
+            for (k, v) in &s.headers {
+                if let (Ok(k), Ok(v)) = (
+                    http::HeaderName::try_from(k.as_str()),
+                    http::HeaderValue::try_from(v.as_str()),
+                ) {
+                    h.insert(k, v);
+                }
+            }
+            SpanExporter::builder()
+                .with_tonic()
+                .with_endpoint(s.traces_endpoint())
+                .with_timeout(s.timeout)
+                .with_metadata(
+                    opentelemetry_otlp::tonic_types::metadata::MetadataMap::from_headers(h),
+                )
+                .build()
+        }
+        Protocol::HttpProtobuf => SpanExporter::builder()
+            .with_http()
+            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+            .with_endpoint(s.traces_endpoint())
+            .with_timeout(s.timeout)
+            .with_headers(s.headers.clone().into_iter().collect())
+            .build(),
+    };
+    built.map_err(|e| format!("building the OTLP span exporter: {e}"))
+}
+
+fn meter_provider(s: &Settings, counters: &Arc<Counters>) -> Result<SdkMeterProvider, String> {
+    let b = opentelemetry_otlp::MetricExporter::builder();
+    let exporter = match s.protocol {
+        Protocol::Grpc => {
+            let mut h = http::HeaderMap::new();
+            for (k, v) in &s.headers {
+                if let (Ok(k), Ok(v)) = (
+                    http::HeaderName::try_from(k.as_str()),
+                    http::HeaderValue::try_from(v.as_str()),
+                ) {
+                    h.insert(k, v);
+                }
+            }
+            b.with_tonic()
+                .with_endpoint(s.metrics_endpoint())
+                .with_timeout(s.timeout)
+                .with_metadata(
+                    opentelemetry_otlp::tonic_types::metadata::MetadataMap::from_headers(h),
+                )
+                .build()
+        }
+        Protocol::HttpProtobuf => b
+            .with_http()
+            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+            .with_endpoint(s.metrics_endpoint())
+            .with_timeout(s.timeout)
+            .with_headers(s.headers.clone().into_iter().collect())
+            .build(),
+    }
+    .map_err(|e| format!("building the OTLP metric exporter: {e}"))?;
+    let exporter = metrics::CountingExporter {
+        inner: exporter,
+        counters: Arc::clone(counters),
+    };
+    let reader = PeriodicReader::builder(exporter, opentelemetry_sdk::runtime::Tokio)
+        .with_interval(s.metrics_interval)
+        .build();
+    Ok(SdkMeterProvider::builder()
+        .with_resource(resource(s))
+        .with_reader(reader)
+        .build())
+}
+
+impl Telemetry {
+    /// Starts the pipeline on the current tokio runtime. `listen` is the data-plane address
+    /// reported on SERVER spans.
+    pub fn start(settings: Settings, listen: SocketAddr) -> Result<Self, String> {
+        let counters = Arc::new(Counters::default());
+        let mut exporter = span_exporter(&settings)?;
+        exporter.set_resource(&resource(&settings));
+        let meters = meter_provider(&settings, &counters)?;
+        let instruments = metrics::Instruments::new(&meters.meter(names::SCOPE));
+        let settings = Arc::new(settings);
+        let (tx, rx) = mpsc::channel(settings.batch.max_queue);
+        tokio::spawn(run(
+            rx,
+            exporter,
+            Arc::clone(&settings),
+            listen,
+            instruments,
+            Arc::clone(&counters),
+        ));
+        tracing::info!(endpoint = %settings.endpoint, protocol = ?settings.protocol, "OpenTelemetry export on");
+        Ok(Self {
+            tx,
+            counters,
+            settings,
+            meters,
+        })
+    }
+
+    /// Queues a finished request; never waits (a full queue drops it and counts the drop).
+    pub fn submit(&self, rec: Arc<RequestRecord>) {
+        if self.tx.try_send(Msg::Record(rec)).is_err() {
+            self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Exports everything queued so far, then the final metrics, and stops the metric reader.
+    /// Bounded by the export timeout.
+    pub async fn shutdown(&self) {
+        let (ack, done) = oneshot::channel();
+        let limit = self.settings.timeout + Duration::from_secs(1);
+        if tokio::time::timeout(limit, self.tx.send(Msg::Flush(ack)))
+            .await
+            .is_ok_and(|r| r.is_ok())
+        {
+            let _ = tokio::time::timeout(limit, done).await;
+        }
+        // The SDK's shutdown blocks until the reader's last export: keep it off the runtime's
+        // worker threads.
+        let meters = self.meters.clone();
+        let _ = tokio::time::timeout(
+            limit,
+            tokio::task::spawn_blocking(move || meters.shutdown()),
+        )
+        .await;
+    }
+}
+
+async fn run(
+    mut rx: mpsc::Receiver<Msg>,
+    exporter: SpanExporter,
+    settings: Arc<Settings>,
+    listen: SocketAddr,
+    instruments: metrics::Instruments,
+    counters: Arc<Counters>,
+) {
+    let mut batch: Vec<SpanData> = Vec::with_capacity(settings.batch.max_batch);
+    let mut tick = tokio::time::interval(settings.batch.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            msg = rx.recv() => match msg {
+                Some(Msg::Record(rec)) => {
+                    instruments.record(&rec);
+                    batch.extend(spans::build(&rec, &settings, listen));
+                    if batch.len() >= settings.batch.max_batch {
+                        export(&exporter, &mut batch, &settings, &counters).await;
+                    }
+                }
+                Some(Msg::Flush(ack)) => {
+                    export(&exporter, &mut batch, &settings, &counters).await;
+                    let _ = ack.send(());
+                }
+                None => {
+                    export(&exporter, &mut batch, &settings, &counters).await;
+                    break;
+                }
+            },
+            _ = tick.tick() => export(&exporter, &mut batch, &settings, &counters).await,
+        }
+    }
+}
+
+async fn export(
+    exporter: &SpanExporter,
+    batch: &mut Vec<SpanData>,
+    s: &Settings,
+    counters: &Counters,
+) {
+    if batch.is_empty() {
+        return;
+    }
+    let spans = std::mem::replace(batch, Vec::with_capacity(s.batch.max_batch));
+    let n = spans.len() as u64;
+    match tokio::time::timeout(s.timeout, exporter.export(spans)).await {
+        Ok(Ok(())) => {
+            counters.spans_exported.fetch_add(n, Ordering::Relaxed);
+        }
+        Ok(Err(e)) => counters.export_failed("traces", &e),
+        Err(_) => counters.export_failed("traces", &"timed out"),
+    }
+}

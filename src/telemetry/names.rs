@@ -1,0 +1,76 @@
+//! Every OpenTelemetry attribute, event and metric name the gateway emits, in one place.
+//!
+//! GenAI names follow the OpenTelemetry semantic conventions for generative AI (development
+//! status, as of semconv 1.37); HTTP names the stable HTTP conventions. The constants are their
+//! own documentation.
+#![allow(missing_docs)]
+
+// HTTP server span (stable HTTP semantic conventions).
+pub const HTTP_REQUEST_METHOD: &str = "http.request.method";
+pub const HTTP_RESPONSE_STATUS_CODE: &str = "http.response.status_code";
+pub const HTTP_ROUTE: &str = "http.route";
+pub const URL_PATH: &str = "url.path";
+pub const NETWORK_PROTOCOL_VERSION: &str = "network.protocol.version";
+pub const SERVER_ADDRESS: &str = "server.address";
+pub const SERVER_PORT: &str = "server.port";
+pub const ERROR_TYPE: &str = "error.type";
+
+// GenAI (client span for the upstream attempt, and metric attributes).
+pub const GEN_AI_OPERATION_NAME: &str = "gen_ai.operation.name";
+pub const GEN_AI_PROVIDER_NAME: &str = "gen_ai.provider.name";
+pub const GEN_AI_REQUEST_MODEL: &str = "gen_ai.request.model";
+pub const GEN_AI_RESPONSE_MODEL: &str = "gen_ai.response.model";
+pub const GEN_AI_REQUEST_MAX_TOKENS: &str = "gen_ai.request.max_tokens";
+pub const GEN_AI_REQUEST_TEMPERATURE: &str = "gen_ai.request.temperature";
+pub const GEN_AI_REQUEST_TOP_P: &str = "gen_ai.request.top_p";
+pub const GEN_AI_REQUEST_STREAM: &str = "gen_ai.request.stream";
+pub const GEN_AI_RESPONSE_ID: &str = "gen_ai.response.id";
+pub const GEN_AI_RESPONSE_FINISH_REASONS: &str = "gen_ai.response.finish_reasons";
+pub const GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: &str = "gen_ai.response.time_to_first_chunk";
+pub const GEN_AI_USAGE_INPUT_TOKENS: &str = "gen_ai.usage.input_tokens";
+pub const GEN_AI_USAGE_OUTPUT_TOKENS: &str = "gen_ai.usage.output_tokens";
+pub const GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: &str = "gen_ai.usage.cache_read.input_tokens";
+pub const GEN_AI_USAGE_REASONING_OUTPUT_TOKENS: &str = "gen_ai.usage.reasoning.output_tokens";
+pub const GEN_AI_INPUT_MESSAGES: &str = "gen_ai.input.messages";
+pub const GEN_AI_OUTPUT_MESSAGES: &str = "gen_ai.output.messages";
+pub const GEN_AI_TOKEN_TYPE: &str = "gen_ai.token.type";
+
+// inferscope's own measurements (seconds, like the GenAI conventions).
+pub const IS_REQUEST_ID: &str = "inferscope.request_id";
+pub const IS_ROUTE: &str = "inferscope.route";
+pub const IS_BACKEND: &str = "inferscope.backend";
+pub const IS_VARIANT: &str = "inferscope.variant";
+pub const IS_OUTCOME: &str = "inferscope.outcome";
+pub const IS_TTFT: &str = "inferscope.ttft";
+pub const IS_TTFC: &str = "inferscope.ttfc";
+pub const IS_TPOT: &str = "inferscope.tpot";
+pub const IS_E2E: &str = "inferscope.e2e";
+pub const IS_UPSTREAM_TTFT: &str = "inferscope.upstream_ttft";
+pub const IS_OVERHEAD: &str = "inferscope.overhead";
+pub const IS_ITL_P50: &str = "inferscope.itl.p50";
+pub const IS_ITL_P99: &str = "inferscope.itl.p99";
+pub const IS_ITL_MAX: &str = "inferscope.itl.max";
+pub const IS_ITL_COUNT: &str = "inferscope.itl.count";
+pub const IS_TOKENS_SOURCE: &str = "inferscope.tokens_source";
+/// Event on the client span at the first output token.
+pub const EVENT_FIRST_TOKEN: &str = "inferscope.first_token";
+
+// OpenInference (Arize Phoenix), used with `format: openinference`.
+pub const OI_SPAN_KIND: &str = "openinference.span.kind";
+pub const OI_LLM_MODEL_NAME: &str = "llm.model_name";
+pub const OI_LLM_PROVIDER: &str = "llm.provider";
+pub const OI_LLM_INVOCATION_PARAMETERS: &str = "llm.invocation_parameters";
+pub const OI_TOKEN_COUNT_PROMPT: &str = "llm.token_count.prompt";
+pub const OI_TOKEN_COUNT_COMPLETION: &str = "llm.token_count.completion";
+pub const OI_TOKEN_COUNT_TOTAL: &str = "llm.token_count.total";
+pub const OI_INPUT_VALUE: &str = "input.value";
+pub const OI_OUTPUT_VALUE: &str = "output.value";
+
+// Metrics (GenAI conventions' names, units and advisory bucket boundaries).
+pub const M_REQUEST_DURATION: &str = "gen_ai.server.request.duration";
+pub const M_TTFT: &str = "gen_ai.server.time_to_first_token";
+pub const M_TPOT: &str = "gen_ai.server.time_per_output_token";
+pub const M_TOKEN_USAGE: &str = "gen_ai.client.token.usage";
+
+/// Instrumentation scope name.
+pub const SCOPE: &str = "inferscope";

@@ -1,0 +1,281 @@
+//! Effective telemetry settings: the `telemetry:` config, then the standard `OTEL_*` environment
+//! variables, then defaults. Nothing configured means telemetry is off.
+
+use crate::config::{BatchConfig, TelemetryConfig, TelemetryFormat};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// OTLP transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// OTLP/gRPC (default port 4317).
+    Grpc,
+    /// OTLP/HTTP with protobuf bodies (default port 4318; the only one Langfuse accepts).
+    HttpProtobuf,
+}
+
+/// Resolved settings of an enabled telemetry pipeline.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Base endpoint (gRPC: as is; HTTP: `/v1/traces` and `/v1/metrics` are appended).
+    pub endpoint: String,
+    /// Transport.
+    pub protocol: Protocol,
+    /// Headers on every export.
+    pub headers: BTreeMap<String, String>,
+    /// Export timeout.
+    pub timeout: Duration,
+    /// `service.name`.
+    pub service_name: String,
+    /// Other resource attributes.
+    pub resource: BTreeMap<String, String>,
+    /// Ratio of new traces sampled.
+    pub sample_ratio: f64,
+    /// Span attribute set.
+    pub format: TelemetryFormat,
+    /// Content capture cap (`None`: no capture).
+    pub capture_content: Option<usize>,
+    /// Span batching.
+    pub batch: BatchConfig,
+    /// Metric export interval.
+    pub metrics_interval: Duration,
+}
+
+impl Settings {
+    /// Traces endpoint for the configured protocol.
+    pub fn traces_endpoint(&self) -> String {
+        match self.protocol {
+            Protocol::Grpc => self.endpoint.clone(),
+            Protocol::HttpProtobuf => format!("{}/v1/traces", self.endpoint.trim_end_matches('/')),
+        }
+    }
+
+    /// Metrics endpoint for the configured protocol.
+    pub fn metrics_endpoint(&self) -> String {
+        match self.protocol {
+            Protocol::Grpc => self.endpoint.clone(),
+            Protocol::HttpProtobuf => format!("{}/v1/metrics", self.endpoint.trim_end_matches('/')),
+        }
+    }
+}
+
+/// Parses `key1=value1,key2=value2` (the `OTEL_*_HEADERS` / `OTEL_RESOURCE_ATTRIBUTES` format,
+/// values percent-decoded).
+pub fn parse_pairs(s: &str) -> BTreeMap<String, String> {
+    s.split(',')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.trim().to_string(), percent_decode(v.trim())))
+        .filter(|(k, _)| !k.is_empty())
+        .collect()
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Resolves the effective settings from the config section and an environment lookup. `Ok(None)`
+/// means telemetry is off; `Err` names what is wrong.
+pub fn resolve(
+    cfg: Option<&TelemetryConfig>,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<Option<Settings>, String> {
+    let default = TelemetryConfig::default();
+    let c = cfg.unwrap_or(&default);
+    if c.enabled == Some(false)
+        || env("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true"))
+    {
+        return Ok(None);
+    }
+    let env_endpoint = env("OTEL_EXPORTER_OTLP_ENDPOINT");
+    let Some(endpoint) = c.otlp.endpoint.clone().or(env_endpoint) else {
+        if cfg.is_some() && c.enabled == Some(true) {
+            return Err(
+                "telemetry is enabled but no otlp.endpoint (or OTEL_EXPORTER_OTLP_ENDPOINT) is set"
+                    .into(),
+            );
+        }
+        return Ok(None);
+    };
+    let uri: http::Uri = endpoint
+        .parse()
+        .map_err(|e| format!("otlp endpoint `{endpoint}`: {e}"))?;
+    if uri.scheme_str() != Some("http") {
+        return Err(format!(
+            "otlp endpoint `{endpoint}` must be http:// (TLS exporters arrive with TLS support)"
+        ));
+    }
+    let protocol = match c
+        .otlp
+        .protocol
+        .clone()
+        .or_else(|| env("OTEL_EXPORTER_OTLP_PROTOCOL"))
+        .as_deref()
+    {
+        None | Some("grpc") => Protocol::Grpc,
+        Some("http/protobuf") => Protocol::HttpProtobuf,
+        Some(other) => {
+            return Err(format!(
+                "otlp protocol `{other}`: use grpc or http/protobuf"
+            ))
+        }
+    };
+    let mut headers = env("OTEL_EXPORTER_OTLP_HEADERS")
+        .map(|h| parse_pairs(&h))
+        .unwrap_or_default();
+    headers.extend(c.otlp.headers.clone());
+    for (k, v) in &headers {
+        if http::HeaderName::try_from(k.as_str()).is_err()
+            || http::HeaderValue::try_from(v.as_str()).is_err()
+        {
+            return Err(format!("otlp header `{k}` is not a valid HTTP header"));
+        }
+    }
+    let timeout = match c.otlp.timeout {
+        Some(t) => t,
+        None => env("OTEL_EXPORTER_OTLP_TIMEOUT")
+            .and_then(|ms| ms.parse::<u64>().ok())
+            .map_or(Duration::from_secs(10), Duration::from_millis),
+    };
+    let mut resource = env("OTEL_RESOURCE_ATTRIBUTES")
+        .map(|r| parse_pairs(&r))
+        .unwrap_or_default();
+    resource.extend(c.resource.clone());
+    let service_name = c
+        .service_name
+        .clone()
+        .or_else(|| env("OTEL_SERVICE_NAME"))
+        .or_else(|| resource.remove("service.name"))
+        .unwrap_or_else(|| "inferscope".into());
+    resource.remove("service.name");
+    let sample_ratio = match c.sample_ratio {
+        Some(r) => r,
+        None => env("OTEL_TRACES_SAMPLER_ARG")
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(1.0),
+    };
+    if !(0.0..=1.0).contains(&sample_ratio) {
+        return Err(format!(
+            "sample_ratio {sample_ratio} must be between 0 and 1"
+        ));
+    }
+    if c.batch.max_queue == 0 || c.batch.max_batch == 0 {
+        return Err("batch.max_queue and batch.max_batch must be greater than 0".into());
+    }
+    Ok(Some(Settings {
+        endpoint,
+        protocol,
+        headers,
+        timeout,
+        service_name,
+        resource,
+        sample_ratio,
+        format: c.format,
+        capture_content: c.capture_content.then_some(c.max_content_bytes),
+        batch: c.batch.clone(),
+        metrics_interval: c.metrics_interval,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let m: BTreeMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| m.get(k).cloned()
+    }
+
+    #[test]
+    fn nothing_configured_is_off() {
+        assert!(resolve(None, env(&[])).unwrap_or_default().is_none());
+    }
+
+    #[test]
+    fn environment_fills_what_config_leaves_out() {
+        let e = env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            (
+                "OTEL_EXPORTER_OTLP_HEADERS",
+                "authorization=Basic%20abc,x-tenant=t1",
+            ),
+            ("OTEL_SERVICE_NAME", "gw-eu"),
+            (
+                "OTEL_RESOURCE_ATTRIBUTES",
+                "deployment.environment=prod,service.name=ignored",
+            ),
+            ("OTEL_TRACES_SAMPLER_ARG", "0.25"),
+        ]);
+        let s = resolve(None, e)
+            .unwrap_or_default()
+            .unwrap_or_else(|| panic!("enabled"));
+        assert_eq!(s.protocol, Protocol::HttpProtobuf);
+        assert_eq!(s.traces_endpoint(), "http://127.0.0.1:4318/v1/traces");
+        assert_eq!(
+            s.headers.get("authorization").map(String::as_str),
+            Some("Basic abc")
+        );
+        assert_eq!(s.service_name, "gw-eu");
+        assert_eq!(
+            s.resource.get("deployment.environment").map(String::as_str),
+            Some("prod")
+        );
+        assert!(!s.resource.contains_key("service.name"));
+        assert_eq!(s.sample_ratio, 0.25);
+        assert_eq!(s.capture_content, None);
+
+        let cfg = TelemetryConfig {
+            service_name: Some("from-config".into()),
+            sample_ratio: Some(1.0),
+            ..TelemetryConfig::default()
+        };
+        let e = env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317"),
+            ("OTEL_SERVICE_NAME", "env"),
+        ]);
+        let s = resolve(Some(&cfg), e)
+            .unwrap_or_default()
+            .unwrap_or_else(|| panic!("enabled"));
+        assert_eq!(
+            (s.service_name.as_str(), s.protocol),
+            ("from-config", Protocol::Grpc)
+        );
+    }
+
+    #[test]
+    fn bad_values_are_errors_and_disabled_wins() {
+        let e = || env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317")]);
+        let bad = TelemetryConfig {
+            sample_ratio: Some(2.0),
+            ..TelemetryConfig::default()
+        };
+        assert!(resolve(Some(&bad), e()).is_err());
+        let off = TelemetryConfig {
+            enabled: Some(false),
+            ..TelemetryConfig::default()
+        };
+        assert!(resolve(Some(&off), e()).unwrap_or_default().is_none());
+        let proto = env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://x:1"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+        ]);
+        assert!(resolve(None, proto).is_err());
+    }
+}

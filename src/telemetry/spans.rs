@@ -1,0 +1,280 @@
+//! Spans from a finished `RequestRecord`: a SERVER span for the inbound request and a CLIENT child
+//! for the upstream attempt, built after the fact with the real start and end times (the end is the
+//! end of the stream, not of the headers) and the ids fixed when the request arrived.
+
+use super::names as n;
+use super::settings::Settings;
+use crate::config::TelemetryFormat;
+use crate::meter::{Outcome, RequestRecord};
+use crate::route::NONE;
+use opentelemetry::trace::{
+    Event, SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
+};
+use opentelemetry::{InstrumentationScope, KeyValue, Value};
+use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
+use std::borrow::Cow;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+fn ctx(rec: &RequestRecord, span: u64) -> SpanContext {
+    SpanContext::new(
+        TraceId::from(rec.meta.trace.trace_id),
+        SpanId::from(span),
+        TraceFlags::SAMPLED,
+        false,
+        TraceState::default(),
+    )
+}
+
+fn span(
+    rec: &RequestRecord,
+    id: u64,
+    parent: Option<u64>,
+    remote_parent: bool,
+    kind: SpanKind,
+) -> SpanData {
+    SpanData {
+        span_context: ctx(rec, id),
+        parent_span_id: SpanId::from(parent.unwrap_or(0)),
+        parent_span_is_remote: remote_parent,
+        span_kind: kind,
+        name: Cow::Borrowed(""),
+        start_time: rec.meta.ts,
+        end_time: rec.wall(rec.t_end()),
+        attributes: Vec::new(),
+        dropped_attributes_count: 0,
+        events: SpanEvents::default(),
+        links: SpanLinks::default(),
+        status: Status::Unset,
+        instrumentation_scope: InstrumentationScope::builder(n::SCOPE)
+            .with_version(env!("CARGO_PKG_VERSION"))
+            .build(),
+    }
+}
+
+/// Whether the outcome is an error for span status and `error.type`, and its type.
+fn error_type(rec: &RequestRecord) -> Option<String> {
+    match rec.outcome {
+        Outcome::Ok | Outcome::ClientError if rec.status < 500 => None,
+        Outcome::BackendError if rec.status >= 500 => Some(rec.status.to_string()),
+        o => Some(rec.error.unwrap_or(o.as_str()).to_string()),
+    }
+}
+
+/// The spans of one sampled request (empty when not sampled).
+pub fn build(rec: &RequestRecord, s: &Settings, listen: SocketAddr) -> Vec<SpanData> {
+    let m = &rec.meta;
+    if !m.trace.sampled {
+        return Vec::new();
+    }
+    let err = error_type(rec);
+    let mut out = Vec::with_capacity(2);
+
+    // SERVER span: the inbound HTTP request as the client saw it.
+    let mut server = span(
+        rec,
+        m.trace.server_span,
+        m.trace.parent,
+        m.trace.parent.is_some(),
+        SpanKind::Server,
+    );
+    server.name = Cow::Owned(format!("{} {}", m.method, m.path));
+    server.attributes = vec![
+        KeyValue::new(n::HTTP_REQUEST_METHOD, m.method.to_string()),
+        KeyValue::new(n::URL_PATH, m.path.to_string()),
+        KeyValue::new(n::HTTP_RESPONSE_STATUS_CODE, i64::from(rec.status)),
+        KeyValue::new(n::SERVER_ADDRESS, listen.ip().to_string()),
+        KeyValue::new(n::SERVER_PORT, i64::from(listen.port())),
+        KeyValue::new(n::IS_REQUEST_ID, m.request_id.to_string()),
+        KeyValue::new(n::IS_ROUTE, m.route.to_string()),
+        KeyValue::new(n::IS_OUTCOME, rec.outcome.as_str()),
+    ];
+    if let Some(e) = &err {
+        server
+            .attributes
+            .push(KeyValue::new(n::ERROR_TYPE, e.clone()));
+        server.status = Status::error(e.clone());
+    }
+    out.push(server);
+
+    // CLIENT span: the upstream attempt, from the upstream send to the end of the stream.
+    let Some(t_sent) = m.t_sent else { return out };
+    let mut client = span(
+        rec,
+        m.trace.client_span,
+        Some(m.trace.server_span),
+        false,
+        SpanKind::Client,
+    );
+    client.start_time = rec.wall(t_sent);
+    let op = m.params.operation.unwrap_or("http");
+    client.name = Cow::Owned(if m.model.as_ref() == NONE {
+        op.to_string()
+    } else {
+        format!("{op} {}", m.model)
+    });
+    let mut a = vec![
+        KeyValue::new(n::GEN_AI_OPERATION_NAME, op),
+        KeyValue::new(n::GEN_AI_REQUEST_STREAM, m.stream),
+        KeyValue::new(n::IS_REQUEST_ID, m.request_id.to_string()),
+        KeyValue::new(n::IS_ROUTE, m.route.to_string()),
+        KeyValue::new(n::IS_BACKEND, m.backend.to_string()),
+        KeyValue::new(n::IS_VARIANT, m.variant.to_string()),
+        KeyValue::new(n::IS_OUTCOME, rec.outcome.as_str()),
+        KeyValue::new(n::HTTP_RESPONSE_STATUS_CODE, i64::from(rec.status)),
+        KeyValue::new(n::IS_E2E, secs(rec.e2e)),
+    ];
+    if m.model.as_ref() != NONE {
+        a.push(KeyValue::new(n::GEN_AI_REQUEST_MODEL, m.model.to_string()));
+    }
+    if let Some(b) = &m.upstream {
+        a.push(KeyValue::new(
+            n::GEN_AI_PROVIDER_NAME,
+            b.provider.to_string(),
+        ));
+        if let Some(host) = b.base.host() {
+            a.push(KeyValue::new(n::SERVER_ADDRESS, host.to_string()));
+        }
+        if let Some(port) = b.base.port_u16() {
+            a.push(KeyValue::new(n::SERVER_PORT, i64::from(port)));
+        }
+    }
+    let p = &m.params;
+    if let Some(v) = p.max_tokens {
+        a.push(KeyValue::new(n::GEN_AI_REQUEST_MAX_TOKENS, v as i64));
+    }
+    if let Some(v) = p.temperature {
+        a.push(KeyValue::new(n::GEN_AI_REQUEST_TEMPERATURE, v));
+    }
+    if let Some(v) = p.top_p {
+        a.push(KeyValue::new(n::GEN_AI_REQUEST_TOP_P, v));
+    }
+    let r = &rec.response;
+    if let Some(v) = &r.id {
+        a.push(KeyValue::new(n::GEN_AI_RESPONSE_ID, v.clone()));
+    }
+    if let Some(v) = &r.model {
+        a.push(KeyValue::new(n::GEN_AI_RESPONSE_MODEL, v.clone()));
+    }
+    if let Some(f) = &rec.finish_reason {
+        a.push(KeyValue::new(
+            n::GEN_AI_RESPONSE_FINISH_REASONS,
+            Value::Array(opentelemetry::Array::String(vec![f
+                .as_str()
+                .to_string()
+                .into()])),
+        ));
+    }
+    let tokens = [
+        (n::GEN_AI_USAGE_INPUT_TOKENS, rec.input_tokens),
+        (n::GEN_AI_USAGE_OUTPUT_TOKENS, rec.output_tokens),
+        (
+            n::GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
+            r.cached_input_tokens,
+        ),
+        (n::GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, r.reasoning_tokens),
+    ];
+    for (k, v) in tokens {
+        if let Some(v) = v {
+            a.push(KeyValue::new(k, v as i64));
+        }
+    }
+    if let Some(t) = rec.tokens_source {
+        a.push(KeyValue::new(n::IS_TOKENS_SOURCE, t.as_str()));
+    }
+    let durations = [
+        (n::GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK, rec.ttfc),
+        (n::IS_TTFC, rec.ttfc),
+        (n::IS_TTFT, rec.ttft),
+        (n::IS_TPOT, rec.tpot),
+        (n::IS_UPSTREAM_TTFT, rec.upstream_ttft),
+        (n::IS_OVERHEAD, rec.overhead),
+    ];
+    for (k, v) in durations {
+        if let Some(v) = v {
+            a.push(KeyValue::new(k, secs(v)));
+        }
+    }
+    if !rec.itl.is_empty() {
+        let v = rec.itl_sorted();
+        let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+        a.push(KeyValue::new(n::IS_ITL_P50, secs(at(0.5))));
+        a.push(KeyValue::new(n::IS_ITL_P99, secs(at(0.99))));
+        a.push(KeyValue::new(n::IS_ITL_MAX, secs(v[v.len() - 1])));
+        a.push(KeyValue::new(n::IS_ITL_COUNT, v.len() as i64));
+    }
+    if let Some(e) = &err {
+        a.push(KeyValue::new(n::ERROR_TYPE, e.clone()));
+        client.status = Status::error(e.clone());
+    }
+    if s.capture_content.is_some() {
+        if let Some(input) = &p.input_content {
+            a.push(KeyValue::new(n::GEN_AI_INPUT_MESSAGES, input.clone()));
+        }
+        if let Some(text) = &r.output_content {
+            let msg = serde_json::json!([{
+                "role": "assistant",
+                "parts": [{"type": "text", "content": text}],
+                "finish_reason": rec.finish_reason.as_ref().map(|f| f.as_str()),
+            }]);
+            a.push(KeyValue::new(n::GEN_AI_OUTPUT_MESSAGES, msg.to_string()));
+        }
+    }
+    if s.format == TelemetryFormat::OpenInference {
+        openinference(rec, s, &mut a);
+    }
+    client.attributes = a;
+    if let Some(ttft) = rec.ttft {
+        client.events.events.push(Event::new(
+            n::EVENT_FIRST_TOKEN,
+            rec.wall(m.t0 + ttft),
+            vec![KeyValue::new(n::IS_TTFT, secs(ttft))],
+            0,
+        ));
+    }
+    out.push(client);
+    out
+}
+
+/// The OpenInference attribute set (Arize Phoenix) for the upstream LLM call.
+fn openinference(rec: &RequestRecord, s: &Settings, a: &mut Vec<KeyValue>) {
+    let m = &rec.meta;
+    a.push(KeyValue::new(n::OI_SPAN_KIND, "LLM"));
+    if m.model.as_ref() != NONE {
+        a.push(KeyValue::new(n::OI_LLM_MODEL_NAME, m.model.to_string()));
+    }
+    if let Some(b) = &m.upstream {
+        a.push(KeyValue::new(n::OI_LLM_PROVIDER, b.provider.to_string()));
+    }
+    let params = serde_json::json!({
+        "max_tokens": m.params.max_tokens,
+        "temperature": m.params.temperature,
+        "top_p": m.params.top_p,
+        "stream": m.stream,
+    });
+    a.push(KeyValue::new(
+        n::OI_LLM_INVOCATION_PARAMETERS,
+        params.to_string(),
+    ));
+    if let Some(i) = rec.input_tokens {
+        a.push(KeyValue::new(n::OI_TOKEN_COUNT_PROMPT, i as i64));
+    }
+    if let Some(o) = rec.output_tokens {
+        a.push(KeyValue::new(n::OI_TOKEN_COUNT_COMPLETION, o as i64));
+    }
+    if let (Some(i), Some(o)) = (rec.input_tokens, rec.output_tokens) {
+        a.push(KeyValue::new(n::OI_TOKEN_COUNT_TOTAL, (i + o) as i64));
+    }
+    if s.capture_content.is_some() {
+        if let Some(input) = &m.params.input_content {
+            a.push(KeyValue::new(n::OI_INPUT_VALUE, input.clone()));
+        }
+        if let Some(text) = &rec.response.output_content {
+            a.push(KeyValue::new(n::OI_OUTPUT_VALUE, text.clone()));
+        }
+    }
+}
