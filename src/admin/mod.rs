@@ -74,7 +74,7 @@ pub async fn handle<B>(
         }
         "/metrics" => {
             let rec = &state.recorder;
-            let scalars = [
+            let mut scalars = vec![
                 Scalar {
                     name: "inferscope_in_flight_requests",
                     kind: "gauge",
@@ -108,6 +108,37 @@ pub async fn handle<B>(
                     )),
                 },
             ];
+            if let Some(t) = &rec.telemetry {
+                use std::sync::atomic::Ordering::Relaxed;
+                let c = &t.counters;
+                scalars.extend([
+                    Scalar {
+                        name: "inferscope_telemetry_spans_exported_total",
+                        kind: "counter",
+                        help: "Spans exported over OTLP.",
+                        value: c.spans_exported.load(Relaxed) as f64,
+                    },
+                    Scalar {
+                        name: "inferscope_telemetry_span_export_failures_total",
+                        kind: "counter",
+                        help: "OTLP span exports that failed or timed out.",
+                        value: c.span_export_failures.load(Relaxed) as f64,
+                    },
+                    Scalar {
+                        name: "inferscope_telemetry_metric_export_failures_total",
+                        kind: "counter",
+                        help: "OTLP metric exports that failed.",
+                        value: c.metric_export_failures.load(Relaxed) as f64,
+                    },
+                    Scalar {
+                        name: "inferscope_telemetry_dropped_total",
+                        kind: "counter",
+                        help:
+                            "Finished requests not exported because the telemetry queue was full.",
+                        value: c.dropped.load(Relaxed) as f64,
+                    },
+                ]);
+            }
             let text = render_prometheus(&rec.stats.snapshot(), &scalars);
             reply(
                 StatusCode::OK,

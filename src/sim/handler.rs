@@ -73,6 +73,11 @@ pub(super) async fn handle(
 ) -> Response<SimBody> {
     let arrival = Instant::now();
     let path = req.uri().path().to_owned();
+    let traceparent = req
+        .headers()
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     match (req.method(), path.as_str()) {
         (&Method::GET, "/health") => full(StatusCode::OK, "text/plain", "ok"),
         (&Method::GET, "/v1/models") => {
@@ -95,6 +100,7 @@ pub(super) async fn handle(
                 index: plan.index,
                 path,
                 request: body.to_vec(),
+                traceparent,
                 arrival,
                 sent: Vec::new(),
                 bytes: Vec::new(),

@@ -91,6 +91,8 @@ pub struct Truth {
     pub path: String,
     /// The request body as received.
     pub request: Vec<u8>,
+    /// The `traceparent` header the request carried.
+    pub traceparent: Option<String>,
     /// Instant the request head was handled.
     pub arrival: Instant,
     /// Every write, in order.

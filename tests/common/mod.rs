@@ -3,6 +3,8 @@
 //! for responses the simulator does not produce (errors, broken streams).
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod otlp;
+
 use bytes::Bytes;
 use http::{HeaderMap, Request};
 use http_body_util::{BodyExt, Full};
