@@ -133,3 +133,25 @@ fn check_command_reports_file_line_and_key() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn telemetry_section_is_validated() {
+    let text = format!(
+        "{BASE}telemetry:\n  otlp: {{ endpoint: \"http://127.0.0.1:4317\", protocol: thrift }}\n"
+    );
+    let e = parse(&text, "gw.yaml").unwrap_err();
+    assert_eq!((e.line, e.key.as_str()), (Some(7), "telemetry"), "{e}");
+    assert!(e.message.contains("thrift"), "{e}");
+    let text = format!("{BASE}telemetry:\n  sample_ratio: 1.5\n  otlp: {{ endpoint: \"http://127.0.0.1:4317\" }}\n");
+    assert!(parse(&text, "gw.yaml")
+        .unwrap_err()
+        .message
+        .contains("between 0 and 1"));
+    let text = format!("{BASE}telemetry:\n  capture_contents: true\n");
+    let e = parse(&text, "gw.yaml").unwrap_err();
+    assert_eq!(e.line, Some(8), "{e}");
+    assert!(
+        e.message.contains("unknown field `capture_contents`"),
+        "{e}"
+    );
+}

@@ -101,6 +101,11 @@ async fn spans_match_the_log(protocol: &str) {
         Some("chat")
     );
     assert_eq!(attr_str(a, "gen_ai.provider.name").as_deref(), Some("vllm"));
+    assert_eq!(
+        attr_str(a, "gen_ai.system").as_deref(),
+        Some("vllm"),
+        "semconv 1.36 name too, by default"
+    );
     assert_eq!(attr_str(a, "gen_ai.request.model").as_deref(), Some("demo"));
     assert_eq!(
         attr_str(a, "gen_ai.response.model").as_deref(),

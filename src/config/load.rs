@@ -147,6 +147,10 @@ pub fn validate(c: &Config) -> Result<(), Invalid> {
             return err(vec![K("access_log"), K("queue")], "must be greater than 0");
         }
     }
+    if let Some(t) = &c.telemetry {
+        // The environment may still complete it at start; here only what the file says is judged.
+        crate::telemetry::resolve(Some(t), |_| None).map_err(|m| (vec![K("telemetry")], m))?;
+    }
     Ok(())
 }
 

@@ -248,6 +248,13 @@ pub struct TelemetryConfig {
     /// How often metrics are exported.
     #[serde(default = "d10s", deserialize_with = "duration")]
     pub metrics_interval: Duration,
+    /// Export metrics too (off for trace-only receivers such as Jaeger and Langfuse).
+    #[serde(default = "yes")]
+    pub export_metrics: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl Default for TelemetryConfig {
@@ -263,6 +270,7 @@ impl Default for TelemetryConfig {
             max_content_bytes: default_content_cap(),
             batch: BatchConfig::default(),
             metrics_interval: d10s(),
+            export_metrics: true,
         }
     }
 }

@@ -80,7 +80,7 @@ pub struct Telemetry {
     pub counters: Arc<Counters>,
     /// Effective settings.
     pub settings: Arc<Settings>,
-    meters: SdkMeterProvider,
+    meters: Option<SdkMeterProvider>,
 }
 
 impl std::fmt::Debug for Msg {
@@ -92,6 +92,7 @@ impl std::fmt::Debug for Msg {
 fn resource(s: &Settings) -> Resource {
     Resource::builder()
         .with_service_name(s.service_name.clone())
+        .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
         .with_attributes(
             s.resource
                 .iter()
@@ -132,7 +133,11 @@ fn span_exporter(s: &Settings) -> Result<SpanExporter, String> {
     built.map_err(|e| format!("building the OTLP span exporter: {e}"))
 }
 
-fn meter_provider(s: &Settings, counters: &Arc<Counters>) -> Result<SdkMeterProvider, String> {
+fn meter_provider(
+    s: &Settings,
+    interval: Duration,
+    counters: &Arc<Counters>,
+) -> Result<SdkMeterProvider, String> {
     let b = opentelemetry_otlp::MetricExporter::builder();
     let exporter = match s.protocol {
         Protocol::Grpc => {
@@ -167,7 +172,7 @@ fn meter_provider(s: &Settings, counters: &Arc<Counters>) -> Result<SdkMeterProv
         counters: Arc::clone(counters),
     };
     let reader = PeriodicReader::builder(exporter, opentelemetry_sdk::runtime::Tokio)
-        .with_interval(s.metrics_interval)
+        .with_interval(interval)
         .build();
     Ok(SdkMeterProvider::builder()
         .with_resource(resource(s))
@@ -182,8 +187,13 @@ impl Telemetry {
         let counters = Arc::new(Counters::default());
         let mut exporter = span_exporter(&settings)?;
         exporter.set_resource(&resource(&settings));
-        let meters = meter_provider(&settings, &counters)?;
-        let instruments = metrics::Instruments::new(&meters.meter(names::SCOPE));
+        let meters = match settings.metrics_interval {
+            Some(interval) => Some(meter_provider(&settings, interval, &counters)?),
+            None => None,
+        };
+        let instruments = meters
+            .as_ref()
+            .map(|m| metrics::Instruments::new(&m.meter(names::SCOPE)));
         let settings = Arc::new(settings);
         let (tx, rx) = mpsc::channel(settings.batch.max_queue);
         tokio::spawn(run(
@@ -223,12 +233,13 @@ impl Telemetry {
         }
         // The SDK's shutdown blocks until the reader's last export: keep it off the runtime's
         // worker threads.
-        let meters = self.meters.clone();
-        let _ = tokio::time::timeout(
-            limit,
-            tokio::task::spawn_blocking(move || meters.shutdown()),
-        )
-        .await;
+        if let Some(meters) = self.meters.clone() {
+            let _ = tokio::time::timeout(
+                limit,
+                tokio::task::spawn_blocking(move || meters.shutdown()),
+            )
+            .await;
+        }
     }
 }
 
@@ -237,18 +248,21 @@ async fn run(
     exporter: SpanExporter,
     settings: Arc<Settings>,
     listen: SocketAddr,
-    instruments: metrics::Instruments,
+    instruments: Option<metrics::Instruments>,
     counters: Arc<Counters>,
 ) {
     let mut batch: Vec<SpanData> = Vec::with_capacity(settings.batch.max_batch);
+    let scope = spans::scope();
     let mut tick = tokio::time::interval(settings.batch.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             msg = rx.recv() => match msg {
                 Some(Msg::Record(rec)) => {
-                    instruments.record(&rec);
-                    batch.extend(spans::build(&rec, &settings, listen));
+                    if let Some(i) = &instruments {
+                        i.record(&rec);
+                    }
+                    batch.extend(spans::build(&rec, &settings, listen, &scope));
                     if batch.len() >= settings.batch.max_batch {
                         export(&exporter, &mut batch, &settings, &counters).await;
                     }

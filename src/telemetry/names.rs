@@ -18,6 +18,8 @@ pub const ERROR_TYPE: &str = "error.type";
 // GenAI (client span for the upstream attempt, and metric attributes).
 pub const GEN_AI_OPERATION_NAME: &str = "gen_ai.operation.name";
 pub const GEN_AI_PROVIDER_NAME: &str = "gen_ai.provider.name";
+/// Semconv ≤ 1.36 name of `gen_ai.provider.name`, emitted too unless the latest-only opt-in is set.
+pub const GEN_AI_SYSTEM: &str = "gen_ai.system";
 pub const GEN_AI_REQUEST_MODEL: &str = "gen_ai.request.model";
 pub const GEN_AI_RESPONSE_MODEL: &str = "gen_ai.response.model";
 pub const GEN_AI_REQUEST_MAX_TOKENS: &str = "gen_ai.request.max_tokens";

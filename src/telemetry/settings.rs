@@ -37,8 +37,11 @@ pub struct Settings {
     pub capture_content: Option<usize>,
     /// Span batching.
     pub batch: BatchConfig,
-    /// Metric export interval.
-    pub metrics_interval: Duration,
+    /// Metric export interval; `None` when metrics are not exported.
+    pub metrics_interval: Option<Duration>,
+    /// `OTEL_SEMCONV_STABILITY_OPT_IN` contains `gen_ai_latest_experimental`: emit only the latest
+    /// GenAI names (otherwise `gen_ai.system` is also emitted for backends built on semconv 1.36).
+    pub genai_latest_only: bool,
 }
 
 impl Settings {
@@ -186,7 +189,11 @@ pub fn resolve(
         format: c.format,
         capture_content: c.capture_content.then_some(c.max_content_bytes),
         batch: c.batch.clone(),
-        metrics_interval: c.metrics_interval,
+        metrics_interval: c.export_metrics.then_some(c.metrics_interval),
+        genai_latest_only: env("OTEL_SEMCONV_STABILITY_OPT_IN").is_some_and(|v| {
+            v.split(',')
+                .any(|t| t.trim() == "gen_ai_latest_experimental")
+        }),
     }))
 }
 
@@ -240,6 +247,7 @@ mod tests {
         assert!(!s.resource.contains_key("service.name"));
         assert_eq!(s.sample_ratio, 0.25);
         assert_eq!(s.capture_content, None);
+        assert!(!s.genai_latest_only);
 
         let cfg = TelemetryConfig {
             service_name: Some("from-config".into()),

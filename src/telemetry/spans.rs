@@ -14,6 +14,7 @@ use opentelemetry::{InstrumentationScope, KeyValue, Value};
 use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
 use std::borrow::Cow;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 fn secs(d: Duration) -> f64 {
@@ -30,12 +31,20 @@ fn ctx(rec: &RequestRecord, span: u64) -> SpanContext {
     )
 }
 
+/// The instrumentation scope of every span (built once).
+pub fn scope() -> InstrumentationScope {
+    InstrumentationScope::builder(n::SCOPE)
+        .with_version(env!("CARGO_PKG_VERSION"))
+        .build()
+}
+
 fn span(
     rec: &RequestRecord,
     id: u64,
     parent: Option<u64>,
     remote_parent: bool,
     kind: SpanKind,
+    scope: &InstrumentationScope,
 ) -> SpanData {
     SpanData {
         span_context: ctx(rec, id),
@@ -50,9 +59,7 @@ fn span(
         events: SpanEvents::default(),
         links: SpanLinks::default(),
         status: Status::Unset,
-        instrumentation_scope: InstrumentationScope::builder(n::SCOPE)
-            .with_version(env!("CARGO_PKG_VERSION"))
-            .build(),
+        instrumentation_scope: scope.clone(),
     }
 }
 
@@ -66,7 +73,12 @@ fn error_type(rec: &RequestRecord) -> Option<String> {
 }
 
 /// The spans of one sampled request (empty when not sampled).
-pub fn build(rec: &RequestRecord, s: &Settings, listen: SocketAddr) -> Vec<SpanData> {
+pub fn build(
+    rec: &RequestRecord,
+    s: &Settings,
+    listen: SocketAddr,
+    scope: &InstrumentationScope,
+) -> Vec<SpanData> {
     let m = &rec.meta;
     if !m.trace.sampled {
         return Vec::new();
@@ -81,16 +93,17 @@ pub fn build(rec: &RequestRecord, s: &Settings, listen: SocketAddr) -> Vec<SpanD
         m.trace.parent,
         m.trace.parent.is_some(),
         SpanKind::Server,
+        scope,
     );
     server.name = Cow::Owned(format!("{} {}", m.method, m.path));
     server.attributes = vec![
         KeyValue::new(n::HTTP_REQUEST_METHOD, m.method.to_string()),
-        KeyValue::new(n::URL_PATH, m.path.to_string()),
+        KeyValue::new(n::URL_PATH, Value::from(Arc::clone(&m.path))),
         KeyValue::new(n::HTTP_RESPONSE_STATUS_CODE, i64::from(rec.status)),
         KeyValue::new(n::SERVER_ADDRESS, listen.ip().to_string()),
         KeyValue::new(n::SERVER_PORT, i64::from(listen.port())),
-        KeyValue::new(n::IS_REQUEST_ID, m.request_id.to_string()),
-        KeyValue::new(n::IS_ROUTE, m.route.to_string()),
+        KeyValue::new(n::IS_REQUEST_ID, Value::from(Arc::clone(&m.request_id))),
+        KeyValue::new(n::IS_ROUTE, Value::from(Arc::clone(&m.route))),
         KeyValue::new(n::IS_OUTCOME, rec.outcome.as_str()),
     ];
     if let Some(e) = &err {
@@ -109,6 +122,7 @@ pub fn build(rec: &RequestRecord, s: &Settings, listen: SocketAddr) -> Vec<SpanD
         Some(m.trace.server_span),
         false,
         SpanKind::Client,
+        scope,
     );
     client.start_time = rec.wall(t_sent);
     let op = m.params.operation.unwrap_or("http");
@@ -120,22 +134,31 @@ pub fn build(rec: &RequestRecord, s: &Settings, listen: SocketAddr) -> Vec<SpanD
     let mut a = vec![
         KeyValue::new(n::GEN_AI_OPERATION_NAME, op),
         KeyValue::new(n::GEN_AI_REQUEST_STREAM, m.stream),
-        KeyValue::new(n::IS_REQUEST_ID, m.request_id.to_string()),
-        KeyValue::new(n::IS_ROUTE, m.route.to_string()),
-        KeyValue::new(n::IS_BACKEND, m.backend.to_string()),
-        KeyValue::new(n::IS_VARIANT, m.variant.to_string()),
+        KeyValue::new(n::IS_REQUEST_ID, Value::from(Arc::clone(&m.request_id))),
+        KeyValue::new(n::IS_ROUTE, Value::from(Arc::clone(&m.route))),
+        KeyValue::new(n::IS_BACKEND, Value::from(Arc::clone(&m.backend))),
+        KeyValue::new(n::IS_VARIANT, Value::from(Arc::clone(&m.variant))),
         KeyValue::new(n::IS_OUTCOME, rec.outcome.as_str()),
         KeyValue::new(n::HTTP_RESPONSE_STATUS_CODE, i64::from(rec.status)),
         KeyValue::new(n::IS_E2E, secs(rec.e2e)),
     ];
     if m.model.as_ref() != NONE {
-        a.push(KeyValue::new(n::GEN_AI_REQUEST_MODEL, m.model.to_string()));
+        a.push(KeyValue::new(
+            n::GEN_AI_REQUEST_MODEL,
+            Value::from(Arc::clone(&m.model)),
+        ));
     }
     if let Some(b) = &m.upstream {
         a.push(KeyValue::new(
             n::GEN_AI_PROVIDER_NAME,
-            b.provider.to_string(),
+            Value::from(Arc::clone(&b.provider)),
         ));
+        if !s.genai_latest_only {
+            a.push(KeyValue::new(
+                n::GEN_AI_SYSTEM,
+                Value::from(Arc::clone(&b.provider)),
+            ));
+        }
         if let Some(host) = b.base.host() {
             a.push(KeyValue::new(n::SERVER_ADDRESS, host.to_string()));
         }
@@ -245,10 +268,16 @@ fn openinference(rec: &RequestRecord, s: &Settings, a: &mut Vec<KeyValue>) {
     let m = &rec.meta;
     a.push(KeyValue::new(n::OI_SPAN_KIND, "LLM"));
     if m.model.as_ref() != NONE {
-        a.push(KeyValue::new(n::OI_LLM_MODEL_NAME, m.model.to_string()));
+        a.push(KeyValue::new(
+            n::OI_LLM_MODEL_NAME,
+            Value::from(Arc::clone(&m.model)),
+        ));
     }
     if let Some(b) = &m.upstream {
-        a.push(KeyValue::new(n::OI_LLM_PROVIDER, b.provider.to_string()));
+        a.push(KeyValue::new(
+            n::OI_LLM_PROVIDER,
+            Value::from(Arc::clone(&b.provider)),
+        ));
     }
     let params = serde_json::json!({
         "max_tokens": m.params.max_tokens,
