@@ -62,6 +62,27 @@ enum Cmd {
         /// Precede each streamed event with `: t_us=N` (µs since the request arrived): ground truth.
         #[arg(long)]
         truth_comments: bool,
+        /// Fault: close each connection when a request arrives, without answering.
+        #[arg(long)]
+        refuse: bool,
+        /// Fault: fraction of requests answered with --error-status.
+        #[arg(long)]
+        error_rate: Option<f64>,
+        /// Fault: status of injected errors (default 503).
+        #[arg(long)]
+        error_status: Option<u16>,
+        /// Fault: abort the connection after K streamed chunks.
+        #[arg(long)]
+        die_after: Option<u32>,
+        /// Fault: stop sending after K streamed chunks (connection kept open).
+        #[arg(long)]
+        stall_after: Option<u32>,
+        /// Fault: extra delay before the first token (ms).
+        #[arg(long)]
+        slow_first_token_ms: Option<f64>,
+        /// Fault: fraction of content events sent as malformed JSON.
+        #[arg(long)]
+        malformed_rate: Option<f64>,
     },
     /// Validate a config file: exit 0, or print the error (file:line: key: problem) and exit 2.
     Check {
@@ -152,12 +173,27 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             seed,
             model,
             truth_comments,
+            refuse,
+            error_rate,
+            error_status,
+            die_after,
+            stall_after,
+            slow_first_token_ms,
+            malformed_rate,
         } => {
             let mut p = sim_profile(&profile).map_err(anyhow::Error::msg)?;
             p.ttft_base_ms = ttft_ms.unwrap_or(p.ttft_base_ms);
             p.tpot_ms = tpot_ms.unwrap_or(p.tpot_ms);
             p.jitter = jitter.unwrap_or(p.jitter);
             p.tokens_per_chunk = tokens_per_chunk.unwrap_or(p.tokens_per_chunk);
+            let f = &mut p.faults;
+            f.refuse |= refuse;
+            f.error_rate = error_rate.unwrap_or(f.error_rate);
+            f.error_status = error_status.or(f.error_status);
+            f.die_after_chunks = die_after.or(f.die_after_chunks);
+            f.stall_after_chunks = stall_after.or(f.stall_after_chunks);
+            f.slow_first_token_ms = slow_first_token_ms.unwrap_or(f.slow_first_token_ms);
+            f.malformed_rate = malformed_rate.unwrap_or(f.malformed_rate);
             p.validate().map_err(anyhow::Error::msg)?;
             let listener = tokio::net::TcpListener::bind(listen)
                 .await

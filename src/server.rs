@@ -11,7 +11,6 @@ use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use std::convert::Infallible;
 use std::future::Future;
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -43,11 +42,9 @@ pub async fn run<S, B>(
     shutdown: impl Future<Output = ()>,
 ) -> bool
 where
-    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
+    S: Service<Request<Incoming>, Response = Response<B>> + Clone + Send + 'static,
     S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     B: Body + Send + 'static,
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,

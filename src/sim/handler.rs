@@ -1,7 +1,7 @@
 //! Request handling for the simulator: parses an OpenAI request, then generates the response on
 //! the profile's schedule, recording ground truth as it writes.
 
-use super::{ChunkKind, Rng, Sent, SimState, Truth};
+use super::{ChunkKind, Faults, Rng, Sent, SimState, Truth};
 use bytes::Bytes;
 use http::{header, Method, Response, StatusCode};
 use http_body::{Body, Frame};
@@ -24,19 +24,32 @@ const WORDS: [&str; 16] = [
     "latency", "is", "measured", "at", "every",
 ];
 
-/// Body fed by an mpsc channel; dropping it tells the generator the client went away.
+/// The `refuse` fault: returned as the service's error, so hyper drops the connection unanswered.
 #[derive(Debug)]
-pub struct ChannelBody(mpsc::Receiver<Bytes>);
+pub struct Refused;
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("connection refused by fault injection")
+    }
+}
+
+impl std::error::Error for Refused {}
+
+/// Body fed by an mpsc channel; dropping it tells the generator the client went away. An `Err`
+/// item aborts the connection mid-body (the `die_after_chunks` fault).
+#[derive(Debug)]
+pub struct ChannelBody(mpsc::Receiver<Result<Bytes, std::io::Error>>);
 
 impl Body for ChannelBody {
     type Data = Bytes;
-    type Error = std::convert::Infallible;
+    type Error = std::io::Error;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        self.0.poll_recv(cx).map(|c| c.map(|b| Ok(Frame::data(b))))
+        self.0.poll_recv(cx).map(|c| c.map(|b| b.map(Frame::data)))
     }
 }
 
@@ -67,9 +80,26 @@ struct Plan {
     created: u64,
 }
 
+/// Answers one request; `None` means drop the connection unanswered (`refuse`).
 pub(super) async fn handle(
     state: Arc<SimState>,
     req: http::Request<Incoming>,
+) -> Option<Response<SimBody>> {
+    let faults = state
+        .faults
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    if faults.refuse {
+        return None;
+    }
+    Some(respond(state, req, faults).await)
+}
+
+async fn respond(
+    state: Arc<SimState>,
+    req: http::Request<Incoming>,
+    faults: Faults,
 ) -> Response<SimBody> {
     let arrival = Instant::now();
     let path = req.uri().path().to_owned();
@@ -96,22 +126,24 @@ pub(super) async fn handle(
             };
             let chat = path == "/v1/chat/completions";
             let plan = plan(&state, &v, chat);
-            let truth = Truth {
-                index: plan.index,
-                path,
-                request: body.to_vec(),
-                traceparent,
-                arrival,
-                sent: Vec::new(),
-                bytes: Vec::new(),
-                prompt_tokens: plan.prompt_tokens,
-                output_tokens: plan.output_tokens,
-                cancelled: false,
-                completed: false,
-            };
+            if faults.error_rate > 0.0 {
+                let mut rng = Rng::new(state.opts.seed ^ plan.index.rotate_left(29) ^ 0xFA17);
+                if rng.unit() < faults.error_rate {
+                    let status = StatusCode::from_u16(faults.error_status.unwrap_or(503))
+                        .unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+                    let mut truth =
+                        Truth::new(plan.index, path, body.to_vec(), traceparent, arrival);
+                    truth.completed = true;
+                    finish(&state, truth);
+                    return error(status, "injected fault");
+                }
+            }
+            let mut truth = Truth::new(plan.index, path, body.to_vec(), traceparent, arrival);
+            truth.prompt_tokens = plan.prompt_tokens;
+            truth.output_tokens = plan.output_tokens;
             if plan.stream {
                 let (tx, rx) = mpsc::channel(4);
-                tokio::spawn(generate(state, plan, truth, tx));
+                tokio::spawn(generate(state, plan, truth, tx, faults));
                 let mut r = Response::new(Either::Right(ChannelBody(rx)));
                 let h = r.headers_mut();
                 h.insert(
@@ -124,7 +156,7 @@ pub(super) async fn handle(
                 );
                 r
             } else {
-                whole(state, plan, truth).await
+                whole(state, plan, truth, faults).await
             }
         }
         _ => error(StatusCode::NOT_FOUND, "no such endpoint on the simulator"),
@@ -284,10 +316,16 @@ fn finish(state: &SimState, truth: Truth) {
     state.finished.send_modify(|n| *n += 1);
 }
 
-async fn generate(state: Arc<SimState>, plan: Plan, mut truth: Truth, tx: mpsc::Sender<Bytes>) {
+async fn generate(
+    state: Arc<SimState>,
+    plan: Plan,
+    mut truth: Truth,
+    tx: mpsc::Sender<Result<Bytes, std::io::Error>>,
+    faults: Faults,
+) {
     let done = {
         let _active = Active::new(&state);
-        stream(&state, &plan, &mut truth, &tx).await
+        stream(&state, &plan, &mut truth, &tx, &faults).await
     };
     truth.completed = done;
     truth.cancelled = !done;
@@ -299,13 +337,17 @@ async fn stream(
     state: &SimState,
     plan: &Plan,
     truth: &mut Truth,
-    tx: &mpsc::Sender<Bytes>,
+    tx: &mpsc::Sender<Result<Bytes, std::io::Error>>,
+    faults: &Faults,
 ) -> bool {
+    let mut chunks = 0u32;
+    let mut fault_rng = Rng::new(state.opts.seed ^ plan.index.rotate_left(41) ^ 0xBAD);
     let p = &state.opts.profile;
     let mut rng = Rng::new(state.opts.seed.wrapping_add(plan.index).rotate_left(17));
     let record = state.opts.record_truth;
     let comments = state.opts.truth_comments;
-    let send = |kind: ChunkKind, mut bytes: Vec<u8>, truth: &mut Truth| {
+    let send = |kind: ChunkKind, mut bytes: Vec<u8>, truth: &mut Truth, chunks: &mut u32| {
+        *chunks += 1;
         let at = Instant::now();
         if comments {
             let mut c = format!(": t_us={}\n", (at - truth.arrival).as_micros()).into_bytes();
@@ -321,27 +363,66 @@ async fn stream(
                 range: start..truth.bytes.len(),
             });
         }
-        tx.send(Bytes::from(bytes))
+        tx.send(Ok(Bytes::from(bytes)))
     };
+    // Applied before each chunk: die (abort the connection) or stall (go quiet until the client
+    // leaves) once the configured number of chunks has been sent.
+    let fault_due = |chunks: u32| -> Option<bool> {
+        if faults.die_after_chunks.is_some_and(|k| chunks >= k) {
+            return Some(true);
+        }
+        faults
+            .stall_after_chunks
+            .is_some_and(|k| chunks >= k)
+            .then_some(false)
+    };
+    macro_rules! check_fault {
+        () => {
+            match fault_due(chunks) {
+                Some(true) => {
+                    let _ = tx
+                        .send(Err(std::io::Error::other("injected: backend died")))
+                        .await;
+                    return false;
+                }
+                Some(false) => {
+                    tx.closed().await;
+                    return false;
+                }
+                None => {}
+            }
+        };
+    }
     if plan.chat && p.role_chunk {
         let role = plan.chunk(
             r#""delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null"#,
         );
-        if send(ChunkKind::Role, role, truth).await.is_err() {
+        if send(ChunkKind::Role, role, truth, &mut chunks)
+            .await
+            .is_err()
+        {
             return false;
         }
     }
-    let mut deadline = truth.arrival + rng.jitter(p.ttft(plan.prompt_tokens), p.jitter);
+    let slow = std::time::Duration::from_secs_f64(faults.slow_first_token_ms / 1000.0);
+    let mut deadline = truth.arrival + rng.jitter(p.ttft(plan.prompt_tokens), p.jitter) + slow;
     let mut produced = 0;
     while produced < plan.output_tokens {
         tokio::select! {
             () = sleep_until(deadline) => {}
             () = tx.closed() => return false,
         }
+        check_fault!();
         let k = u64::from(p.tokens_per_chunk).min(plan.output_tokens - produced);
         let text = words(&mut rng, k);
         let kind = ChunkKind::Content { tokens: k as u32 };
-        if send(kind, plan.content(&text), truth).await.is_err() {
+        let mut event = plan.content(&text);
+        if faults.malformed_rate > 0.0 && fault_rng.unit() < faults.malformed_rate {
+            // Cut the JSON short: the event is still a well-formed SSE event.
+            event.truncate(event.len() - 6);
+            event.extend_from_slice(b"\n\n");
+        }
+        if send(kind, event, truth, &mut chunks).await.is_err() {
             return false;
         }
         produced += k;
@@ -362,7 +443,11 @@ async fn stream(
             plan.finish_reason()
         ))
     };
-    if send(ChunkKind::Finish, fin, truth).await.is_err() {
+    check_fault!();
+    if send(ChunkKind::Finish, fin, truth, &mut chunks)
+        .await
+        .is_err()
+    {
         return false;
     }
     if plan.include_usage {
@@ -376,24 +461,37 @@ async fn stream(
             plan.head(object),
             plan.usage()
         );
-        if send(ChunkKind::Usage, usage.into_bytes(), truth)
+        check_fault!();
+        if send(ChunkKind::Usage, usage.into_bytes(), truth, &mut chunks)
             .await
             .is_err()
         {
             return false;
         }
     }
-    send(ChunkKind::Done, b"data: [DONE]\n\n".to_vec(), truth)
-        .await
-        .is_ok()
+    check_fault!();
+    send(
+        ChunkKind::Done,
+        b"data: [DONE]\n\n".to_vec(),
+        truth,
+        &mut chunks,
+    )
+    .await
+    .is_ok()
 }
 
-async fn whole(state: Arc<SimState>, plan: Plan, mut truth: Truth) -> Response<SimBody> {
+async fn whole(
+    state: Arc<SimState>,
+    plan: Plan,
+    mut truth: Truth,
+    faults: Faults,
+) -> Response<SimBody> {
     let p = &state.opts.profile;
     let mut rng = Rng::new(state.opts.seed.wrapping_add(plan.index).rotate_left(17));
     let body = {
         let _active = Active::new(&state);
-        let mut deadline = truth.arrival + rng.jitter(p.ttft(plan.prompt_tokens), p.jitter);
+        let slow = std::time::Duration::from_secs_f64(faults.slow_first_token_ms / 1000.0);
+        let mut deadline = truth.arrival + rng.jitter(p.ttft(plan.prompt_tokens), p.jitter) + slow;
         for _ in 1..plan.output_tokens {
             deadline += rng.jitter(
                 p.decode_step(state.active.load(Ordering::Relaxed)),

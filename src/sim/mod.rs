@@ -6,9 +6,11 @@
 //! Fault injection (refuse, error status, die or stall after K chunks, malformed SSE) arrives with
 //! the resilience work; `Profile` is where those knobs will live.
 
+mod faults;
 mod handler;
 mod profile;
 
+pub use faults::Faults;
 pub use profile::{Profile, Rng};
 
 use crate::server::{self, ServerOptions};
@@ -110,6 +112,28 @@ pub struct Truth {
 }
 
 impl Truth {
+    fn new(
+        index: u64,
+        path: String,
+        request: Vec<u8>,
+        traceparent: Option<String>,
+        arrival: Instant,
+    ) -> Self {
+        Self {
+            index,
+            path,
+            request,
+            traceparent,
+            arrival,
+            sent: Vec::new(),
+            bytes: Vec::new(),
+            prompt_tokens: 0,
+            output_tokens: 0,
+            cancelled: false,
+            completed: false,
+        }
+    }
+
     /// Instant the first content chunk left, relative to arrival (the true TTFT).
     pub fn ttft(&self) -> Option<Duration> {
         self.sent
@@ -131,6 +155,7 @@ impl Truth {
 #[derive(Debug)]
 struct SimState {
     opts: SimOptions,
+    faults: std::sync::RwLock<Faults>,
     next_index: AtomicU64,
     active: AtomicUsize,
     truth: Mutex<Vec<Truth>>,
@@ -159,6 +184,11 @@ impl SimHandle {
         v
     }
 
+    /// Replaces the injected faults; requests arriving from now on see the new ones.
+    pub fn set_faults(&self, f: Faults) {
+        *self.state.faults.write().unwrap_or_else(|p| p.into_inner()) = f;
+    }
+
     /// Streams currently being generated.
     pub fn active(&self) -> usize {
         self.state.active.load(Ordering::Relaxed)
@@ -183,6 +213,7 @@ pub fn spawn(
     let addr = listener.local_addr()?;
     let (finished, _) = watch::channel(0);
     let state = Arc::new(SimState {
+        faults: std::sync::RwLock::new(opts.profile.faults.clone()),
         opts,
         next_index: AtomicU64::new(0),
         active: AtomicUsize::new(0),
@@ -192,7 +223,8 @@ pub fn spawn(
     let svc_state = Arc::clone(&state);
     let service = hyper::service::service_fn(move |req| {
         let state = Arc::clone(&svc_state);
-        async move { Ok::<_, std::convert::Infallible>(handler::handle(state, req).await) }
+        // An error makes hyper drop the connection without a response: the `refuse` fault.
+        async move { handler::handle(state, req).await.ok_or(handler::Refused) }
     });
     let opts = ServerOptions {
         header_read_timeout: None,

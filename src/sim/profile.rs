@@ -39,6 +39,9 @@ pub struct Profile {
     /// Send a role-only first chunk as soon as the request arrives (like vLLM's first delta).
     #[serde(default = "yes")]
     pub role_chunk: bool,
+    /// Injected faults (none by default).
+    #[serde(default)]
+    pub faults: super::Faults,
 }
 
 fn one() -> u32 {
@@ -68,6 +71,7 @@ impl Profile {
             min_output_tokens: 32,
             max_output_tokens: 96,
             role_chunk: true,
+            faults: super::Faults::default(),
         }
     }
 
@@ -123,7 +127,7 @@ impl Profile {
         if self.min_output_tokens == 0 || self.min_output_tokens > self.max_output_tokens {
             return Err("need 1 <= min_output_tokens <= max_output_tokens".into());
         }
-        Ok(())
+        self.faults.validate()
     }
 }
 
