@@ -9,7 +9,8 @@ use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughpu
 use http::Method;
 use inferscope::accesslog::AccessLog;
 use inferscope::meter::{
-    End, Framing, ItlSample, Meter, MeterOptions, Outcome, RequestMeta, RequestRecord, ResponseInfo,
+    End, Framing, Guards, ItlSample, Meter, MeterOptions, Outcome, RequestMeta, RequestRecord,
+    ResponseInfo,
 };
 use inferscope::recorder::Recorder;
 use inferscope::sse::SseScanner;
@@ -78,7 +79,7 @@ fn per_chunk(c: &mut Criterion) {
                     ..MeterOptions::default()
                 },
                 Arc::clone(&recorder),
-                None,
+                Guards::default(),
             );
             let now = Instant::now();
             for f in &frames {
@@ -143,7 +144,7 @@ fn record_path(c: &mut Criterion) {
                     ..MeterOptions::default()
                 },
                 Arc::clone(&shared),
-                None,
+                Guards::default(),
             );
             let now = Instant::now();
             for f in &frames {

@@ -146,6 +146,13 @@ fn ms(d: Duration) -> f64 {
 }
 
 #[derive(Serialize)]
+struct RetryLine<'a> {
+    backend: &'a str,
+    status: Option<u16>,
+    error: &'static str,
+}
+
+#[derive(Serialize)]
 struct ItlSummary {
     p50: f64,
     p99: f64,
@@ -183,6 +190,9 @@ struct LogLine<'a> {
     bytes_out: u64,
     malformed_events: u32,
     error: Option<&'static str>,
+    attempts: usize,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    retries: Vec<RetryLine<'a>>,
 }
 
 impl<'a> From<&'a RequestRecord> for LogLine<'a> {
@@ -226,6 +236,16 @@ impl<'a> From<&'a RequestRecord> for LogLine<'a> {
             bytes_out: r.bytes_out,
             malformed_events: r.malformed_events,
             error: r.error,
+            attempts: m.attempts.len() + usize::from(m.t_sent.is_some()),
+            retries: m
+                .attempts
+                .iter()
+                .map(|a| RetryLine {
+                    backend: &a.backend,
+                    status: a.status,
+                    error: a.error,
+                })
+                .collect(),
         }
     }
 }

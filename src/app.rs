@@ -96,6 +96,7 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         bases.insert(b.name.clone(), base);
     }
     let router = Arc::new(Router::new(&config, &bases).map_err(anyhow::Error::msg)?);
+    crate::route::spawn_probes(&config, router.backends());
 
     let data_listener = TcpListener::bind(overrides.listen.unwrap_or(config.listen))
         .await

@@ -2,11 +2,26 @@
 //! request, under a short lock) and the access-log channel (never awaited; drops are counted).
 
 use crate::accesslog::AccessLog;
-use crate::meter::RequestRecord;
+use crate::meter::{Outcome, RequestRecord};
 use crate::stats::Stats;
 use crate::telemetry::Telemetry;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
+
+/// Passive health and latency feedback to the backend that served the last attempt.
+fn feed_back(rec: &RequestRecord) {
+    let Some(b) = &rec.meta.upstream else { return };
+    match rec.outcome {
+        Outcome::Ok => b.observe_success(rec.ttft, rec.tpot),
+        // The backend failed, broke the stream, or stalled.
+        Outcome::BackendError | Outcome::Truncated | Outcome::Timeout => b.observe_failure(),
+        // Neither proves anything about the backend.
+        Outcome::ClientError
+        | Outcome::ClientCancelled
+        | Outcome::Rejected
+        | Outcome::GatewayError => {}
+    }
+}
 
 /// Receives every request's record, exactly once each.
 #[derive(Debug)]
@@ -44,6 +59,7 @@ impl Recorder {
     /// Takes one finished request.
     pub fn record(&self, rec: RequestRecord) {
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        feed_back(&rec);
         self.stats.record(&rec);
         let rec = Arc::new(rec);
         if let Some(t) = &self.telemetry {

@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 use inferscope::accesslog::AccessLog;
-use inferscope::meter::{Framing, Meter, MeterOptions, RequestMeta};
+use inferscope::meter::{Framing, Guards, Meter, MeterOptions, RequestMeta};
 use inferscope::recorder::Recorder;
 use inferscope::sse::SseScanner;
 use inferscope::stats::Stats;
@@ -43,7 +43,7 @@ fn observing_content_chunks_does_not_allocate() {
             ..MeterOptions::default()
         },
         recorder,
-        None,
+        Guards::default(),
     );
     // Warm-up: the scanner's carry buffer reaches its working size once.
     m.observe(&chunk(0, true), Instant::now());

@@ -69,6 +69,7 @@ pub async fn handle<B>(
                     "access_log_dropped".into(),
                     state.recorder.log.dropped().into(),
                 );
+                m.insert("backends".into(), backend_json(&state.router));
             }
             reply(StatusCode::OK, "application/json", v.to_string())
         }
@@ -139,7 +140,8 @@ pub async fn handle<B>(
                     },
                 ]);
             }
-            let text = render_prometheus(&rec.stats.snapshot(), &scalars);
+            let mut text = render_prometheus(&rec.stats.snapshot(), &scalars);
+            backend_metrics(&state.router, &mut text);
             reply(
                 StatusCode::OK,
                 "text/plain; version=0.0.4; charset=utf-8",
@@ -153,4 +155,74 @@ pub async fn handle<B>(
         ),
     };
     Ok(r)
+}
+
+/// Per-backend health and load, for `/stats`.
+fn backend_json(router: &Router) -> serde_json::Value {
+    let list: Vec<serde_json::Value> = router
+        .backends()
+        .iter()
+        .map(|b| {
+            let s = b.status();
+            serde_json::json!({
+                "backend": s.name.as_ref(),
+                "available": s.available,
+                "probe_healthy": s.probe_healthy,
+                "ejected": s.ejected,
+                "ejections_total": s.ejections_total,
+                "in_flight": s.in_flight,
+                "queued": s.queued,
+                "ewma_ttft_ms": s.ewma_ttft_ms,
+                "ewma_tpot_ms": s.ewma_tpot_ms,
+            })
+        })
+        .collect();
+    list.into()
+}
+
+/// Per-backend health and load gauges, for `/metrics`.
+fn backend_metrics(router: &Router, out: &mut String) {
+    use crate::route::BackendStatus;
+    use std::fmt::Write;
+    type Get = fn(&BackendStatus) -> f64;
+    let all: Vec<BackendStatus> = router.backends().iter().map(|b| b.status()).collect();
+    let series: [(&str, &str, &str, Get); 5] = [
+        (
+            "inferscope_backend_up",
+            "gauge",
+            "1 when the backend is available (probe healthy, not ejected).",
+            |s| f64::from(u8::from(s.available)),
+        ),
+        (
+            "inferscope_backend_ejections_total",
+            "counter",
+            "Passive outlier ejections.",
+            |s| s.ejections_total as f64,
+        ),
+        (
+            "inferscope_backend_in_flight",
+            "gauge",
+            "Requests in flight to the backend.",
+            |s| s.in_flight as f64,
+        ),
+        (
+            "inferscope_backend_queued",
+            "gauge",
+            "Requests waiting in the backend's queue.",
+            |s| s.queued as f64,
+        ),
+        (
+            "inferscope_backend_ttft_ewma_seconds",
+            "gauge",
+            "Moving average of the TTFT measured through the backend.",
+            |s| s.ewma_ttft_ms / 1000.0,
+        ),
+    ];
+    for (name, kind, help, get) in series {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for s in &all {
+            let label = s.name.replace('\\', "\\\\").replace('"', "\\\"");
+            let _ = writeln!(out, "{name}{{backend=\"{label}\"}} {}", get(s));
+        }
+    }
 }

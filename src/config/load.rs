@@ -184,6 +184,24 @@ fn validate_backend(b: &BackendConfig) -> Result<(), (&'static str, String)> {
             sim_profile(&sim.profile).map_err(|m| ("sim", m))?;
         }
     }
+    if b.max_concurrency == Some(0) {
+        return Err(("max_concurrency", "must be greater than 0".into()));
+    }
+    if let Some(p) = &b.probe {
+        if !p.path.starts_with('/') {
+            return Err(("probe", format!("path `{}` must start with /", p.path)));
+        }
+        if p.interval.is_zero()
+            || p.timeout.is_zero()
+            || p.healthy_threshold == 0
+            || p.unhealthy_threshold == 0
+        {
+            return Err((
+                "probe",
+                "interval, timeout and thresholds must be greater than 0".into(),
+            ));
+        }
+    }
     Ok(())
 }
 
@@ -203,6 +221,18 @@ pub fn sim_profile(name: &str) -> Result<Profile, String> {
 
 fn validate_route(r: &RouteConfig, backends: &HashSet<&str>) -> Result<(), Invalid> {
     use Seg::{Index as I, Key as K};
+    if !(0.0..=10.0).contains(&r.retry.budget_ratio) {
+        return err(
+            vec![K("retry"), K("budget_ratio")],
+            "must be between 0 and 10",
+        );
+    }
+    if let Some(s) = r.retry.statuses.iter().find(|s| !(100..=599).contains(*s)) {
+        return err(
+            vec![K("retry"), K("statuses")],
+            format!("{s} is not an HTTP status"),
+        );
+    }
     if let Some(p) = &r.matcher.path_prefix {
         if !p.starts_with('/') {
             return err(

@@ -143,6 +143,104 @@ pub struct BackendConfig {
     /// Environment variable holding an API key sent as `Authorization: Bearer`.
     #[serde(default)]
     pub api_key_env: Option<String>,
+    /// Relative share for the `weighted` balancer.
+    #[serde(default = "one_u32")]
+    pub weight: u32,
+    /// Requests in flight to this backend at once; more wait in a queue (absent: unlimited).
+    #[serde(default)]
+    pub max_concurrency: Option<usize>,
+    /// Requests that may wait for this backend; beyond it: 429 with `Retry-After`.
+    #[serde(default = "default_max_queue")]
+    pub max_queue: usize,
+    /// Longest wait in the queue; beyond it: 503 with `Retry-After`.
+    #[serde(default = "d2s", deserialize_with = "duration")]
+    pub queue_timeout: Duration,
+    /// Active health probe (absent: passive health only).
+    #[serde(default)]
+    pub probe: Option<ProbeConfig>,
+    /// Passive outlier ejection.
+    #[serde(default)]
+    pub outlier: OutlierConfig,
+}
+
+fn one_u32() -> u32 {
+    1
+}
+fn default_max_queue() -> usize {
+    128
+}
+fn d2s() -> Duration {
+    Duration::from_secs(2)
+}
+
+/// Active health probing of a backend.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProbeConfig {
+    /// Path probed with GET (e.g. `/health` for vLLM, `/v1/models`).
+    #[serde(default = "default_probe_path")]
+    pub path: String,
+    /// Time between probes.
+    #[serde(default = "d5s", deserialize_with = "duration")]
+    pub interval: Duration,
+    /// A probe slower than this fails.
+    #[serde(default = "d1s_probe", deserialize_with = "duration")]
+    pub timeout: Duration,
+    /// Consecutive failures that mark the backend unhealthy.
+    #[serde(default = "three")]
+    pub unhealthy_threshold: u32,
+    /// Consecutive successes that mark it healthy again.
+    #[serde(default = "two")]
+    pub healthy_threshold: u32,
+}
+
+fn default_probe_path() -> String {
+    "/health".into()
+}
+fn d1s_probe() -> Duration {
+    Duration::from_secs(1)
+}
+fn three() -> u32 {
+    3
+}
+fn two() -> u32 {
+    2
+}
+
+/// Passive outlier ejection: consecutive failures (5xx, connect errors, timeouts) eject the
+/// backend for `base_ejection × 2^(ejections so far)`, capped at `max_ejection`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutlierConfig {
+    /// Consecutive failures that eject (0 disables ejection).
+    #[serde(default = "five")]
+    pub consecutive_failures: u32,
+    /// First ejection's length.
+    #[serde(default = "d10s_outlier", deserialize_with = "duration")]
+    pub base_ejection: Duration,
+    /// Longest ejection.
+    #[serde(default = "d300s", deserialize_with = "duration")]
+    pub max_ejection: Duration,
+}
+
+fn five() -> u32 {
+    5
+}
+fn d10s_outlier() -> Duration {
+    Duration::from_secs(10)
+}
+fn d300s() -> Duration {
+    Duration::from_secs(300)
+}
+
+impl Default for OutlierConfig {
+    fn default() -> Self {
+        Self {
+            consecutive_failures: five(),
+            base_ejection: d10s_outlier(),
+            max_ejection: d300s(),
+        }
+    }
 }
 
 /// An in-process simulated backend.
@@ -171,6 +269,107 @@ pub struct RouteConfig {
     /// Or an experiment splitting traffic between variants.
     #[serde(default)]
     pub experiment: Option<ExperimentConfig>,
+    /// How a backend is chosen within a pool.
+    #[serde(default)]
+    pub balancer: Balancer,
+    /// Retries and failover before any response byte reached the client.
+    #[serde(default)]
+    pub retry: RetryConfig,
+    /// Timeouts of the response.
+    #[serde(default)]
+    pub timeouts: TimeoutsConfig,
+}
+
+/// Backend choice within a pool.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Balancer {
+    /// Each backend in turn.
+    #[default]
+    RoundRobin,
+    /// The backend with the fewest requests in flight.
+    LeastOutstanding,
+    /// In proportion to each backend's `weight`.
+    Weighted,
+    /// Power of two choices on the TTFT/TPOT this gateway measures (EWMA), penalised by the
+    /// requests in flight.
+    LatencyAware,
+}
+
+/// Retry policy. Retries happen only before any response byte reached the client, only with a
+/// replayable request body, and never to a backend already tried.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetryConfig {
+    /// Extra attempts after the first (0 disables retries).
+    #[serde(default = "two")]
+    pub attempts: u32,
+    /// Upstream statuses that are retried (connect errors and closed connections always are).
+    #[serde(default = "default_retry_statuses")]
+    pub statuses: Vec<u16>,
+    /// Retries may add at most this fraction of extra load over time …
+    #[serde(default = "default_budget_ratio")]
+    pub budget_ratio: f64,
+    /// … but at least this many retries per second are always allowed.
+    #[serde(default = "default_min_retries")]
+    pub min_per_second: u32,
+}
+
+fn default_retry_statuses() -> Vec<u16> {
+    vec![502, 503, 504]
+}
+fn default_budget_ratio() -> f64 {
+    0.2
+}
+fn default_min_retries() -> u32 {
+    10
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        Self {
+            attempts: two(),
+            statuses: default_retry_statuses(),
+            budget_ratio: default_budget_ratio(),
+            min_per_second: default_min_retries(),
+        }
+    }
+}
+
+/// Response timeouts (each may be `0s` to disable).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimeoutsConfig {
+    /// No response head within this: 504. No first output token within this (from the request's
+    /// arrival): the stream is ended, outcome `timeout`.
+    #[serde(default = "d120s", deserialize_with = "duration")]
+    pub first_token: Duration,
+    /// No upstream bytes for this long once streaming: the stream is ended, outcome `timeout`.
+    #[serde(default = "d60s", deserialize_with = "duration")]
+    pub idle: Duration,
+    /// The whole request must finish within this (0s: no limit).
+    #[serde(default = "d0s", deserialize_with = "duration")]
+    pub total: Duration,
+}
+
+fn d120s() -> Duration {
+    Duration::from_secs(120)
+}
+fn d60s() -> Duration {
+    Duration::from_secs(60)
+}
+fn d0s() -> Duration {
+    Duration::ZERO
+}
+
+impl Default for TimeoutsConfig {
+    fn default() -> Self {
+        Self {
+            first_token: d120s(),
+            idle: d60s(),
+            total: d0s(),
+        }
+    }
 }
 
 /// Route matching; every given condition must hold. An empty match accepts everything.

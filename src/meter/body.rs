@@ -14,9 +14,11 @@ use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use std::collections::VecDeque;
+use std::future::Future;
 use std::pin::Pin;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll};
 use tokio::time::Instant;
+use tokio::time::Sleep;
 
 pin_project! {
     /// An `http_body::Body` that measures the body it wraps without buffering it.
@@ -28,6 +30,9 @@ pin_project! {
         held: Option<Bytes>,
         queue: VecDeque<Bytes>,
         upstream_done: bool,
+        // Deadlines (first token, idle, total): one timer, re-armed per frame, never reallocated.
+        timer: Option<Pin<Box<Sleep>>>,
+        last_frame: Instant,
     }
 
     impl<B> PinnedDrop for MeteredBody<B> {
@@ -42,13 +47,44 @@ pin_project! {
 impl<B> MeteredBody<B> {
     /// Wraps `inner`, feeding its frames to `meter`.
     pub fn new(inner: B, meter: Meter) -> Self {
+        let now = Instant::now();
+        let timer = next_deadline(&meter, now).map(|at| Box::pin(tokio::time::sleep_until(at)));
         Self {
             inner,
             meter: Some(meter),
             held: None,
             queue: VecDeque::new(),
             upstream_done: false,
+            timer,
+            last_frame: now,
         }
+    }
+}
+
+/// The earliest deadline still to watch.
+fn next_deadline(m: &Meter, now: Instant) -> Option<Instant> {
+    let d = m.deadlines;
+    [
+        d.idle.map(|i| now + i),
+        d.first_token.filter(|_| !m.has_output()),
+        d.total,
+    ]
+    .into_iter()
+    .flatten()
+    .min()
+}
+
+/// Which deadline has passed, if any.
+fn expired(m: &Meter, last_frame: Instant, now: Instant) -> Option<&'static str> {
+    let d = m.deadlines;
+    if d.total.is_some_and(|t| now >= t) {
+        Some("total_timeout")
+    } else if !m.has_output() && d.first_token.is_some_and(|t| now >= t) {
+        Some("first_token_timeout")
+    } else if d.idle.is_some_and(|i| now >= last_frame + i) {
+        Some("idle_timeout")
+    } else {
+        None
     }
 }
 
@@ -77,7 +113,44 @@ where
                 }
                 return Poll::Ready(None);
             }
-            match ready!(this.inner.as_mut().poll_frame(cx)) {
+            let polled = match this.inner.as_mut().poll_frame(cx) {
+                Poll::Ready(item) => item,
+                Poll::Pending => {
+                    let (Some(timer), Some(m)) = (this.timer.as_mut(), this.meter.as_ref()) else {
+                        return Poll::Pending;
+                    };
+                    if timer.as_mut().poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    let now = Instant::now();
+                    match expired(m, *this.last_frame, now) {
+                        Some(kind) => {
+                            // End the client's stream cleanly with what arrived; the upstream
+                            // body is dropped with this body, which closes its connection.
+                            *this.upstream_done = true;
+                            if let Some(h) = this.held.take() {
+                                this.queue.push_back(h);
+                            }
+                            if let Some(m) = this.meter.take() {
+                                m.finish(End::TimedOut(kind));
+                            }
+                            *this.timer = None;
+                            return match this.queue.pop_front() {
+                                Some(b) => Poll::Ready(Some(Ok(Frame::data(b)))),
+                                None => Poll::Ready(None),
+                            };
+                        }
+                        None => {
+                            if let Some(at) = next_deadline(m, *this.last_frame) {
+                                timer.as_mut().reset(at);
+                                cx.waker().wake_by_ref();
+                            }
+                            return Poll::Pending;
+                        }
+                    }
+                }
+            };
+            match polled {
                 None => {
                     *this.upstream_done = true;
                     // A held, never-completed event is still the client's: forward it.
@@ -100,8 +173,12 @@ where
                     let Some(m) = this.meter.as_mut() else {
                         return Poll::Ready(Some(Ok(Frame::data(data))));
                     };
+                    *this.last_frame = now;
                     let stripping = m.stripping();
                     let plan = m.observe(&data, now);
+                    if let (Some(timer), Some(at)) = (this.timer.as_mut(), next_deadline(m, now)) {
+                        timer.as_mut().reset(at);
+                    }
                     // A body of known length ends with its last byte: hyper may never poll again.
                     let last = this.inner.is_end_stream();
                     if !stripping && this.held.is_none() {

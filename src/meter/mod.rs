@@ -6,7 +6,8 @@ mod progress;
 mod record;
 
 pub use body::MeteredBody;
-pub use progress::{End, Framing, Meter, MeterOptions, Permit, StripPlan};
+pub use progress::{Deadlines, End, Framing, Guards, Meter, MeterOptions, Permit, StripPlan};
 pub use record::{
-    ItlSample, Outcome, RequestMeta, RequestParams, RequestRecord, ResponseInfo, TokensSource,
+    Attempt, ItlSample, Outcome, RequestMeta, RequestParams, RequestRecord, ResponseInfo,
+    TokensSource,
 };

@@ -11,6 +11,26 @@ use tokio::sync::OwnedSemaphorePermit;
 
 /// A concurrency permit shared between the request and its response body.
 pub type Permit = Arc<OwnedSemaphorePermit>;
+
+/// What a response holds until it ends: the gateway-wide in-flight slot and the backend's.
+#[derive(Debug, Default)]
+pub struct Guards {
+    /// Gateway-wide in-flight limit.
+    pub global: Option<Permit>,
+    /// The backend's in-flight slot (and queue permit).
+    pub backend: Option<crate::route::BackendGuard>,
+}
+
+/// Response deadlines, enforced by `MeteredBody` while it waits for upstream bytes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Deadlines {
+    /// The first output event must arrive by then.
+    pub first_token: Option<Instant>,
+    /// No more than this between upstream frames.
+    pub idle: Option<Duration>,
+    /// The whole response must end by then.
+    pub total: Option<Instant>,
+}
 use tokio::time::Instant;
 
 /// Cap on a non-streaming body kept (as shared `Bytes`, no copy) to read its `usage`.
@@ -139,6 +159,8 @@ pub struct MeterOptions {
     pub strip_usage: bool,
     /// Capture output text up to this many bytes (content capture opted in).
     pub capture_output: Option<usize>,
+    /// Response deadlines.
+    pub deadlines: Deadlines,
 }
 
 /// Per-request measurement state. Created when the upstream response head arrives; consumed by
@@ -152,8 +174,10 @@ pub struct Meter {
     bytes_out: u64,
     observe_cost: Duration,
     recorder: Arc<Recorder>,
-    /// Held for the life of the response: the gateway-wide concurrency limit counts streams.
-    _permit: Option<Permit>,
+    /// Held for the life of the response: concurrency limits count streams, not headers.
+    _guards: Guards,
+    /// Deadlines of this response.
+    pub deadlines: Deadlines,
 }
 
 /// How the body ended.
@@ -165,6 +189,8 @@ pub enum End {
     BodyError,
     /// The client dropped the response before its end.
     Dropped,
+    /// A deadline passed (the kind says which); the stream was ended by the gateway.
+    TimedOut(&'static str),
 }
 
 impl Meter {
@@ -175,12 +201,13 @@ impl Meter {
         framing: Framing,
         opts: MeterOptions,
         recorder: Arc<Recorder>,
-        permit: Option<Permit>,
+        guards: Guards,
     ) -> Self {
         let MeterOptions {
             classify,
             strip_usage,
             capture_output,
+            deadlines: _,
         } = opts;
         Self {
             meta,
@@ -196,8 +223,14 @@ impl Meter {
             bytes_out: 0,
             observe_cost: Duration::ZERO,
             recorder,
-            _permit: permit,
+            _guards: guards,
+            deadlines: opts.deadlines,
         }
+    }
+
+    /// True once an output event has been seen.
+    pub fn has_output(&self) -> bool {
+        self.progress.t_tok1.is_some()
     }
 
     /// True while the usage-only chunk still has to be removed from the stream.
@@ -283,6 +316,7 @@ impl Meter {
         let streamed = matches!(self.framing, Framing::Sse(_) | Framing::Ndjson(_));
         let (outcome, error) = match end {
             End::Dropped => (Outcome::ClientCancelled, Some("client_disconnected")),
+            End::TimedOut(kind) => (Outcome::Timeout, Some(kind)),
             End::BodyError => (Outcome::Truncated, Some("upstream_body_error")),
             End::Complete if self.status >= 500 => (Outcome::BackendError, Some("upstream_status")),
             End::Complete if self.status >= 400 => (Outcome::ClientError, None),

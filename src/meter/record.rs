@@ -121,6 +121,23 @@ pub struct ResponseInfo {
     pub output_content: Option<String>,
 }
 
+/// An upstream attempt that failed before any response byte reached the client, and was retried.
+#[derive(Debug, Clone)]
+pub struct Attempt {
+    /// Backend tried.
+    pub backend: Arc<str>,
+    /// Span id the attempt was sent with (its CLIENT span).
+    pub span_id: u64,
+    /// When it was sent.
+    pub t_sent: Instant,
+    /// When it was given up.
+    pub t_end: Instant,
+    /// Status it answered with, if it answered.
+    pub status: Option<u16>,
+    /// Bounded error kind.
+    pub error: &'static str,
+}
+
 /// What is known about a request before its response body flows: who, where, when.
 #[derive(Debug, Clone)]
 pub struct RequestMeta {
@@ -136,8 +153,10 @@ pub struct RequestMeta {
     pub trace: TraceContext,
     /// Request parameters telemetry reports.
     pub params: RequestParams,
-    /// The chosen backend, once routed.
+    /// The chosen backend, once routed (the last one tried).
     pub upstream: Option<Arc<Backend>>,
+    /// Earlier attempts that failed and were retried elsewhere.
+    pub attempts: Vec<Attempt>,
     /// Route name (`-` when none matched).
     pub route: Arc<str>,
     /// Requested model (`-` when the body named none).
@@ -172,6 +191,7 @@ impl RequestMeta {
             trace: TraceContext::default(),
             params: RequestParams::default(),
             upstream: None,
+            attempts: Vec::new(),
             route: Arc::clone(&none),
             model: Arc::clone(&none),
             backend: Arc::clone(&none),

@@ -34,6 +34,10 @@ pub enum ProxyError {
     Upstream(hyper_util::client::legacy::Error),
     /// The upstream request could not be built.
     BadUpstreamRequest,
+    /// No response head from the backend before the first-token deadline.
+    UpstreamTimeout,
+    /// The backend's admission queue refused or timed out.
+    Busy(crate::route::Busy),
 }
 
 impl ProxyError {
@@ -47,6 +51,9 @@ impl ProxyError {
             ProxyError::Upstream(e) if e.is_connect() => "upstream_connect",
             ProxyError::Upstream(_) => "upstream_failed",
             ProxyError::BadUpstreamRequest => "bad_upstream_request",
+            ProxyError::UpstreamTimeout => "upstream_timeout",
+            ProxyError::Busy(crate::route::Busy::QueueFull) => "backend_queue_full",
+            ProxyError::Busy(crate::route::Busy::QueueTimeout) => "backend_queue_timeout",
         }
     }
 
@@ -56,8 +63,10 @@ impl ProxyError {
             ProxyError::NoRoute | ProxyError::BodyTooLarge(_) | ProxyError::BodyRead => {
                 Blame::Downstream
             }
-            ProxyError::Upstream(_) => Blame::Upstream,
-            ProxyError::Overloaded | ProxyError::BadUpstreamRequest => Blame::Gateway,
+            ProxyError::Upstream(_) | ProxyError::UpstreamTimeout => Blame::Upstream,
+            ProxyError::Overloaded | ProxyError::BadUpstreamRequest | ProxyError::Busy(_) => {
+                Blame::Gateway
+            }
         }
     }
 
@@ -70,6 +79,9 @@ impl ProxyError {
             ProxyError::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
             ProxyError::BadUpstreamRequest => StatusCode::INTERNAL_SERVER_ERROR,
+            ProxyError::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::Busy(crate::route::Busy::QueueFull) => StatusCode::TOO_MANY_REQUESTS,
+            ProxyError::Busy(crate::route::Busy::QueueTimeout) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -78,6 +90,7 @@ impl ProxyError {
         match self {
             ProxyError::BadUpstreamRequest => Outcome::GatewayError,
             ProxyError::Upstream(_) => Outcome::BackendError,
+            ProxyError::UpstreamTimeout => Outcome::Timeout,
             _ => Outcome::Rejected,
         }
     }
@@ -96,6 +109,13 @@ impl ProxyError {
             ProxyError::Upstream(_) => "the backend failed before sending a response".into(),
             ProxyError::BadUpstreamRequest => {
                 "the gateway could not build the upstream request".into()
+            }
+            ProxyError::UpstreamTimeout => "the backend did not answer in time".into(),
+            ProxyError::Busy(crate::route::Busy::QueueFull) => {
+                "the backend's queue is full; retry later".into()
+            }
+            ProxyError::Busy(crate::route::Busy::QueueTimeout) => {
+                "waited too long for the backend; retry later".into()
             }
         }
     }
@@ -116,7 +136,7 @@ impl ProxyError {
             HeaderValue::from_static("application/json"),
         );
         h.insert("x-inferscope-error", HeaderValue::from_static(self.kind()));
-        if matches!(self, ProxyError::Overloaded) {
+        if matches!(self, ProxyError::Overloaded | ProxyError::Busy(_)) {
             h.insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         r

@@ -9,7 +9,8 @@ use super::request::{inspect, remove_hop_headers, Ids};
 use crate::config::Limits;
 use crate::dialect::Endpoint;
 use crate::meter::{
-    Framing, Meter, MeterOptions, MeteredBody, Outcome, RequestMeta, RequestRecord,
+    Attempt, Deadlines, Framing, Guards, Meter, MeterOptions, MeteredBody, Outcome, RequestMeta,
+    RequestRecord,
 };
 use crate::recorder::Recorder;
 use crate::route::{Router, NONE};
@@ -210,7 +211,9 @@ async fn proxy(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<ProxyBody> 
     let endpoint = (parts.method == Method::POST)
         .then(|| Endpoint::from_path(parts.uri.path()))
         .flatten();
-    let (upstream_body, model, strip_usage) = match endpoint {
+    // `replay` is the body to send again on a retry: inference bodies are held anyway, and a
+    // request without a body has nothing to hold; a streamed body cannot be replayed.
+    let (upstream_body, model, strip_usage, replay) = match endpoint {
         Some(ep) => {
             let limit = gw.limits.max_request_body_bytes;
             if bytes_in.is_some_and(|n| n > limit as u64) {
@@ -231,13 +234,24 @@ async fn proxy(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<ProxyBody> 
             if ins.body.len() as u64 != pending.meta().bytes_in {
                 parts.headers.remove(header::CONTENT_LENGTH);
             }
+            let replay = Some(ins.body.clone());
             (
                 Either::Left(Full::new(ins.body)),
                 ins.model,
                 ins.strip_usage,
+                replay,
             )
         }
-        None => (Either::Right(body), None, false),
+        None if has_no_body(&parts) => {
+            let empty = Bytes::new();
+            (
+                Either::Left(Full::new(empty.clone())),
+                None,
+                false,
+                Some(empty),
+            )
+        }
+        None => (Either::Right(body), None, false, None),
     };
     if let Some(m) = &model {
         pending.meta().model = m.as_str().into();
@@ -250,42 +264,113 @@ async fn proxy(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<ProxyBody> 
     else {
         return pending.fail(ProxyError::NoRoute);
     };
+    let route = Arc::clone(&sel.route);
+    route.budget.deposit();
     {
         let m = pending.meta();
-        m.route = sel.route;
-        m.backend = Arc::clone(&sel.backend.name);
+        m.route = Arc::clone(&route.name);
         m.variant = Arc::clone(&sel.variant);
-        m.upstream = Some(Arc::clone(&sel.backend));
     }
 
-    // Phase 4: forward.
+    // Phase 4: forward; fail over to another backend before any response byte reached the client
+    // when that is safe (the body can be sent again, attempts and the retry budget allow).
     let client_version = parts.version;
-    let mut uri = sel.backend.base.clone().into_parts();
-    uri.path_and_query = parts.uri.path_and_query().cloned();
-    let Ok(uri) = Uri::from_parts(uri) else {
-        return pending.fail(ProxyError::BadUpstreamRequest);
-    };
+    let path_and_query = parts.uri.path_and_query().cloned();
     let mut headers = std::mem::take(&mut parts.headers);
     remove_hop_headers(&mut headers);
     headers.remove(header::HOST);
-    if let Some(auth) = &sel.backend.authorization {
-        headers.insert(header::AUTHORIZATION, auth.clone());
-    }
-    if gw.trace.enabled {
-        // The backend's spans join this trace as children of our CLIENT span.
-        if let Ok(v) = HeaderValue::try_from(pending.meta().trace.upstream_traceparent()) {
-            headers.insert("traceparent", v);
+    let first_token_at = nonzero(route.timeouts.first_token).map(|d| t0 + d);
+    let max_attempts = if replay.is_some() {
+        1 + route.retry.attempts as usize
+    } else {
+        1
+    };
+    let mut first_body = Some(upstream_body);
+    let mut backend = sel.backend;
+    let mut tried: Vec<Arc<str>> = Vec::new();
+    let (resp, backend_guard) = loop {
+        tried.push(Arc::clone(&backend.name));
+        {
+            let m = pending.meta();
+            m.backend = Arc::clone(&backend.name);
+            m.upstream = Some(Arc::clone(&backend));
         }
-    }
-    let mut up = Request::new(upstream_body);
-    *up.method_mut() = parts.method;
-    *up.uri_mut() = uri;
-    *up.version_mut() = Version::HTTP_11;
-    *up.headers_mut() = headers;
-    pending.meta().t_sent = Some(Instant::now());
-    let resp = match gw.client.request(up).await {
-        Ok(r) => r,
-        Err(e) => return pending.fail(ProxyError::Upstream(e)),
+        let guard = match backend.admit().await {
+            Ok(g) => g,
+            Err(busy) => return pending.fail(ProxyError::Busy(busy)),
+        };
+        let body = match (first_body.take(), &replay) {
+            (Some(b), _) => b,
+            (None, Some(bytes)) => Either::Left(Full::new(bytes.clone())),
+            (None, None) => return pending.fail(ProxyError::BadUpstreamRequest),
+        };
+        let mut uri = backend.base.clone().into_parts();
+        uri.path_and_query = path_and_query.clone();
+        let Ok(uri) = Uri::from_parts(uri) else {
+            return pending.fail(ProxyError::BadUpstreamRequest);
+        };
+        let mut h = headers.clone();
+        if let Some(auth) = &backend.authorization {
+            h.insert(header::AUTHORIZATION, auth.clone());
+        }
+        if gw.trace.enabled {
+            // The backend's spans join this trace as children of this attempt's CLIENT span.
+            if let Ok(v) = HeaderValue::try_from(pending.meta().trace.upstream_traceparent()) {
+                h.insert("traceparent", v);
+            }
+        }
+        let mut up = Request::new(body);
+        *up.method_mut() = parts.method.clone();
+        *up.uri_mut() = uri;
+        *up.version_mut() = Version::HTTP_11;
+        *up.headers_mut() = h;
+        let t_sent = Instant::now();
+        pending.meta().t_sent = Some(t_sent);
+        let sent = gw.client.request(up);
+        let result = match first_token_at {
+            Some(at) => match tokio::time::timeout_at(at, sent).await {
+                Ok(r) => r,
+                Err(_) => return pending.fail(ProxyError::UpstreamTimeout),
+            },
+            None => sent.await,
+        };
+        let (failure, retriable_resp) = match result {
+            Err(e) => (Some(ProxyError::Upstream(e)), None),
+            Ok(r) if route.retry.statuses.contains(&r.status().as_u16()) => (None, Some(r)),
+            Ok(r) => break (r, guard),
+        };
+        // Another attempt only if one is allowed, another backend exists and the budget agrees.
+        let next = (tried.len() < max_attempts)
+            .then(|| {
+                route
+                    .pool(sel.variant_index)
+                    .and_then(|p| p.pick(route.balancer, &tried))
+            })
+            .flatten()
+            .filter(|_| route.budget.try_withdraw());
+        match (next, retriable_resp, failure) {
+            (Some(next), r, f) => {
+                backend.observe_failure();
+                let m = pending.meta();
+                m.attempts.push(Attempt {
+                    backend: Arc::clone(&backend.name),
+                    span_id: m.trace.client_span,
+                    t_sent,
+                    t_end: Instant::now(),
+                    status: r.as_ref().map(|r| r.status().as_u16()),
+                    error: f.as_ref().map_or("upstream_status", ProxyError::kind),
+                });
+                m.trace.client_span = gw.ids.span_id();
+                drop(r);
+                drop(guard);
+                backend = next;
+            }
+            // No retry possible: the client gets the backend's own answer…
+            (None, Some(r), _) => break (r, guard),
+            // … or the gateway's error.
+            (None, None, Some(f)) => return pending.fail(f),
+            (None, None, None) => return pending.fail(ProxyError::BadUpstreamRequest),
+        }
     };
     pending.meta().t_hdr = Some(Instant::now());
 
@@ -327,6 +412,11 @@ async fn proxy(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<ProxyBody> 
         classify,
         strip_usage: strip,
         capture_output: gw.trace.capture_content,
+        deadlines: Deadlines {
+            first_token: first_token_at,
+            idle: nonzero(route.timeouts.idle),
+            total: nonzero(route.timeouts.total).map(|d| t0 + d),
+        },
     };
     let meter = Meter::new(
         pending.take(),
@@ -334,7 +424,23 @@ async fn proxy(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<ProxyBody> 
         framing,
         opts,
         Arc::clone(&gw.recorder),
-        permit,
+        Guards {
+            global: permit,
+            backend: Some(backend_guard),
+        },
     );
     Response::from_parts(rparts, Either::Left(MeteredBody::new(rbody, meter)))
+}
+
+fn nonzero(d: Duration) -> Option<Duration> {
+    (!d.is_zero()).then_some(d)
+}
+
+/// The request carries no body (so it can be sent again as-is).
+fn has_no_body(parts: &http::request::Parts) -> bool {
+    let length = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok());
+    !parts.headers.contains_key(header::TRANSFER_ENCODING) && length.is_none_or(|l| l.trim() == "0")
 }

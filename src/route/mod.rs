@@ -1,62 +1,114 @@
-//! Routing: the first route whose match holds takes the request; its target is a plain backend
-//! pool (round-robin) or an experiment split between variants (each a pool).
+//! Routing: the first route whose match holds takes the request; its target is a backend pool or
+//! an experiment split between variants (each a pool); within a pool a balancer picks a backend
+//! among the available ones (probe-healthy and not ejected).
 //!
 //! The split is deterministic: with a sticky key the variant is a stable hash of the key (the same
 //! on every replica and across restarts, no shared state); without one, requests are spread by a
 //! strided counter that gives each variant exactly its weight in every cycle of `total` requests,
-//! interleaved. Health-aware and latency-aware balancing, shadow traffic and guardrails are later
-//! work; `Pool::pick` is the seam for them.
+//! interleaved. Shadow traffic and guardrails are later work.
 
+mod backend;
+mod budget;
+mod probe;
 mod split;
 
+pub use backend::{Backend, BackendGuard, BackendStatus, Busy};
+pub use budget::RetryBudget;
+pub use probe::spawn_probes;
 pub use split::{fnv1a, Split};
 
-use crate::config::{Config, RouteConfig};
+use crate::config::{Balancer, Config, RetryConfig, TimeoutsConfig};
 use http::{HeaderMap, HeaderValue, Uri};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Label used where a dimension does not apply (no variant, no model…).
 pub const NONE: &str = "-";
 
-/// One upstream inference server.
-#[derive(Debug)]
-pub struct Backend {
-    /// Configured name.
-    pub name: Arc<str>,
-    /// Base URI (scheme and authority).
-    pub base: Uri,
-    /// Provider label.
-    pub provider: Arc<str>,
-    /// `Authorization` value sent upstream, from `api_key_env`.
-    pub authorization: Option<HeaderValue>,
-}
-
 /// A set of interchangeable backends.
 #[derive(Debug)]
 pub struct Pool {
     backends: Vec<Arc<Backend>>,
-    next: AtomicUsize,
+    next: AtomicU64,
 }
 
 impl Pool {
     fn new(backends: Vec<Arc<Backend>>) -> Self {
         Self {
             backends,
-            next: AtomicUsize::new(0),
+            next: AtomicU64::new(0),
         }
-    }
-
-    /// The next backend, round-robin.
-    pub fn pick(&self) -> Option<Arc<Backend>> {
-        let n = self.backends.len();
-        (n > 0).then(|| Arc::clone(&self.backends[self.next.fetch_add(1, Ordering::Relaxed) % n]))
     }
 
     /// Backends in the pool.
     pub fn backends(&self) -> &[Arc<Backend>] {
         &self.backends
+    }
+
+    /// Picks a backend not in `exclude`, preferring available ones; when none is available, any
+    /// not excluded (failing open beats refusing everything while every backend is ejected).
+    pub fn pick(&self, balancer: Balancer, exclude: &[Arc<str>]) -> Option<Arc<Backend>> {
+        let allowed = |b: &&Arc<Backend>| !exclude.iter().any(|e| e == &b.name);
+        let mut pool: Vec<&Arc<Backend>> = self
+            .backends
+            .iter()
+            .filter(allowed)
+            .filter(|b| b.available())
+            .collect();
+        if pool.is_empty() {
+            pool = self.backends.iter().filter(allowed).collect();
+        }
+        let n = pool.len();
+        if n == 0 {
+            return None;
+        }
+        let tick = self.next.fetch_add(1, Ordering::Relaxed);
+        let chosen = match balancer {
+            Balancer::RoundRobin => pool[(tick % n as u64) as usize],
+            Balancer::LeastOutstanding => {
+                // Ties broken by rotating the starting point, so equal backends share the load.
+                let start = (tick % n as u64) as usize;
+                (0..n)
+                    .map(|i| pool[(start + i) % n])
+                    .min_by_key(|b| b.in_flight())
+                    .unwrap_or(pool[0])
+            }
+            Balancer::Weighted => {
+                let total: u64 = pool.iter().map(|b| u64::from(b.weight)).sum();
+                if total == 0 {
+                    pool[(tick % n as u64) as usize]
+                } else {
+                    let mut pos = fnv1a(&tick.to_le_bytes()) % total;
+                    let mut found = pool[n - 1];
+                    for b in &pool {
+                        if pos < u64::from(b.weight) {
+                            found = b;
+                            break;
+                        }
+                        pos -= u64::from(b.weight);
+                    }
+                    found
+                }
+            }
+            Balancer::LatencyAware => {
+                if n == 1 {
+                    pool[0]
+                } else {
+                    // Power of two choices: two distinct random candidates, the lower score wins.
+                    let h = fnv1a(&tick.to_le_bytes());
+                    let i = (h % n as u64) as usize;
+                    let j = (i + 1 + ((h >> 32) % (n as u64 - 1)) as usize) % n;
+                    let (a, b) = (pool[i], pool[j]);
+                    if b.latency_score() < a.latency_score() {
+                        b
+                    } else {
+                        a
+                    }
+                }
+            }
+        };
+        Some(Arc::clone(chosen))
     }
 }
 
@@ -78,6 +130,14 @@ pub struct Route {
     path_prefix: Option<String>,
     /// Its target.
     pub target: Target,
+    /// Backend choice within a pool.
+    pub balancer: Balancer,
+    /// Retry policy.
+    pub retry: RetryConfig,
+    /// Retry budget shared by the route's requests.
+    pub budget: RetryBudget,
+    /// Response timeouts.
+    pub timeouts: TimeoutsConfig,
 }
 
 impl Route {
@@ -88,30 +148,44 @@ impl Route {
                 .as_deref()
                 .is_none_or(|p| path.starts_with(p))
     }
+
+    /// The pool of variant `variant` (`None` for a plain pool).
+    pub fn pool(&self, variant: Option<usize>) -> Option<&Pool> {
+        match (&self.target, variant) {
+            (Target::Pool(p), _) => Some(p),
+            (Target::Experiment(s), Some(i)) => s.arm(i),
+            (Target::Experiment(_), None) => None,
+        }
+    }
 }
 
 /// The outcome of routing one request.
 #[derive(Debug)]
 pub struct Selection {
-    /// Route name.
-    pub route: Arc<str>,
+    /// The route.
+    pub route: Arc<Route>,
     /// Chosen backend.
     pub backend: Arc<Backend>,
-    /// Experiment variant, or `-`.
+    /// Experiment variant index, when the route splits.
+    pub variant_index: Option<usize>,
+    /// Experiment variant name, or `-`.
     pub variant: Arc<str>,
 }
 
-/// All routes, in match order.
+/// All routes, in match order, and every backend.
 #[derive(Debug)]
 pub struct Router {
-    routes: Vec<Route>,
+    routes: Vec<Arc<Route>>,
+    backends: Vec<Arc<Backend>>,
+    none: Arc<str>,
 }
 
 impl Router {
     /// Builds the router from a validated config and each backend's resolved base URI (simulated
     /// backends get theirs when they start).
     pub fn new(config: &Config, bases: &HashMap<String, Uri>) -> Result<Self, String> {
-        let mut backends = HashMap::new();
+        let mut by_name = HashMap::new();
+        let mut all = Vec::new();
         for b in &config.backends {
             let base = bases
                 .get(&b.name)
@@ -133,26 +207,32 @@ impl Router {
                 }
                 None => None,
             };
-            let backend = Backend {
-                name: b.name.as_str().into(),
+            let backend = Arc::new(Backend::new(
+                &b.name,
                 base,
-                provider: b.provider.as_deref().unwrap_or("openai").into(),
+                b.provider.as_deref().unwrap_or("openai"),
                 authorization,
-            };
-            backends.insert(b.name.clone(), Arc::new(backend));
+                b.weight,
+                b.max_concurrency,
+                b.max_queue,
+                b.queue_timeout,
+                b.outlier.clone(),
+            ));
+            by_name.insert(b.name.clone(), Arc::clone(&backend));
+            all.push(backend);
         }
         let pool = |names: &[String]| {
             Pool::new(
                 names
                     .iter()
-                    .filter_map(|n| backends.get(n).cloned())
+                    .filter_map(|n| by_name.get(n).cloned())
                     .collect(),
             )
         };
         let routes = config
             .routes
             .iter()
-            .map(|r: &RouteConfig| {
+            .map(|r| {
                 let target = match &r.experiment {
                     None => Target::Pool(pool(&r.backends)),
                     Some(x) => Target::Experiment(Split::new(
@@ -172,15 +252,23 @@ impl Router {
                             .collect(),
                     )),
                 };
-                Route {
+                Arc::new(Route {
                     name: r.name.as_str().into(),
                     model: r.matcher.model.clone(),
                     path_prefix: r.matcher.path_prefix.clone(),
                     target,
-                }
+                    balancer: r.balancer,
+                    budget: RetryBudget::new(r.retry.budget_ratio, r.retry.min_per_second),
+                    retry: r.retry.clone(),
+                    timeouts: r.timeouts.clone(),
+                })
             })
             .collect();
-        Ok(Self { routes })
+        Ok(Self {
+            routes,
+            backends: all,
+            none: Arc::from(NONE),
+        })
     }
 
     /// Routes a request by its body's `model`, its path and (for sticky splits) its headers.
@@ -191,25 +279,131 @@ impl Router {
         headers: &HeaderMap,
     ) -> Option<Selection> {
         let route = self.routes.iter().find(|r| r.matches(model, path))?;
-        let (pool, variant) = match &route.target {
-            Target::Pool(p) => (p, Arc::from(NONE)),
+        let (pool, variant, variant_index) = match &route.target {
+            Target::Pool(p) => (p, Arc::clone(&self.none), None),
             Target::Experiment(s) => {
-                let (name, pool) = s.choose(headers);
-                (pool, Arc::clone(name))
+                let (i, name, pool) = s.choose_indexed(headers);
+                (pool, Arc::clone(name), Some(i))
             }
         };
         Some(Selection {
-            route: Arc::clone(&route.name),
-            backend: pool.pick()?,
+            backend: pool.pick(route.balancer, &[])?,
+            route: Arc::clone(route),
+            variant_index,
             variant,
         })
     }
 
-    /// True when every route has at least one backend to send to.
+    /// Every backend.
+    pub fn backends(&self) -> &[Arc<Backend>] {
+        &self.backends
+    }
+
+    /// True when every route has at least one available backend in each of its pools.
     pub fn ready(&self) -> bool {
+        let ok = |p: &Pool| p.backends().iter().any(|b| b.available());
         self.routes.iter().all(|r| match &r.target {
-            Target::Pool(p) => !p.backends().is_empty(),
-            Target::Experiment(s) => s.arms().all(|p| !p.backends().is_empty()),
+            Target::Pool(p) => ok(p),
+            Target::Experiment(s) => s.arms().all(ok),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::OutlierConfig;
+    use std::time::Duration;
+
+    fn backends(weights: &[u32]) -> Vec<Arc<Backend>> {
+        weights
+            .iter()
+            .enumerate()
+            .map(|(i, w)| {
+                let outlier = OutlierConfig {
+                    consecutive_failures: 1,
+                    ..OutlierConfig::default()
+                };
+                Arc::new(Backend::new(
+                    &format!("b{i}"),
+                    Uri::from_static("http://127.0.0.1:1"),
+                    "x",
+                    None,
+                    *w,
+                    None,
+                    1,
+                    Duration::from_secs(1),
+                    outlier,
+                ))
+            })
+            .collect()
+    }
+
+    fn counts(pool: &Pool, balancer: Balancer, n: usize) -> Vec<usize> {
+        let mut c = vec![0; pool.backends.len()];
+        for _ in 0..n {
+            let b = pool
+                .pick(balancer, &[])
+                .unwrap_or_else(|| panic!("a backend"));
+            c[pool
+                .backends
+                .iter()
+                .position(|x| x.name == b.name)
+                .unwrap_or(0)] += 1;
+        }
+        c
+    }
+
+    #[test]
+    fn round_robin_weighted_and_exclusion() {
+        let pool = Pool::new(backends(&[1, 1, 1]));
+        assert_eq!(
+            counts(&pool, Balancer::RoundRobin, 300),
+            vec![100, 100, 100]
+        );
+        let pool = Pool::new(backends(&[3, 1]));
+        let c = counts(&pool, Balancer::Weighted, 4000);
+        assert!((2800..=3200).contains(&c[0]), "{c:?} for weights 3:1");
+        let only = pool
+            .pick(Balancer::RoundRobin, &[Arc::from("b0")])
+            .unwrap_or_else(|| panic!("b1"));
+        assert_eq!(&*only.name, "b1");
+        assert!(pool
+            .pick(Balancer::RoundRobin, &[Arc::from("b0"), Arc::from("b1")])
+            .is_none());
+    }
+
+    #[tokio::test]
+    async fn ejected_backends_are_skipped_unless_all_are() {
+        let pool = Pool::new(backends(&[1, 1]));
+        pool.backends[0].observe_failure(); // threshold 1: ejected
+        assert_eq!(counts(&pool, Balancer::RoundRobin, 10), vec![0, 10]);
+        pool.backends[1].observe_failure();
+        assert_eq!(
+            counts(&pool, Balancer::RoundRobin, 10),
+            vec![5, 5],
+            "all ejected: fail open"
+        );
+    }
+
+    #[tokio::test]
+    async fn least_outstanding_and_latency_aware_prefer_the_idle_and_fast() {
+        let pool = Pool::new(backends(&[1, 1]));
+        let _busy = pool.backends[0].admit().await;
+        assert_eq!(counts(&pool, Balancer::LeastOutstanding, 10), vec![0, 10]);
+        let pool = Pool::new(backends(&[1, 1]));
+        pool.backends[0].observe_success(
+            Some(Duration::from_millis(500)),
+            Some(Duration::from_millis(50)),
+        );
+        pool.backends[1].observe_success(
+            Some(Duration::from_millis(50)),
+            Some(Duration::from_millis(10)),
+        );
+        assert_eq!(
+            counts(&pool, Balancer::LatencyAware, 10),
+            vec![0, 10],
+            "two of two compared: the fast one wins"
+        );
     }
 }

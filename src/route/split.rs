@@ -61,6 +61,12 @@ impl<T> Split<T> {
 
     /// The arm for a request with `headers`.
     pub fn choose(&self, headers: &HeaderMap) -> (&Arc<str>, &T) {
+        let (_, name, t) = self.choose_indexed(headers);
+        (name, t)
+    }
+
+    /// Like `choose`, with the arm's index.
+    pub fn choose_indexed(&self, headers: &HeaderMap) -> (usize, &Arc<str>, &T) {
         let key = self.header.as_ref().and_then(|h| headers.get(h));
         let pos = match key {
             Some(v) => fnv1a(v.as_bytes()) % self.total,
@@ -74,15 +80,21 @@ impl<T> Split<T> {
         self.arm_at(pos)
     }
 
-    fn arm_at(&self, mut pos: u64) -> (&Arc<str>, &T) {
-        for (name, w, t) in &self.arms {
+    fn arm_at(&self, mut pos: u64) -> (usize, &Arc<str>, &T) {
+        for (i, (name, w, t)) in self.arms.iter().enumerate() {
             if pos < *w {
-                return (name, t);
+                return (i, name, t);
             }
             pos -= w;
         }
-        let (name, _, t) = &self.arms[self.arms.len() - 1];
-        (name, t)
+        let last = self.arms.len() - 1;
+        let (name, _, t) = &self.arms[last];
+        (last, name, t)
+    }
+
+    /// Arm `i`'s value.
+    pub fn arm(&self, i: usize) -> Option<&T> {
+        self.arms.get(i).map(|a| &a.2)
     }
 
     /// Every arm's value.

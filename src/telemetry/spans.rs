@@ -114,6 +114,41 @@ pub fn build(
     }
     out.push(server);
 
+    // One CLIENT span per failed attempt that was retried elsewhere.
+    for at in &m.attempts {
+        let mut failed = span(
+            rec,
+            at.span_id,
+            Some(m.trace.server_span),
+            false,
+            SpanKind::Client,
+            scope,
+        );
+        failed.start_time = rec.wall(at.t_sent);
+        failed.end_time = rec.wall(at.t_end);
+        let op = m.params.operation.unwrap_or("http");
+        failed.name = Cow::Owned(if m.model.as_ref() == NONE {
+            op.to_string()
+        } else {
+            format!("{op} {}", m.model)
+        });
+        let err = at
+            .status
+            .map_or_else(|| at.error.to_string(), |s| s.to_string());
+        failed.attributes = vec![
+            KeyValue::new(n::GEN_AI_OPERATION_NAME, op),
+            KeyValue::new(n::IS_BACKEND, Value::from(Arc::clone(&at.backend))),
+            KeyValue::new(n::ERROR_TYPE, err.clone()),
+        ];
+        if let Some(st) = at.status {
+            failed
+                .attributes
+                .push(KeyValue::new(n::HTTP_RESPONSE_STATUS_CODE, i64::from(st)));
+        }
+        failed.status = Status::error(err);
+        out.push(failed);
+    }
+
     // CLIENT span: the upstream attempt, from the upstream send to the end of the stream.
     let Some(t_sent) = m.t_sent else { return out };
     let mut client = span(

@@ -1,0 +1,352 @@
+//! One upstream server and what the gateway knows about it right now: requests in flight, its
+//! admission queue, active-probe health, passive outlier ejection, and EWMAs of the TTFT and
+//! TPOT measured through it (for latency-aware balancing).
+
+use crate::config::OutlierConfig;
+use http::{HeaderValue, Uri};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+/// Weight of a new sample in the TTFT/TPOT moving averages.
+const EWMA_ALPHA: f64 = 0.3;
+
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+fn now_ms() -> u64 {
+    u64::try_from(epoch().elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Per-backend admission: a concurrency cap with a bounded, timed queue.
+#[derive(Debug)]
+struct Limiter {
+    permits: Arc<Semaphore>,
+    max_queue: usize,
+    queue_timeout: Duration,
+    queued: AtomicUsize,
+}
+
+/// Why a backend did not admit a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Busy {
+    /// The queue was full: answer 429.
+    QueueFull,
+    /// The wait exceeded `queue_timeout`: answer 503.
+    QueueTimeout,
+}
+
+/// One upstream inference server.
+#[derive(Debug)]
+pub struct Backend {
+    /// Configured name.
+    pub name: Arc<str>,
+    /// Base URI (scheme and authority).
+    pub base: Uri,
+    /// Provider label.
+    pub provider: Arc<str>,
+    /// `Authorization` value sent upstream, from `api_key_env`.
+    pub authorization: Option<HeaderValue>,
+    /// Share for the weighted balancer.
+    pub weight: u32,
+    limiter: Option<Limiter>,
+    outlier: OutlierConfig,
+    in_flight: AtomicUsize,
+    probe_healthy: AtomicBool,
+    consecutive_failures: AtomicU32,
+    ejections_in_a_row: AtomicU32,
+    ejected_until_ms: AtomicU64,
+    ejections_total: AtomicU64,
+    ewma_ttft_us: AtomicU64,
+    ewma_tpot_us: AtomicU64,
+}
+
+/// Holds a backend's in-flight slot (and queue permit) until dropped with the response.
+#[derive(Debug)]
+pub struct BackendGuard {
+    backend: Arc<Backend>,
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Drop for BackendGuard {
+    fn drop(&mut self) {
+        self.backend.in_flight.fetch_sub(1, Relaxed);
+    }
+}
+
+/// A point-in-time view of a backend, for `/stats` and `/metrics`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BackendStatus {
+    /// Name.
+    pub name: Arc<str>,
+    /// Usable now (probe healthy and not ejected).
+    pub available: bool,
+    /// Last active-probe verdict (true without probes).
+    pub probe_healthy: bool,
+    /// Ejected by passive outlier detection.
+    pub ejected: bool,
+    /// Times ejected since start.
+    pub ejections_total: u64,
+    /// Requests in flight.
+    pub in_flight: usize,
+    /// Requests waiting in its queue.
+    pub queued: usize,
+    /// TTFT moving average, milliseconds (0 before any sample).
+    pub ewma_ttft_ms: f64,
+    /// TPOT moving average, milliseconds (0 before any sample).
+    pub ewma_tpot_ms: f64,
+}
+
+impl Backend {
+    /// A backend with no traffic yet, healthy until shown otherwise.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        name: &str,
+        base: Uri,
+        provider: &str,
+        authorization: Option<HeaderValue>,
+        weight: u32,
+        max_concurrency: Option<usize>,
+        max_queue: usize,
+        queue_timeout: Duration,
+        outlier: OutlierConfig,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            base,
+            provider: provider.into(),
+            authorization,
+            weight,
+            limiter: max_concurrency.map(|n| Limiter {
+                permits: Arc::new(Semaphore::new(n)),
+                max_queue,
+                queue_timeout,
+                queued: AtomicUsize::new(0),
+            }),
+            outlier,
+            in_flight: AtomicUsize::new(0),
+            probe_healthy: AtomicBool::new(true),
+            consecutive_failures: AtomicU32::new(0),
+            ejections_in_a_row: AtomicU32::new(0),
+            ejected_until_ms: AtomicU64::new(0),
+            ejections_total: AtomicU64::new(0),
+            ewma_ttft_us: AtomicU64::new(0f64.to_bits()),
+            ewma_tpot_us: AtomicU64::new(0f64.to_bits()),
+        }
+    }
+
+    /// Usable now: the last probe passed and it is not ejected.
+    pub fn available(&self) -> bool {
+        self.probe_healthy.load(Relaxed) && !self.ejected()
+    }
+
+    fn ejected(&self) -> bool {
+        self.ejected_until_ms.load(Relaxed) > now_ms()
+    }
+
+    /// Requests in flight.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Relaxed)
+    }
+
+    /// Score for latency-aware balancing: expected latency (EWMA TTFT plus ten tokens' worth of
+    /// TPOT) times the requests already in flight. An unmeasured backend scores 0, so it is tried.
+    pub fn latency_score(&self) -> f64 {
+        let ttft = f64::from_bits(self.ewma_ttft_us.load(Relaxed));
+        let tpot = f64::from_bits(self.ewma_tpot_us.load(Relaxed));
+        (ttft + 10.0 * tpot) * (1.0 + self.in_flight() as f64)
+    }
+
+    /// Admits a request: at once, or after waiting in the bounded queue.
+    pub async fn admit(self: &Arc<Self>) -> Result<BackendGuard, Busy> {
+        let permit = match &self.limiter {
+            None => None,
+            Some(l) => match Arc::clone(&l.permits).try_acquire_owned() {
+                Ok(p) => Some(p),
+                Err(_) => {
+                    if l.queued.fetch_add(1, Relaxed) >= l.max_queue {
+                        l.queued.fetch_sub(1, Relaxed);
+                        return Err(Busy::QueueFull);
+                    }
+                    let waited = tokio::time::timeout(
+                        l.queue_timeout,
+                        Arc::clone(&l.permits).acquire_owned(),
+                    )
+                    .await;
+                    l.queued.fetch_sub(1, Relaxed);
+                    match waited {
+                        Ok(Ok(p)) => Some(p),
+                        _ => return Err(Busy::QueueTimeout),
+                    }
+                }
+            },
+        };
+        self.in_flight.fetch_add(1, Relaxed);
+        Ok(BackendGuard {
+            backend: Arc::clone(self),
+            _permit: permit,
+        })
+    }
+
+    /// A request through this backend went well: reset failures, fold in its latencies.
+    pub fn observe_success(&self, ttft: Option<Duration>, tpot: Option<Duration>) {
+        self.consecutive_failures.store(0, Relaxed);
+        if !self.ejected() {
+            self.ejections_in_a_row.store(0, Relaxed);
+        }
+        let fold = |cell: &AtomicU64, d: Option<Duration>| {
+            if let Some(d) = d {
+                let x = d.as_secs_f64() * 1e6;
+                let old = f64::from_bits(cell.load(Relaxed));
+                let new = if old == 0.0 {
+                    x
+                } else {
+                    old + EWMA_ALPHA * (x - old)
+                };
+                cell.store(new.to_bits(), Relaxed);
+            }
+        };
+        fold(&self.ewma_ttft_us, ttft);
+        fold(&self.ewma_tpot_us, tpot);
+    }
+
+    /// A request through this backend failed (5xx, connect error, broken stream, timeout). Enough
+    /// in a row eject it for an exponentially growing time.
+    pub fn observe_failure(&self) {
+        let n = self.consecutive_failures.fetch_add(1, Relaxed) + 1;
+        let threshold = self.outlier.consecutive_failures;
+        if threshold == 0 || n < threshold || self.ejected() {
+            return;
+        }
+        let k = self.ejections_in_a_row.fetch_add(1, Relaxed).min(16);
+        let length = (self.outlier.base_ejection * 2u32.pow(k)).min(self.outlier.max_ejection);
+        self.ejected_until_ms.store(
+            now_ms() + u64::try_from(length.as_millis()).unwrap_or(u64::MAX),
+            Relaxed,
+        );
+        self.ejections_total.fetch_add(1, Relaxed);
+        self.consecutive_failures.store(0, Relaxed);
+        tracing::warn!(backend = %self.name, for_ms = length.as_millis() as u64, "backend ejected after consecutive failures");
+    }
+
+    /// Records an active-probe verdict (thresholds applied by the prober).
+    pub fn set_probe_healthy(&self, healthy: bool) {
+        if self.probe_healthy.swap(healthy, Relaxed) != healthy {
+            tracing::warn!(backend = %self.name, healthy, "active health probe changed state");
+        }
+    }
+
+    /// The current view, for `/stats` and `/metrics`.
+    pub fn status(&self) -> BackendStatus {
+        BackendStatus {
+            name: Arc::clone(&self.name),
+            available: self.available(),
+            probe_healthy: self.probe_healthy.load(Relaxed),
+            ejected: self.ejected(),
+            ejections_total: self.ejections_total.load(Relaxed),
+            in_flight: self.in_flight(),
+            queued: self.limiter.as_ref().map_or(0, |l| l.queued.load(Relaxed)),
+            ewma_ttft_ms: f64::from_bits(self.ewma_ttft_us.load(Relaxed)) / 1000.0,
+            ewma_tpot_ms: f64::from_bits(self.ewma_tpot_us.load(Relaxed)) / 1000.0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn backend(threshold: u32) -> Arc<Backend> {
+        let outlier = OutlierConfig {
+            consecutive_failures: threshold,
+            base_ejection: Duration::from_secs(10),
+            max_ejection: Duration::from_secs(25),
+        };
+        Arc::new(Backend::new(
+            "b",
+            Uri::from_static("http://127.0.0.1:1"),
+            "vllm",
+            None,
+            1,
+            Some(1),
+            1,
+            Duration::from_millis(50),
+            outlier,
+        ))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn consecutive_failures_eject_with_exponential_backoff() {
+        let b = backend(3);
+        b.observe_failure();
+        b.observe_failure();
+        assert!(b.available(), "two failures are below the threshold");
+        b.observe_failure();
+        assert!(!b.available());
+        tokio::time::advance(Duration::from_secs(11)).await;
+        assert!(b.available(), "first ejection lasts 10 s");
+        for _ in 0..3 {
+            b.observe_failure();
+        }
+        tokio::time::advance(Duration::from_secs(11)).await;
+        assert!(!b.available(), "second ejection lasts 20 s");
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert!(b.available());
+        b.observe_success(Some(Duration::from_millis(100)), None);
+        for _ in 0..3 {
+            b.observe_failure();
+        }
+        tokio::time::advance(Duration::from_secs(11)).await;
+        assert!(
+            b.available(),
+            "a success after recovery resets the backoff to 10 s"
+        );
+        assert_eq!(b.status().ejections_total, 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn queue_full_and_queue_timeout() {
+        let b = backend(0);
+        let first = b.admit().await.unwrap_or_else(|_| panic!("admitted"));
+        assert_eq!(b.in_flight(), 1);
+        let waiting = tokio::spawn({
+            let b = Arc::clone(&b);
+            async move { b.admit().await.map(|_| ()) }
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(b.status().queued, 1);
+        assert_eq!(
+            b.admit().await.err(),
+            Some(Busy::QueueFull),
+            "queue of 1 is full"
+        );
+        tokio::time::advance(Duration::from_millis(60)).await;
+        assert_eq!(
+            waiting.await.ok().and_then(|r| r.err()),
+            Some(Busy::QueueTimeout)
+        );
+        drop(first);
+        assert_eq!(b.in_flight(), 0);
+        assert!(b.admit().await.is_ok());
+    }
+
+    #[test]
+    fn ewma_moves_toward_new_samples() {
+        let b = backend(0);
+        b.observe_success(
+            Some(Duration::from_millis(100)),
+            Some(Duration::from_millis(10)),
+        );
+        b.observe_success(
+            Some(Duration::from_millis(200)),
+            Some(Duration::from_millis(10)),
+        );
+        let s = b.status();
+        assert!((s.ewma_ttft_ms - 130.0).abs() < 1e-6, "{}", s.ewma_ttft_ms);
+        assert!((b.latency_score() - (130_000.0 + 100_000.0)).abs() < 1e-3);
+    }
+}
