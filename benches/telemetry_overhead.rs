@@ -56,6 +56,7 @@ async fn gateway(sim: SocketAddr, telemetry: Option<SocketAddr>) -> Running {
         Overrides {
             listen: Some(any),
             admin: Some(any),
+            ..Default::default()
         },
     )
     .await

@@ -5,7 +5,9 @@
 use crate::accesslog::AccessLog;
 use crate::admin::{self, AdminState};
 use crate::config::{sim_profile, Config};
-use crate::proxy::{Gateway, Ids, InFlightLimitLayer, ProxyService, RequestIdLayer, TraceOptions};
+use crate::proxy::{
+    Gateway, GatewaySlot, Ids, InFlightLimitLayer, ProxyService, RequestIdLayer, TraceOptions,
+};
 use crate::recorder::Recorder;
 use crate::route::Router;
 use crate::server::{self, ServerOptions};
@@ -28,12 +30,133 @@ use tokio::task::JoinHandle;
 const MAX_GROUPS: usize = 1024;
 
 /// Listen-address overrides from the command line.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Overrides {
     /// Replaces `listen`.
     pub listen: Option<SocketAddr>,
     /// Replaces `admin.listen`.
     pub admin: Option<SocketAddr>,
+    /// The file the config came from: enables reload on SIGHUP and on change.
+    pub config_path: Option<std::path::PathBuf>,
+}
+
+/// Reload outcomes, shown in `/metrics`.
+#[derive(Debug, Default)]
+pub struct ReloadCounters {
+    /// Reloads applied.
+    pub ok: std::sync::atomic::AtomicU64,
+    /// Reloads rejected.
+    pub failed: std::sync::atomic::AtomicU64,
+}
+
+/// Re-reads the config file and swaps routes and backends in, keeping what cannot change live.
+#[derive(Debug)]
+pub struct Reloader {
+    path: Option<std::path::PathBuf>,
+    current: std::sync::Mutex<Arc<Config>>,
+    sims: tokio::sync::Mutex<HashMap<String, (String, u64, SimHandle)>>,
+    slot: Arc<GatewaySlot>,
+    stop_sims: watch::Receiver<bool>,
+    /// Outcomes.
+    pub counters: Arc<ReloadCounters>,
+}
+
+impl Reloader {
+    /// Loads the file again; applies it when valid, else keeps the running config. In-flight
+    /// requests finish on the gateway they started with.
+    pub async fn reload(&self) -> Result<(), String> {
+        let Some(path) = &self.path else {
+            return Err("no config file to reload (running the embedded default)".into());
+        };
+        let result = async {
+            let new = crate::config::load(path).map_err(|e| e.to_string())?;
+            let old = Arc::clone(&self.current.lock().unwrap_or_else(|p| p.into_inner()));
+            for (what, same) in [
+                ("listen", old.listen == new.listen),
+                ("admin", old.admin.listen == new.admin.listen),
+                (
+                    "access_log",
+                    format!("{:?}", old.access_log) == format!("{:?}", new.access_log),
+                ),
+                (
+                    "telemetry",
+                    format!("{:?}", old.telemetry) == format!("{:?}", new.telemetry),
+                ),
+                (
+                    "limits",
+                    format!("{:?}", old.limits) == format!("{:?}", new.limits),
+                ),
+            ] {
+                if !same {
+                    tracing::warn!(
+                        section = what,
+                        "changed in the config file; takes effect on restart"
+                    );
+                }
+            }
+            let mut sims = self.sims.lock().await;
+            let router = build_router(&new, &mut sims, &self.stop_sims)
+                .await
+                .map_err(|e| format!("{e:#}"))?;
+            let router = Arc::new(router);
+            crate::route::spawn_probes(&new, router.backends());
+            let gw = self.slot.load().with_router(router);
+            self.slot.store(Arc::new(gw));
+            *self.current.lock().unwrap_or_else(|p| p.into_inner()) = new;
+            Ok::<(), String>(())
+        }
+        .await;
+        match &result {
+            Ok(()) => {
+                self.counters.ok.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(path = %path.display(), "config reloaded");
+            }
+            Err(e) => {
+                self.counters.failed.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(error = %e, "config reload rejected; the previous config keeps serving");
+            }
+        }
+        result
+    }
+}
+
+/// Resolves every backend's address (starting simulators not already running with the same
+/// profile and seed) and builds the router.
+async fn build_router(
+    config: &Config,
+    sims: &mut HashMap<String, (String, u64, SimHandle)>,
+    stop: &watch::Receiver<bool>,
+) -> anyhow::Result<Router> {
+    let mut bases = HashMap::new();
+    for b in &config.backends {
+        let base: Uri = match (&b.url, &b.sim) {
+            (Some(url), _) => url
+                .parse()
+                .with_context(|| format!("backend {}: url", b.name))?,
+            (None, Some(s)) => {
+                let reuse = sims
+                    .get(&b.name)
+                    .filter(|(p, seed, _)| *p == s.profile && *seed == s.seed);
+                let addr = match reuse {
+                    Some((_, _, h)) => h.addr,
+                    None => {
+                        let profile = sim_profile(&s.profile).map_err(anyhow::Error::msg)?;
+                        let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
+                        let mut opts = SimOptions::new(profile);
+                        opts.seed = s.seed;
+                        let handle = sim::spawn(listener, opts, stopped(stop.clone()))?;
+                        let addr = handle.addr;
+                        sims.insert(b.name.clone(), (s.profile.clone(), s.seed, handle));
+                        addr
+                    }
+                };
+                format!("http://{addr}").parse()?
+            }
+            (None, None) => anyhow::bail!("backend {} has neither url nor sim", b.name),
+        };
+        bases.insert(b.name.clone(), base);
+    }
+    Router::new(config, &bases).map_err(anyhow::Error::msg)
 }
 
 /// A running gateway.
@@ -50,6 +173,8 @@ pub struct Running {
     stop: watch::Sender<bool>,
     accepting: Arc<AtomicBool>,
     done: JoinHandle<bool>,
+    /// Config reloads (SIGHUP, file changes, or a direct call).
+    pub reloader: Arc<Reloader>,
 }
 
 impl Running {
@@ -74,28 +199,13 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
     let (stop_data, data_rx) = watch::channel(false);
     let (stop_rest, rest_rx) = watch::channel(false);
 
-    let mut sims = HashMap::new();
-    let mut bases = HashMap::new();
-    for b in &config.backends {
-        let base: Uri = match (&b.url, &b.sim) {
-            (Some(url), _) => url
-                .parse()
-                .with_context(|| format!("backend {}: url", b.name))?,
-            (None, Some(s)) => {
-                let profile = sim_profile(&s.profile).map_err(anyhow::Error::msg)?;
-                let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
-                let mut opts = SimOptions::new(profile);
-                opts.seed = s.seed;
-                let handle = sim::spawn(listener, opts, stopped(rest_rx.clone()))?;
-                let uri = format!("http://{}", handle.addr).parse()?;
-                sims.insert(b.name.clone(), handle);
-                uri
-            }
-            (None, None) => anyhow::bail!("backend {} has neither url nor sim", b.name),
-        };
-        bases.insert(b.name.clone(), base);
-    }
-    let router = Arc::new(Router::new(&config, &bases).map_err(anyhow::Error::msg)?);
+    let mut sim_table = HashMap::new();
+    let router = build_router(&config, &mut sim_table, &rest_rx).await?;
+    let sims: HashMap<String, SimHandle> = sim_table
+        .iter()
+        .map(|(k, v)| (k.clone(), v.2.clone()))
+        .collect();
+    let router = Arc::new(router);
     crate::route::spawn_probes(&config, router.backends());
 
     let data_listener = TcpListener::bind(overrides.listen.unwrap_or(config.listen))
@@ -127,13 +237,13 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
     let recorder = Arc::new(Recorder::new(Stats::new(MAX_GROUPS), log, telemetry));
     let ids = Arc::new(Ids::default());
     let limits = config.limits.clone();
-    let gateway = Arc::new(Gateway::new(
+    let slot = Arc::new(GatewaySlot::new(Arc::new(Gateway::new(
         Arc::clone(&router),
         Arc::clone(&recorder),
         limits.clone(),
         Arc::clone(&ids),
         trace,
-    ));
+    ))));
 
     // The data-plane stack, outermost first. (The HTTP/1 header-read timeout is enforced by the
     // connection itself, see `ServerOptions::header_read_timeout`.)
@@ -142,13 +252,25 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         .layer(RequestIdLayer::new(ids))
         // Caps requests in flight, counted until their body ends; over it the proxy answers 503.
         .layer(InFlightLimitLayer::new(limits.max_concurrent_requests))
-        .service(ProxyService::new(gateway));
+        .service(ProxyService::new(Arc::clone(&slot)));
     let data_service = TowerToHyperService::new(stack);
 
     let accepting = Arc::new(AtomicBool::new(true));
+    let reloader = Arc::new(Reloader {
+        path: overrides.config_path.clone(),
+        current: std::sync::Mutex::new(Arc::clone(&config)),
+        sims: tokio::sync::Mutex::new(sim_table),
+        slot: Arc::clone(&slot),
+        stop_sims: rest_rx.clone(),
+        counters: Arc::default(),
+    });
+    if reloader.path.is_some() {
+        tokio::spawn(watch_config(Arc::clone(&reloader), data_rx.clone()));
+    }
     let admin_state = Arc::new(AdminState {
         recorder: Arc::clone(&recorder),
-        router,
+        gateway: Arc::clone(&slot),
+        reloads: Arc::clone(&reloader.counters),
         accepting: Arc::clone(&accepting),
     });
     let admin_service =
@@ -200,5 +322,49 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         stop: stop_data,
         accepting,
         done,
+        reloader,
     })
+}
+
+/// Reloads on SIGHUP and when the file's modification time changes (checked every second), until
+/// the gateway stops.
+async fn watch_config(reloader: Arc<Reloader>, stop: watch::Receiver<bool>) {
+    let Some(path) = reloader.path.clone() else {
+        return;
+    };
+    let mtime = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let mut seen = mtime(&path);
+    #[cfg(unix)]
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    let stop = stopped(stop);
+    tokio::pin!(stop);
+    loop {
+        #[cfg(unix)]
+        let hup_fired = async {
+            match hup.as_mut() {
+                Some(h) => {
+                    h.recv().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let hup_fired = std::future::pending::<()>();
+        tokio::select! {
+            () = hup_fired => {
+                tracing::info!("SIGHUP: reloading the config");
+                let _ = reloader.reload().await;
+                seen = mtime(&path);
+            }
+            _ = tick.tick() => {
+                let now = mtime(&path);
+                if now != seen {
+                    seen = now;
+                    let _ = reloader.reload().await;
+                }
+            }
+            () = &mut stop => return,
+        }
+    }
 }

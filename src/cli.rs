@@ -149,7 +149,15 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 Some(path) => config::load(path)?,
                 None => Arc::new(config::embedded_default()?),
             };
-            let running = app::start(cfg, Overrides { listen, admin }).await?;
+            let running = app::start(
+                cfg,
+                Overrides {
+                    listen,
+                    admin,
+                    config_path: config.clone(),
+                },
+            )
+            .await?;
             ready_line(&format!(
                 "inferscope ready data={} admin={}",
                 running.data_addr, running.admin_addr

@@ -227,6 +227,7 @@ async fn embedded_default_measures_both_simulated_backends() {
         inferscope::app::Overrides {
             listen: Some(any),
             admin: Some(any),
+            ..Default::default()
         },
     )
     .await

@@ -17,8 +17,10 @@ use std::sync::Arc;
 pub struct AdminState {
     /// Stats and counters.
     pub recorder: Arc<Recorder>,
-    /// Routes (for readiness).
-    pub router: Arc<Router>,
+    /// The current gateway (its router, for readiness and backend health).
+    pub gateway: Arc<crate::proxy::GatewaySlot>,
+    /// Config reloads that succeeded and failed.
+    pub reloads: Arc<crate::app::ReloadCounters>,
     /// False once draining has begun.
     pub accepting: Arc<AtomicBool>,
 }
@@ -45,13 +47,14 @@ pub async fn handle<B>(
             "method not allowed\n",
         ));
     }
+    let router = Arc::clone(&state.gateway.load().router);
     let r = match req.uri().path() {
         "/healthz" => reply(StatusCode::OK, "text/plain", "ok\n"),
         "/readyz" => {
             let draining = !state.accepting.load(Ordering::Relaxed);
             if draining {
                 reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "draining\n")
-            } else if !state.router.ready() {
+            } else if !router.ready() {
                 reply(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "text/plain",
@@ -69,7 +72,7 @@ pub async fn handle<B>(
                     "access_log_dropped".into(),
                     state.recorder.log.dropped().into(),
                 );
-                m.insert("backends".into(), backend_json(&state.router));
+                m.insert("backends".into(), backend_json(&router));
             }
             reply(StatusCode::OK, "application/json", v.to_string())
         }
@@ -105,8 +108,20 @@ pub async fn handle<B>(
                     kind: "gauge",
                     help: "1 when the gateway accepts traffic and every route has a backend.",
                     value: f64::from(u8::from(
-                        state.accepting.load(Ordering::Relaxed) && state.router.ready(),
+                        state.accepting.load(Ordering::Relaxed) && router.ready(),
                     )),
+                },
+                Scalar {
+                    name: "inferscope_config_reloads_total",
+                    kind: "counter",
+                    help: "Config reloads applied (SIGHUP or a change of the file).",
+                    value: state.reloads.ok.load(Ordering::Relaxed) as f64,
+                },
+                Scalar {
+                    name: "inferscope_config_reload_failures_total",
+                    kind: "counter",
+                    help: "Config reloads rejected (invalid config); the previous config kept serving.",
+                    value: state.reloads.failed.load(Ordering::Relaxed) as f64,
                 },
             ];
             if let Some(t) = &rec.telemetry {
@@ -141,7 +156,7 @@ pub async fn handle<B>(
                 ]);
             }
             let mut text = render_prometheus(&rec.stats.snapshot(), &scalars);
-            backend_metrics(&state.router, &mut text);
+            backend_metrics(&router, &mut text);
             reply(
                 StatusCode::OK,
                 "text/plain; version=0.0.4; charset=utf-8",

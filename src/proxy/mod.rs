@@ -10,5 +10,6 @@ pub use error::{Blame, ProxyError};
 pub use layers::{Admission, InFlightLimitLayer, RequestId, RequestIdLayer, REQUEST_ID_HEADER};
 pub use request::{inspect, remove_hop_headers, Ids, Inspected};
 pub use service::{
-    upstream_client, Gateway, ProxyBody, ProxyService, TraceOptions, UpstreamBody, VARIANT_HEADER,
+    upstream_client, Gateway, GatewaySlot, ProxyBody, ProxyService, TraceOptions, UpstreamBody,
+    VARIANT_HEADER,
 };

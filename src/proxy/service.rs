@@ -98,16 +98,53 @@ impl Gateway {
     }
 }
 
+impl Gateway {
+    /// The same gateway with another router (a reloaded config): shares the recorder, the ids and
+    /// the upstream connection pool.
+    pub fn with_router(&self, router: Arc<Router>) -> Self {
+        Self {
+            trace: self.trace,
+            router,
+            recorder: Arc::clone(&self.recorder),
+            limits: self.limits.clone(),
+            ids: Arc::clone(&self.ids),
+            client: self.client.clone(),
+        }
+    }
+}
+
+/// The current gateway, replaceable while requests run: each request takes the gateway current
+/// when it arrives and finishes on it, whatever happens to the slot meanwhile.
+#[derive(Debug)]
+pub struct GatewaySlot(std::sync::RwLock<Arc<Gateway>>);
+
+impl GatewaySlot {
+    /// A slot holding `gw`.
+    pub fn new(gw: Arc<Gateway>) -> Self {
+        Self(std::sync::RwLock::new(gw))
+    }
+
+    /// The current gateway.
+    pub fn load(&self) -> Arc<Gateway> {
+        Arc::clone(&self.0.read().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Replaces the gateway for requests arriving from now on.
+    pub fn store(&self, gw: Arc<Gateway>) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = gw;
+    }
+}
+
 /// The innermost service of the data plane.
 #[derive(Debug, Clone)]
 pub struct ProxyService {
-    gw: Arc<Gateway>,
+    slot: Arc<GatewaySlot>,
 }
 
 impl ProxyService {
-    /// A service over `gw`.
-    pub fn new(gw: Arc<Gateway>) -> Self {
-        Self { gw }
+    /// A service over the gateway in `slot`.
+    pub fn new(slot: Arc<GatewaySlot>) -> Self {
+        Self { slot }
     }
 }
 
@@ -121,7 +158,7 @@ impl tower::Service<Request<Incoming>> for ProxyService {
     }
 
     fn call(&mut self, req: Request<Incoming>) -> Self::Future {
-        let gw = Arc::clone(&self.gw);
+        let gw = self.slot.load();
         Box::pin(async move { Ok(proxy(gw, req).await) })
     }
 }

@@ -34,7 +34,9 @@ impl RetryBudget {
         let now = Instant::now();
         let ms = u64::try_from(now.saturating_duration_since(s.1).as_millis()).unwrap_or(u64::MAX);
         // Whole milliseconds only, so no refill is lost to rounding.
-        s.0 = s.0.saturating_add(ms.saturating_mul(self.min_per_second)).min(self.cap_milli);
+        s.0 =
+            s.0.saturating_add(ms.saturating_mul(self.min_per_second))
+                .min(self.cap_milli);
         s.1 += std::time::Duration::from_millis(ms);
     }
 

@@ -88,6 +88,7 @@ pub async fn start_yaml(yaml: &str) -> Running {
         Overrides {
             listen: Some(any),
             admin: Some(any),
+            ..Default::default()
         },
     )
     .await
