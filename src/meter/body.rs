@@ -88,9 +88,19 @@ fn expired(m: &Meter, last_frame: Instant, now: Instant) -> Option<&'static str>
     }
 }
 
+/// Formats a body error without requiring `Display` of every body type.
+struct DisplayErr<'a, E>(&'a E);
+
+impl<E: std::fmt::Debug> std::fmt::Display for DisplayErr<'_, E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.0)
+    }
+}
+
 impl<B> Body for MeteredBody<B>
 where
     B: Body<Data = Bytes>,
+    B::Error: std::fmt::Debug,
 {
     type Data = Bytes;
     type Error = B::Error;
@@ -159,10 +169,16 @@ where
                     }
                 }
                 Some(Err(e)) => {
+                    // The upstream broke mid-body: end the client's stream cleanly after what
+                    // arrived (never a fabricated `[DONE]`), and record it as truncated.
+                    tracing::debug!(error = %DisplayErr(&e), "upstream body failed");
+                    *this.upstream_done = true;
+                    if let Some(h) = this.held.take() {
+                        this.queue.push_back(h);
+                    }
                     if let Some(m) = this.meter.take() {
                         m.finish(End::BodyError);
                     }
-                    return Poll::Ready(Some(Err(e)));
                 }
                 Some(Ok(frame)) => {
                     let data = match frame.into_data() {
