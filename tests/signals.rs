@@ -1,0 +1,107 @@
+//! The real binary under real signals: SIGHUP with a broken config keeps serving the old one;
+//! SIGTERM lets an in-flight stream finish, flushes the access log and exits 0.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_with_a_bad_config_keeps_serving_and_sigterm_drains() {
+    let sim = start_sim(exact(5.0, 20.0), 1).await;
+    let dir = temp_dir();
+    let path = dir.join("gw.yaml");
+    let good = format!(
+        "access_log: {{ path: {:?} }}\nbackends:\n  - {{ name: s, url: \"http://{}\" }}\nroutes:\n  - {{ name: all, backends: [s] }}\n",
+        dir.join("access.jsonl"),
+        sim.addr
+    );
+    std::fs::write(&path, &good).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_inferscope"))
+        .args(["serve", "--config"])
+        .arg(&path)
+        .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let field = |k: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .unwrap()
+            .parse::<std::net::SocketAddr>()
+            .unwrap()
+    };
+    let (data, admin) = (field("data="), field("admin="));
+    let pid = child.id();
+
+    assert_eq!(
+        post(data, "/v1/chat/completions", &chat(true, 2, ""), &[])
+            .await
+            .status,
+        200
+    );
+    std::fs::write(&path, "routes: [ this is not yaml").unwrap();
+    signal(pid, "-HUP");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, m) = admin_get(admin, "/metrics").await;
+        if m.contains("inferscope_config_reload_failures_total 1") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the reload was never attempted"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        post(data, "/v1/chat/completions", &chat(true, 2, ""), &[])
+            .await
+            .status,
+        200,
+        "old config still serving"
+    );
+
+    // SIGTERM while a stream is in flight: it completes, then the process exits 0.
+    let stream =
+        tokio::spawn(
+            async move { post(data, "/v1/chat/completions", &chat(true, 25, ""), &[]).await },
+        );
+    let t = tokio::time::Instant::now();
+    while sim.active() == 0 && t.elapsed() < Duration::from_secs(5) {
+        tokio::task::yield_now().await;
+    }
+    signal(pid, "-TERM");
+    let r = stream.await.unwrap();
+    assert!(
+        r.body().ends_with(b"data: [DONE]\n\n"),
+        "the in-flight stream finished during the drain"
+    );
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(status.success(), "exit status {status:?}");
+    let log = std::fs::read_to_string(dir.join("access.jsonl")).unwrap();
+    assert_eq!(
+        log.lines().count(),
+        3,
+        "every request logged and flushed before exit"
+    );
+}
