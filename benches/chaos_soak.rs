@@ -1,4 +1,4 @@
-//! Chaos soak, long form: `cargo bench --bench chaos_soak` (environment: `SECONDS`, default 60;
+//! Chaos soak, long form: `cargo bench --bench chaos_soak` (environment: `SOAK_SECONDS`, default 60;
 //! `CONCURRENCY`, default 32). Prints the account recorded in docs/RELIABILITY.md.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
@@ -6,7 +6,7 @@
 mod driver;
 
 fn main() {
-    let seconds = std::env::var("SECONDS")
+    let seconds = std::env::var("SOAK_SECONDS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(60.0);
