@@ -28,4 +28,10 @@ async fn mixed_faults_lose_nothing_and_leak_nothing() {
     // Connections opened for the load are closed again (slack: pooled upstream connections vary
     // with scheduling by a few).
     assert!(r.fds.1 <= r.fds.0 + 8, "file descriptors grew: {:?}", r.fds);
+    // And once the gateway and simulators are gone, nothing of theirs stays open.
+    assert!(
+        r.fds_outside.1 <= r.fds_outside.0 + 2,
+        "leaked file descriptors: {:?}",
+        r.fds_outside
+    );
 }

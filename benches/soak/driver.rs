@@ -30,8 +30,12 @@ pub struct Report {
     pub retried: u64,
     /// Resident memory (KiB) after warm-up and at the end.
     pub rss_kib: (u64, u64),
-    /// Open file descriptors after warm-up and at the end (connections closed).
+    /// Open file descriptors after warm-up and at the end of the load (pooled keep-alive
+    /// connections included).
     pub fds: (usize, usize),
+    /// Open file descriptors before the gateway started and after it shut down: equal when
+    /// nothing leaked.
+    pub fds_outside: (usize, usize),
     /// Wall time of the load phase.
     pub seconds: f64,
 }
@@ -53,7 +57,11 @@ fn fds() -> usize {
         .unwrap_or(0)
 }
 
-async fn sim_with(faults: Faults, seed: u64) -> SimHandle {
+async fn sim_with(
+    faults: Faults,
+    seed: u64,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> SimHandle {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let profile = Profile {
         ttft_base_ms: 2.0,
@@ -65,7 +73,11 @@ async fn sim_with(faults: Faults, seed: u64) -> SimHandle {
     };
     let mut opts = SimOptions::new(profile);
     opts.seed = seed;
-    sim::spawn(listener, opts, std::future::pending()).unwrap()
+    let mut stop = stop;
+    sim::spawn(listener, opts, async move {
+        let _ = stop.wait_for(|s| *s).await;
+    })
+    .unwrap()
 }
 
 /// The fault schedule of the chaos backend: each phase lasts `phase`.
@@ -121,7 +133,9 @@ pub async fn run(seconds: f64, concurrency: usize) -> Report {
     let dir = std::env::temp_dir().join(format!("inferscope-soak-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let clean = sim_with(Faults::default(), 1).await;
+    let fds_before = fds();
+    let (stop_sims, sims_rx) = tokio::sync::watch::channel(false);
+    let clean = sim_with(Faults::default(), 1, sims_rx.clone()).await;
     let erroring = sim_with(
         Faults {
             error_rate: 0.2,
@@ -129,6 +143,7 @@ pub async fn run(seconds: f64, concurrency: usize) -> Report {
             ..Faults::default()
         },
         2,
+        sims_rx.clone(),
     )
     .await;
     let malformed = sim_with(
@@ -137,9 +152,10 @@ pub async fn run(seconds: f64, concurrency: usize) -> Report {
             ..Faults::default()
         },
         3,
+        sims_rx.clone(),
     )
     .await;
-    let chaos = sim_with(Faults::default(), 4).await;
+    let chaos = sim_with(Faults::default(), 4, sims_rx.clone()).await;
     let yaml = format!(
         "access_log: {{ path: {:?} }}\nbackends:\n  - {{ name: clean, url: \"http://{}\" }}\n  - {{ name: erroring, url: \"http://{}\" }}\n  - {{ name: malformed, url: \"http://{}\" }}\n  - {{ name: chaos, url: \"http://{}\", outlier: {{ consecutive_failures: 3, base_ejection: 500ms, max_ejection: 2s }} }}\nroutes:\n  - name: all\n    backends: [clean, erroring, malformed, chaos]\n    balancer: least_outstanding\n    retry: {{ attempts: 2 }}\n    timeouts: {{ first_token: 300ms, idle: 200ms, total: 5s }}\n",
         dir.join("access.jsonl"),
@@ -243,6 +259,10 @@ pub async fn run(seconds: f64, concurrency: usize) -> Report {
     let (rss1, fds1) = (rss_kib(), fds());
     gw.shutdown();
     gw.wait().await;
+    let _ = stop_sims.send(true);
+    drop((clean, erroring, malformed, chaos));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let fds_after = fds();
     let log = std::fs::read_to_string(dir.join("access.jsonl")).unwrap_or_default();
     let mut outcomes = BTreeMap::new();
     let mut logged = 0;
@@ -263,6 +283,7 @@ pub async fn run(seconds: f64, concurrency: usize) -> Report {
         logged,
         rss_kib: (rss0, rss1),
         fds: (fds0, fds1),
+        fds_outside: (fds_before, fds_after),
         seconds,
     }
 }
@@ -283,8 +304,8 @@ impl Report {
             println!("| {k} | {v} |");
         }
         println!(
-            "\nRSS: {} KiB after warm-up, {} KiB at the end; open fds: {} → {}",
-            self.rss_kib.0, self.rss_kib.1, self.fds.0, self.fds.1
+            "\nRSS: {} KiB after warm-up, {} KiB at the end; open fds: {} → {} during the load, {} before start → {} after shutdown",
+            self.rss_kib.0, self.rss_kib.1, self.fds.0, self.fds.1, self.fds_outside.0, self.fds_outside.1
         );
     }
 }

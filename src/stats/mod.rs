@@ -95,7 +95,7 @@ impl Stats {
         match slot {
             Some((e, t)) if *e == epoch => t.record(r),
             _ => {
-                let mut t = Tally::default();
+                let mut t = Tally::window_slot();
                 t.record(r);
                 *slot = Some((epoch, t));
             }
