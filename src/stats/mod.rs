@@ -231,22 +231,19 @@ mod tests {
         assert_eq!((cum.requests, win.requests), (2, 1));
         assert_eq!(win.hists[0].count(), 1);
         let json = snap.to_json();
-        // HdrHistogram at 3 significant digits: values within 0.1%.
-        let near = |v: &serde_json::Value, want: f64| {
-            (v.as_f64().unwrap_or(0.0) - want).abs() <= want * 0.001
+        // HdrHistograms: cumulative at 3 significant digits (0.1%), window slots at 2 (1%).
+        let near = |v: &serde_json::Value, want: f64, rel: f64| {
+            (v.as_f64().unwrap_or(0.0) - want).abs() <= want * rel
         };
-        assert!(
-            near(&json["groups"][0]["window"]["ttft"]["max"], 200.0),
-            "{json}"
+        let (g, c) = (
+            &json["groups"][0]["window"]["ttft"],
+            &json["groups"][0]["cumulative"]["ttft"],
         );
         assert!(
-            near(&json["groups"][0]["window"]["ttft"]["p50"], 200.0),
+            near(&g["max"], 200.0, 0.01) && near(&g["p50"], 200.0, 0.01),
             "{json}"
         );
-        assert!(
-            near(&json["groups"][0]["cumulative"]["ttft"]["p50"], 100.0),
-            "{json}"
-        );
+        assert!(near(&c["p50"], 100.0, 0.001), "{json}");
         // 10 tokens over the 60-s window; 20 over 75 s of uptime.
         assert_eq!(json["groups"][0]["window"]["output_tokens_per_s"], 0.167);
         assert_eq!(
