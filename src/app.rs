@@ -57,6 +57,8 @@ pub struct Reloader {
     sims: tokio::sync::Mutex<HashMap<String, (String, u64, SimHandle)>>,
     slot: Arc<GatewaySlot>,
     stop_sims: watch::Receiver<bool>,
+    /// Modification time of the file as last loaded (so the watcher does not load it twice).
+    loaded_mtime: std::sync::Mutex<Option<std::time::SystemTime>>,
     /// Outcomes.
     pub counters: Arc<ReloadCounters>,
 }
@@ -68,6 +70,7 @@ impl Reloader {
         let Some(path) = &self.path else {
             return Err("no config file to reload (running the embedded default)".into());
         };
+        *self.loaded_mtime.lock().unwrap_or_else(|p| p.into_inner()) = file_mtime(path);
         let result = async {
             let new = crate::config::load(path).map_err(|e| e.to_string())?;
             let old = Arc::clone(&self.current.lock().unwrap_or_else(|p| p.into_inner()));
@@ -262,6 +265,7 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         sims: tokio::sync::Mutex::new(sim_table),
         slot: Arc::clone(&slot),
         stop_sims: rest_rx.clone(),
+        loaded_mtime: std::sync::Mutex::new(overrides.config_path.as_deref().and_then(file_mtime)),
         counters: Arc::default(),
     });
     if reloader.path.is_some() {
@@ -326,14 +330,16 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
     })
 }
 
-/// Reloads on SIGHUP and when the file's modification time changes (checked every second), until
-/// the gateway stops.
+fn file_mtime(p: &std::path::Path) -> Option<std::time::SystemTime> {
+    std::fs::metadata(p).and_then(|m| m.modified()).ok()
+}
+
+/// Reloads on SIGHUP and when the file's modification time differs from the one last loaded
+/// (checked every second), until the gateway stops.
 async fn watch_config(reloader: Arc<Reloader>, stop: watch::Receiver<bool>) {
     let Some(path) = reloader.path.clone() else {
         return;
     };
-    let mtime = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    let mut seen = mtime(&path);
     #[cfg(unix)]
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
@@ -355,12 +361,10 @@ async fn watch_config(reloader: Arc<Reloader>, stop: watch::Receiver<bool>) {
             () = hup_fired => {
                 tracing::info!("SIGHUP: reloading the config");
                 let _ = reloader.reload().await;
-                seen = mtime(&path);
             }
             _ = tick.tick() => {
-                let now = mtime(&path);
-                if now != seen {
-                    seen = now;
+                let loaded = *reloader.loaded_mtime.lock().unwrap_or_else(|p| p.into_inner());
+                if file_mtime(&path) != loaded {
                     let _ = reloader.reload().await;
                 }
             }

@@ -84,6 +84,21 @@ enum Cmd {
         #[arg(long)]
         malformed_rate: Option<f64>,
     },
+    /// Report from an access log: TTFT, TPOT, tokens/s, P99, error rate per group, and each group
+    /// compared with a control (median and p99 change with 95% intervals, Mann-Whitney p).
+    Report {
+        /// Access log (JSON lines).
+        file: PathBuf,
+        /// Group by `variant`, `backend`, `model` or `route`.
+        #[arg(long, default_value = "variant")]
+        by: String,
+        /// The group the others are compared with (e.g. the control variant).
+        #[arg(long)]
+        control: Option<String>,
+        /// No verdict until both groups have this many samples of a metric.
+        #[arg(long, default_value_t = 200)]
+        min_samples: usize,
+    },
     /// Validate a config file: exit 0, or print the error (file:line: key: problem) and exit 2.
     Check {
         /// YAML config file.
@@ -102,6 +117,30 @@ pub fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
+    if let Cmd::Report {
+        file,
+        by,
+        control,
+        min_samples,
+    } = &cli.cmd
+    {
+        let opts = crate::experiment::ReportOptions {
+            file: file.clone(),
+            by: by.clone(),
+            control: control.clone(),
+            min_samples: *min_samples,
+        };
+        return match crate::experiment::report(&opts) {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
     if let Cmd::Check { file } = &cli.cmd {
         return match config::load(file) {
             Ok(c) => {
@@ -219,7 +258,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             let _ = stop.send(());
             Ok(())
         }
-        Cmd::Check { .. } => Ok(()),
+        Cmd::Check { .. } | Cmd::Report { .. } => Ok(()),
     }
 }
 

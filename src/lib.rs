@@ -12,7 +12,8 @@
 //! | [`app`] | assembles a running gateway from a config and shuts it down in order |
 //! | [`server`] | accept loop: HTTP/1.1 + h2c, graceful drain |
 //! | [`proxy`] | `ProxyService` and its tower layers, request rewrite, upstream client, gateway errors |
-//! | [`route`] | route matching, backend pools, experiment splits |
+//! | [`route`] | route matching, backend pools, balancers, health, retries budget, experiment splits |
+//! | [`experiment`] | per-variant samples, comparisons with confidence intervals, offline reports |
 //! | [`sse`] | incremental zero-copy SSE and NDJSON scanners |
 //! | [`dialect`] | what one event of a wire format means (output, usage, finish, error) |
 //! | [`meter`] | `MeteredBody` (timestamps frames in `poll_frame`) and `RequestRecord` |
@@ -29,6 +30,7 @@ pub mod app;
 pub mod cli;
 pub mod config;
 pub mod dialect;
+pub mod experiment;
 pub mod meter;
 pub mod proxy;
 pub mod recorder;

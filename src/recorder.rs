@@ -32,6 +32,8 @@ pub struct Recorder {
     pub log: AccessLog,
     /// OpenTelemetry export (absent when off).
     pub telemetry: Option<Telemetry>,
+    /// Per-variant samples of A/B experiments.
+    pub experiments: crate::experiment::Experiments,
     in_flight: AtomicI64,
 }
 
@@ -42,6 +44,7 @@ impl Recorder {
             stats,
             log,
             telemetry,
+            experiments: crate::experiment::Experiments::default(),
             in_flight: AtomicI64::new(0),
         }
     }
@@ -61,6 +64,7 @@ impl Recorder {
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
         feed_back(&rec);
         self.stats.record(&rec);
+        self.experiments.record(&rec);
         let rec = Arc::new(rec);
         if let Some(t) = &self.telemetry {
             t.submit(Arc::clone(&rec));

@@ -232,14 +232,14 @@ async fn embedded_default_measures_both_simulated_backends() {
     )
     .await
     .unwrap();
-    // Without a sticky key the 50/50 split alternates.
+    // One request forced to each variant (the override header), so both backends are measured.
     let mut variants = Vec::new();
-    for _ in 0..2 {
+    for v in ["fp16", "int8"] {
         let r = post(
             gw.data_addr,
             "/v1/chat/completions",
             &chat(true, 3, ""),
-            &[],
+            &[("x-inferscope-variant", v)],
         )
         .await;
         assert_eq!(r.status, 200);
@@ -250,7 +250,6 @@ async fn embedded_default_measures_both_simulated_backends() {
                 .to_string(),
         );
     }
-    variants.sort();
     assert_eq!(variants, vec!["fp16", "int8"]);
     let (status, text) = admin_get(gw.admin_addr, "/stats").await;
     assert_eq!(status, 200);

@@ -1,6 +1,7 @@
 //! The admin plane (its own listener; API clients never reach it): `GET /metrics` (Prometheus),
-//! `GET /stats` (JSON), `GET /healthz` (the process is up), `GET /readyz` (routes can be served
-//! and the gateway is not draining). `/experiments`, `/feedback` and the dashboard are later work.
+//! `GET /stats` (JSON), `GET /experiments` (A/B comparisons), `GET /healthz` (the process is up),
+//! `GET /readyz` (routes can be served and the gateway is not draining). `/feedback` and the
+//! dashboard are later work.
 
 use crate::recorder::Recorder;
 use crate::route::Router;
@@ -50,6 +51,14 @@ pub async fn handle<B>(
     let router = Arc::clone(&state.gateway.load().router);
     let r = match req.uri().path() {
         "/healthz" => reply(StatusCode::OK, "text/plain", "ok\n"),
+        "/experiments" => {
+            // Bootstrap intervals take a moment: off the runtime's worker threads.
+            let rec = Arc::clone(&state.recorder);
+            let doc = tokio::task::spawn_blocking(move || experiments_json(&router, &rec))
+                .await
+                .unwrap_or(serde_json::Value::Null);
+            reply(StatusCode::OK, "application/json", doc.to_string())
+        }
         "/readyz" => {
             let draining = !state.accepting.load(Ordering::Relaxed);
             if draining {
@@ -240,4 +249,24 @@ fn backend_metrics(router: &Router, out: &mut String) {
             let _ = writeln!(out, "{name}{{backend=\"{label}\"}} {}", get(s));
         }
     }
+}
+
+/// Every experiment: per-variant summaries and comparisons with the control.
+fn experiments_json(router: &Router, rec: &Recorder) -> serde_json::Value {
+    let list: Vec<serde_json::Value> = router
+        .routes()
+        .iter()
+        .filter_map(|r| match &r.target {
+            crate::route::Target::Experiment(x) => {
+                let arms = rec.experiments.arms(&r.name);
+                let mut v = crate::experiment::summarize(&x.name, &x.control, &arms, x.min_samples);
+                if let serde_json::Value::Object(m) = &mut v {
+                    m.insert("route".into(), r.name.as_ref().into());
+                }
+                Some(v)
+            }
+            crate::route::Target::Pool(_) => None,
+        })
+        .collect();
+    serde_json::json!({ "experiments": list })
 }

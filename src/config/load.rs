@@ -273,12 +273,13 @@ fn validate_route(r: &RouteConfig, backends: &HashSet<&str>) -> Result<(), Inval
                 );
             }
             if let Some(k) = &x.sticky_key {
-                if k.strip_prefix("header:")
-                    .is_none_or(|h| http::HeaderName::try_from(h).is_err())
-                {
+                let header_ok = k
+                    .strip_prefix("header:")
+                    .is_some_and(|h| http::HeaderName::try_from(h).is_ok());
+                if !(header_ok || k == "api_key" || k == "body:user") {
                     return err(
                         vec![K("experiment"), K("sticky_key")],
-                        format!("`{k}`: only `header:NAME` is supported"),
+                        format!("`{k}`: use `header:NAME`, `api_key` or `body:user`"),
                     );
                 }
             }

@@ -390,9 +390,16 @@ pub struct MatchConfig {
 pub struct ExperimentConfig {
     /// Experiment name.
     pub name: String,
-    /// `header:NAME`: requests with the same value go to the same variant.
+    /// `header:NAME`, `api_key` (the client's bearer token) or `body:user` (the JSON body's
+    /// `user`): requests with the same key go to the same variant. Without a key: random.
     #[serde(default)]
     pub sticky_key: Option<String>,
+    /// Honour the `x-inferscope-variant` request header (forcing a variant, e.g. for evals).
+    #[serde(default = "yes")]
+    pub allow_override: bool,
+    /// Fixed horizon: no verdict until every variant has this many samples of a metric.
+    #[serde(default = "default_min_samples")]
+    pub min_samples: usize,
     /// The variants.
     pub variants: Vec<VariantConfig>,
 }
@@ -454,6 +461,10 @@ pub struct TelemetryConfig {
 
 fn yes() -> bool {
     true
+}
+
+fn default_min_samples() -> usize {
+    200
 }
 
 impl Default for TelemetryConfig {

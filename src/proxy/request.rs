@@ -15,6 +15,8 @@ pub struct Inspected {
     pub model: Option<String>,
     /// `stream: true`.
     pub stream: bool,
+    /// The body's `user` (an experiment's sticky key may use it).
+    pub user: Option<String>,
     /// The gateway added `include_usage`, so the usage-only chunk must be cut from the response.
     pub strip_usage: bool,
     /// The body to forward (the original bytes unless usage was injected).
@@ -29,6 +31,7 @@ pub struct Inspected {
 pub fn inspect(body: Bytes, openai: bool, capture: Option<usize>) -> Inspected {
     let mut out = Inspected {
         model: None,
+        user: None,
         stream: false,
         strip_usage: false,
         body,
@@ -38,6 +41,7 @@ pub fn inspect(body: Bytes, openai: bool, capture: Option<usize>) -> Inspected {
         return out;
     };
     out.model = v.get("model").and_then(Value::as_str).map(str::to_owned);
+    out.user = v.get("user").and_then(Value::as_str).map(str::to_owned);
     out.stream = v.get("stream").and_then(Value::as_bool).unwrap_or(false);
     out.params.max_tokens = v
         .get("max_completion_tokens")

@@ -250,6 +250,7 @@ async fn proxy(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<ProxyBody> 
         .flatten();
     // `replay` is the body to send again on a retry: inference bodies are held anyway, and a
     // request without a body has nothing to hold; a streamed body cannot be replayed.
+    let mut user = None;
     let (upstream_body, model, strip_usage, replay) = match endpoint {
         Some(ep) => {
             let limit = gw.limits.max_request_body_bytes;
@@ -272,6 +273,7 @@ async fn proxy(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<ProxyBody> 
                 parts.headers.remove(header::CONTENT_LENGTH);
             }
             let replay = Some(ins.body.clone());
+            user = ins.user.take();
             (
                 Either::Left(Full::new(ins.body)),
                 ins.model,
@@ -295,10 +297,12 @@ async fn proxy(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<ProxyBody> 
     }
 
     // Phase 3: route.
-    let Some(sel) = gw
-        .router
-        .select(model.as_deref(), parts.uri.path(), &parts.headers)
-    else {
+    let Some(sel) = gw.router.select(
+        model.as_deref(),
+        user.as_deref(),
+        parts.uri.path(),
+        &parts.headers,
+    ) else {
         return pending.fail(ProxyError::NoRoute);
     };
     let route = Arc::clone(&sel.route);

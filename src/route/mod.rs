@@ -15,7 +15,7 @@ mod split;
 pub use backend::{Backend, BackendGuard, BackendStatus, Busy};
 pub use budget::RetryBudget;
 pub use probe::spawn_probes;
-pub use split::{fnv1a, Split};
+pub use split::{fnv1a, Split, Sticky};
 
 use crate::config::{Balancer, Config, RetryConfig, TimeoutsConfig};
 use http::{HeaderMap, HeaderValue, Uri};
@@ -112,13 +112,31 @@ impl Pool {
     }
 }
 
+/// An experiment on a route: its variants (each a pool) and how they are compared.
+#[derive(Debug)]
+pub struct Experiment {
+    /// Experiment name.
+    pub name: Arc<str>,
+    /// The baseline variant.
+    pub control: Arc<str>,
+    /// Fixed horizon for verdicts.
+    pub min_samples: usize,
+    /// Honour `x-inferscope-variant`.
+    pub allow_override: bool,
+    /// Variants and their assignment.
+    pub split: Split<Pool>,
+}
+
+/// Request header that forces a variant (when the experiment allows it).
+pub const VARIANT_OVERRIDE: &str = "x-inferscope-variant";
+
 /// Where a route sends traffic.
 #[derive(Debug)]
 pub enum Target {
     /// One pool.
     Pool(Pool),
     /// An experiment: variants with weights.
-    Experiment(Split<Pool>),
+    Experiment(Experiment),
 }
 
 /// A configured route.
@@ -153,7 +171,7 @@ impl Route {
     pub fn pool(&self, variant: Option<usize>) -> Option<&Pool> {
         match (&self.target, variant) {
             (Target::Pool(p), _) => Some(p),
-            (Target::Experiment(s), Some(i)) => s.arm(i),
+            (Target::Experiment(x), Some(i)) => x.split.arm(i),
             (Target::Experiment(_), None) => None,
         }
     }
@@ -229,28 +247,40 @@ impl Router {
                     .collect(),
             )
         };
+        // Keyless experiment assignment is random, and differs between processes.
+        let salt =
+            fnv1a(format!("{:?}{}", std::time::SystemTime::now(), std::process::id()).as_bytes());
         let routes = config
             .routes
             .iter()
             .map(|r| {
                 let target = match &r.experiment {
                     None => Target::Pool(pool(&r.backends)),
-                    Some(x) => Target::Experiment(Split::new(
-                        x.sticky_key
-                            .as_deref()
-                            .and_then(|k| k.strip_prefix("header:"))
-                            .and_then(|h| http::HeaderName::try_from(h).ok()),
-                        x.variants
+                    Some(x) => Target::Experiment(Experiment {
+                        name: x.name.as_str().into(),
+                        control: x
+                            .variants
                             .iter()
-                            .map(|v| {
-                                (
-                                    Arc::<str>::from(v.name.as_str()),
-                                    v.weight,
-                                    pool(&v.backends),
-                                )
-                            })
-                            .collect(),
-                    )),
+                            .find(|v| v.control)
+                            .map_or("", |v| v.name.as_str())
+                            .into(),
+                        min_samples: x.min_samples,
+                        allow_override: x.allow_override,
+                        split: Split::new(
+                            Sticky::parse(x.sticky_key.as_deref()),
+                            x.variants
+                                .iter()
+                                .map(|v| {
+                                    (
+                                        Arc::<str>::from(v.name.as_str()),
+                                        v.weight,
+                                        pool(&v.backends),
+                                    )
+                                })
+                                .collect(),
+                            salt,
+                        ),
+                    }),
                 };
                 Arc::new(Route {
                     name: r.name.as_str().into(),
@@ -271,18 +301,26 @@ impl Router {
         })
     }
 
-    /// Routes a request by its body's `model`, its path and (for sticky splits) its headers.
+    /// Routes a request by its body's `model`, its path and, for experiments, its sticky key
+    /// (headers or the body's `user`) or a forced variant.
     pub fn select(
         &self,
         model: Option<&str>,
+        user: Option<&str>,
         path: &str,
         headers: &HeaderMap,
     ) -> Option<Selection> {
         let route = self.routes.iter().find(|r| r.matches(model, path))?;
         let (pool, variant, variant_index) = match &route.target {
             Target::Pool(p) => (p, Arc::clone(&self.none), None),
-            Target::Experiment(s) => {
-                let (i, name, pool) = s.choose_indexed(headers);
+            Target::Experiment(x) => {
+                let forced = x
+                    .allow_override
+                    .then(|| headers.get(VARIANT_OVERRIDE).and_then(|v| v.to_str().ok()))
+                    .flatten()
+                    .and_then(|name| x.split.by_name(name));
+                let (i, name, pool) =
+                    forced.unwrap_or_else(|| x.split.choose_indexed(headers, user));
                 (pool, Arc::clone(name), Some(i))
             }
         };
@@ -292,6 +330,11 @@ impl Router {
             variant_index,
             variant,
         })
+    }
+
+    /// Every route.
+    pub fn routes(&self) -> &[Arc<Route>] {
+        &self.routes
     }
 
     /// Every backend.
@@ -304,7 +347,7 @@ impl Router {
         let ok = |p: &Pool| p.backends().iter().any(|b| b.available());
         self.routes.iter().all(|r| match &r.target {
             Target::Pool(p) => ok(p),
-            Target::Experiment(s) => s.arms().all(ok),
+            Target::Experiment(x) => x.split.arms().all(ok),
         })
     }
 }

@@ -1,0 +1,283 @@
+//! A/B experiments: per variant, the samples the comparison needs (bounded reservoirs of TTFT,
+//! TPOT, ITL and E2E, outcome counts, tokens), and the comparison of each variant with the control
+//! (`compare`), served at admin `GET /experiments` and by `inferscope report`.
+//!
+//! Not built yet: shadow traffic, feedback and `inferscope eval`, guardrails.
+
+pub mod compare;
+mod report;
+
+pub use report::{report, ReportOptions};
+
+use crate::meter::{Outcome, RequestRecord};
+use crate::route::NONE;
+use crate::sim::Rng;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+/// Samples kept per metric and variant (uniform reservoir over everything seen).
+pub const RESERVOIR: usize = 10_000;
+
+/// Metrics compared between variants, by their `/stats` names.
+pub const COMPARED: [&str; 5] = ["ttft", "ttfc", "tpot", "itl", "e2e"];
+
+/// A uniform random sample of a stream of values (Algorithm R), bounded in memory.
+#[derive(Debug, Clone)]
+pub struct Reservoir {
+    values: Vec<f64>,
+    seen: u64,
+    rng: Rng,
+}
+
+impl Reservoir {
+    /// An empty reservoir; `seed` fixes which values are kept.
+    pub fn new(seed: u64) -> Self {
+        Self {
+            values: Vec::new(),
+            seen: 0,
+            rng: Rng::new(seed),
+        }
+    }
+
+    /// Offers one value.
+    pub fn push(&mut self, x: f64) {
+        self.seen += 1;
+        if self.values.len() < RESERVOIR {
+            self.values.push(x);
+        } else {
+            let j = self.rng.next_u64() % self.seen;
+            if (j as usize) < RESERVOIR {
+                self.values[j as usize] = x;
+            }
+        }
+    }
+
+    /// The kept values.
+    pub fn values(&self) -> &[f64] {
+        &self.values
+    }
+
+    /// Values offered so far.
+    pub fn seen(&self) -> u64 {
+        self.seen
+    }
+}
+
+/// One variant's accumulated data.
+#[derive(Debug, Clone)]
+pub struct Arm {
+    /// Requests.
+    pub requests: u64,
+    /// By outcome, indexed by `Outcome::index`.
+    pub outcomes: [u64; Outcome::ALL.len()],
+    /// Output tokens of successful requests.
+    pub output_tokens: u64,
+    /// Seconds those requests took end to end.
+    pub output_seconds: f64,
+    /// Samples in `COMPARED` order, in milliseconds.
+    pub samples: [Reservoir; 5],
+}
+
+impl Arm {
+    fn new(seed: u64) -> Self {
+        Self {
+            requests: 0,
+            outcomes: [0; Outcome::ALL.len()],
+            output_tokens: 0,
+            output_seconds: 0.0,
+            samples: std::array::from_fn(|i| Reservoir::new(seed.wrapping_add(i as u64))),
+        }
+    }
+
+    /// Adds one request.
+    pub fn record(&mut self, r: &RequestRecord) {
+        self.requests += 1;
+        self.outcomes[r.outcome.index()] += 1;
+        if r.outcome != Outcome::Ok {
+            return;
+        }
+        self.output_tokens += r.output_tokens.unwrap_or(0);
+        self.output_seconds += r.e2e.as_secs_f64();
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
+        let [ttft, ttfc, tpot, itl, e2e] = &mut self.samples;
+        if let Some(d) = r.ttft {
+            ttft.push(ms(d));
+        }
+        if let Some(d) = r.ttfc {
+            ttfc.push(ms(d));
+        }
+        if let Some(d) = r.tpot {
+            tpot.push(ms(d));
+        }
+        for s in &r.itl {
+            itl.push(ms(s.gap));
+        }
+        e2e.push(ms(r.e2e));
+    }
+
+    /// Errors (every outcome but `ok` and `client_cancelled`) over requests.
+    pub fn error_rate(&self) -> f64 {
+        let bad: u64 = Outcome::ALL
+            .iter()
+            .filter(|o| !matches!(o, Outcome::Ok | Outcome::ClientCancelled))
+            .map(|o| self.outcomes[o.index()])
+            .sum();
+        if self.requests == 0 {
+            0.0
+        } else {
+            bad as f64 / self.requests as f64
+        }
+    }
+
+    /// Output tokens per second of generation time, over successful requests.
+    pub fn tokens_per_s(&self) -> f64 {
+        if self.output_seconds > 0.0 {
+            self.output_tokens as f64 / self.output_seconds
+        } else {
+            0.0
+        }
+    }
+}
+
+/// One experiment's arms, by variant.
+pub type Arms = BTreeMap<Arc<str>, Arm>;
+
+/// The data of every experiment, keyed by route then variant.
+#[derive(Debug, Default)]
+pub struct Experiments {
+    arms: Mutex<HashMap<Arc<str>, Arms>>,
+}
+
+impl Experiments {
+    /// Adds a finished request that an experiment assigned to a variant.
+    pub fn record(&self, r: &RequestRecord) {
+        let m = &r.meta;
+        if m.variant.as_ref() == NONE {
+            return;
+        }
+        let mut arms = self.arms.lock().unwrap_or_else(|p| p.into_inner());
+        let route = arms.entry(Arc::clone(&m.route)).or_default();
+        let seed = crate::route::fnv1a(m.variant.as_bytes());
+        route
+            .entry(Arc::clone(&m.variant))
+            .or_insert_with(|| Arm::new(seed))
+            .record(r);
+    }
+
+    /// A copy of one route's arms.
+    pub fn arms(&self, route: &str) -> BTreeMap<Arc<str>, Arm> {
+        self.arms
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(route)
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+/// Signed percentage, as in `−31%`.
+fn pct(x: f64) -> String {
+    let v = (x * 100.0).round();
+    if v < 0.0 {
+        format!("\u{2212}{}%", -v)
+    } else {
+        format!("+{v}%")
+    }
+}
+
+/// Per-variant summary and comparisons with the control, as JSON (`/experiments`, reports).
+/// `min_samples` is the fixed horizon: below it no verdict is given.
+pub fn summarize(
+    name: &str,
+    control: &str,
+    arms: &BTreeMap<Arc<str>, Arm>,
+    min_samples: usize,
+) -> Value {
+    let variants: Vec<Value> = arms
+        .iter()
+        .map(|(v, a)| {
+            let mut m = serde_json::Map::new();
+            m.insert("variant".into(), v.as_ref().into());
+            m.insert("requests".into(), a.requests.into());
+            m.insert("error_rate".into(), a.error_rate().into());
+            m.insert(
+                "output_tokens_per_s".into(),
+                ((a.tokens_per_s() * 100.0).round() / 100.0).into(),
+            );
+            let outcomes: serde_json::Map<String, Value> = Outcome::ALL
+                .iter()
+                .filter(|o| a.outcomes[o.index()] > 0)
+                .map(|o| (o.as_str().to_string(), a.outcomes[o.index()].into()))
+                .collect();
+            m.insert("outcomes".into(), outcomes.into());
+            for (metric, r) in COMPARED.iter().zip(&a.samples) {
+                let mut s = r.values().to_vec();
+                s.sort_unstable_by(f64::total_cmp);
+                let q = |p: f64| (compare::quantile(&s, p) * 1000.0).round() / 1000.0;
+                let v = if s.is_empty() {
+                    Value::Null
+                } else {
+                    json!({"p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "n": r.seen()})
+                };
+                m.insert((*metric).into(), v);
+            }
+            Value::Object(m)
+        })
+        .collect();
+    let mut comparisons = Vec::new();
+    if let Some(base) = arms.get(control) {
+        for (v, a) in arms.iter().filter(|(v, _)| v.as_ref() != control) {
+            for (i, metric) in COMPARED.iter().enumerate() {
+                let (c, t) = (base.samples[i].values(), a.samples[i].values());
+                if c.is_empty() && t.is_empty() {
+                    continue;
+                }
+                let label = metric.to_uppercase();
+                let (nc, nt) = (c.len(), t.len());
+                if nc.min(nt) < min_samples {
+                    comparisons.push(json!({
+                        "variant": v.as_ref(), "metric": metric, "n_control": nc, "n_treatment": nt,
+                        "verdict": format!("{v} {label}: not enough data yet (n = {} of {min_samples} per variant)", nc.min(nt)),
+                    }));
+                    continue;
+                }
+                let seed = crate::route::fnv1a(format!("{name}/{v}/{metric}").as_bytes());
+                let Some(cmp) = compare::compare(c, t, seed) else {
+                    continue;
+                };
+                let verdict = format!(
+                    "{v} {label} {} [{}, {}], {}",
+                    pct(cmp.median_change),
+                    pct(cmp.median_ci.lo),
+                    pct(cmp.median_ci.hi),
+                    if cmp.significant() {
+                        "significant"
+                    } else {
+                        "not significant"
+                    }
+                );
+                comparisons.push(json!({
+                    "variant": v.as_ref(), "metric": metric, "n_control": cmp.n_control, "n_treatment": cmp.n_treatment,
+                    "median_change": cmp.median_change, "median_ci": [cmp.median_ci.lo, cmp.median_ci.hi],
+                    "p99_change": cmp.p99_change, "p99_ci": [cmp.p99_ci.lo, cmp.p99_ci.hi],
+                    "hodges_lehmann_ms": cmp.hodges_lehmann, "p_value": cmp.p_value,
+                    "significant": cmp.significant(), "verdict": verdict,
+                }));
+            }
+            let (ec, et) = (base.error_rate(), a.error_rate());
+            comparisons.push(json!({
+                "variant": v.as_ref(), "metric": "error_rate", "control": ec, "treatment": et,
+                "verdict": format!("{v} error rate {:.2}% vs {:.2}% (control)", et * 100.0, ec * 100.0),
+            }));
+        }
+    }
+    json!({
+        "name": name,
+        "control": control,
+        "min_samples": min_samples,
+        "method": "median and p99 change with 95% percentile-bootstrap intervals (2000 resamples); Mann-Whitney U p-value; fixed horizon: no verdict below min_samples per variant",
+        "variants": variants,
+        "comparisons": comparisons,
+    })
+}

@@ -1,0 +1,149 @@
+//! `inferscope report FILE.jsonl`: the table a benchmark write-up needs, from an access log —
+//! TTFT, TPOT, tokens/s, P99, error rate per variant (or backend, model, route), with model,
+//! backend and variant labels — and, given a control, the comparison of each group with it.
+
+use super::{summarize, Arm};
+use crate::meter::Outcome;
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// What to report.
+#[derive(Debug, Clone)]
+pub struct ReportOptions {
+    /// The access log.
+    pub file: PathBuf,
+    /// Grouping label: `variant`, `backend`, `model` or `route`.
+    pub by: String,
+    /// Group compared against (e.g. the experiment's control variant).
+    pub control: Option<String>,
+    /// Fixed horizon for verdicts.
+    pub min_samples: usize,
+}
+
+fn outcome(s: &str) -> Option<Outcome> {
+    Outcome::ALL.iter().copied().find(|o| o.as_str() == s)
+}
+
+impl Arm {
+    /// Adds one access-log line.
+    fn record_line(&mut self, v: &Value) {
+        let Some(o) = v["outcome"].as_str().and_then(outcome) else {
+            return;
+        };
+        self.requests += 1;
+        self.outcomes[o.index()] += 1;
+        if o != Outcome::Ok {
+            return;
+        }
+        self.output_tokens += v["output_tokens"].as_u64().unwrap_or(0);
+        self.output_seconds += v["e2e_ms"].as_f64().unwrap_or(0.0) / 1000.0;
+        for (i, key) in [
+            (0, "ttft_ms"),
+            (1, "ttfc_ms"),
+            (2, "tpot_ms"),
+            (4, "e2e_ms"),
+        ] {
+            if let Some(x) = v[key].as_f64() {
+                self.samples[i].push(x);
+            }
+        }
+        if let Some(p50) = v["itl_ms"]["p50"].as_f64() {
+            self.samples[3].push(p50); // per-request median gap: the log keeps summaries only
+        }
+    }
+}
+
+/// Builds the report text, or says what is wrong with the file.
+pub fn report(o: &ReportOptions) -> Result<String, String> {
+    if !["variant", "backend", "model", "route"].contains(&o.by.as_str()) {
+        return Err(format!(
+            "--by {}: use variant, backend, model or route",
+            o.by
+        ));
+    }
+    let text =
+        std::fs::read_to_string(&o.file).map_err(|e| format!("{}: {e}", o.file.display()))?;
+    let mut arms: BTreeMap<Arc<str>, Arm> = BTreeMap::new();
+    let mut labels: BTreeMap<Arc<str>, [BTreeSet<String>; 3]> = BTreeMap::new();
+    let mut bad = 0;
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let Ok(v) = serde_json::from_str::<Value>(line) else {
+            bad += 1;
+            if bad <= 3 {
+                eprintln!(
+                    "warning: {}:{}: not a JSON line, skipped",
+                    o.file.display(),
+                    i + 1
+                );
+            }
+            continue;
+        };
+        let key: Arc<str> = v[o.by.as_str()].as_str().unwrap_or("-").into();
+        let seed = crate::route::fnv1a(key.as_bytes());
+        arms.entry(Arc::clone(&key))
+            .or_insert_with(|| Arm::new(seed))
+            .record_line(&v);
+        let l = labels.entry(key).or_default();
+        for (j, k) in ["model", "backend", "variant"].iter().enumerate() {
+            l[j].insert(v[*k].as_str().unwrap_or("-").to_string());
+        }
+    }
+    if arms.is_empty() {
+        return Err(format!("{}: no access-log lines", o.file.display()));
+    }
+    let mut out = String::new();
+    let _ = writeln!(out, "| {} | model | backend | variant | requests | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms | E2E p99 ms | tokens/s | error rate |", o.by);
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for (k, a) in &arms {
+        let q = |i: usize, p: f64| {
+            let mut s = a.samples[i].values().to_vec();
+            s.sort_unstable_by(f64::total_cmp);
+            if s.is_empty() {
+                "-".to_string()
+            } else {
+                format!("{:.1}", super::compare::quantile(&s, p))
+            }
+        };
+        let join = |s: &BTreeSet<String>| s.iter().cloned().collect::<Vec<_>>().join(", ");
+        let l = &labels[k];
+        let _ = writeln!(
+            out,
+            "| {k} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.2}% |",
+            join(&l[0]),
+            join(&l[1]),
+            join(&l[2]),
+            a.requests,
+            q(0, 0.5),
+            q(0, 0.99),
+            q(2, 0.5),
+            q(2, 0.99),
+            q(4, 0.99),
+            a.tokens_per_s(),
+            a.error_rate() * 100.0
+        );
+    }
+    if let Some(control) = &o.control {
+        if !arms.contains_key(control.as_str()) {
+            return Err(format!("--control {control}: no such {} in the log", o.by));
+        }
+        let s = summarize("report", control, &arms, o.min_samples);
+        let _ = writeln!(
+            out,
+            "\nCompared with {control} ({}):",
+            s["method"].as_str().unwrap_or("")
+        );
+        for c in s["comparisons"].as_array().into_iter().flatten() {
+            let _ = writeln!(out, "- {}", c["verdict"].as_str().unwrap_or(""));
+        }
+    }
+    if bad > 0 {
+        let _ = writeln!(out, "\n({bad} lines were not JSON and were skipped)");
+    }
+    Ok(out)
+}
