@@ -179,7 +179,9 @@ impl Experiments {
 /// Signed percentage, as in `−31%`.
 fn pct(x: f64) -> String {
     let v = (x * 100.0).round();
-    if v < 0.0 {
+    if v == 0.0 {
+        "0%".to_string()
+    } else if v < 0.0 {
         format!("\u{2212}{}%", -v)
     } else {
         format!("+{v}%")
