@@ -238,6 +238,9 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         None => None,
     };
     let recorder = Arc::new(Recorder::new(Stats::new(MAX_GROUPS), log, telemetry));
+    if let Some(f) = &config.feedback {
+        recorder.experiments.feedback.persist_to(f.path.clone());
+    }
     let ids = Arc::new(Ids::default());
     let limits = config.limits.clone();
     let slot = Arc::new(GatewaySlot::new(Arc::new(Gateway::new(

@@ -193,3 +193,89 @@ async fn no_verdict_before_the_minimum_sample() {
     }
     stop_and_read_log(gw, &dir).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn feedback_joins_to_the_right_variant_and_is_stored() {
+    let a = start_sim(exact(1.0, 1.0), 1).await;
+    let b = start_sim(exact(1.0, 1.0), 2).await;
+    let dir = temp_dir();
+    let config = format!(
+        "{}feedback: {{ path: {:?} }}\n",
+        yaml(&dir, a.addr, b.addr, 10),
+        dir.join("feedback.jsonl")
+    );
+    let gw = start_yaml(&config).await;
+    let mut by_variant: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for i in 0..12 {
+        let r = post(
+            gw.data_addr,
+            "/v1/chat/completions",
+            &chat(true, 1, ""),
+            &[("x-user-id", &format!("fb{i}"))],
+        )
+        .await;
+        let v = r.headers["x-inferscope-variant"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        by_variant.entry(v).or_default().push(
+            r.headers["x-inferscope-request-id"]
+                .to_str()
+                .unwrap()
+                .to_string(),
+        );
+    }
+    // Thumbs up for every fp16 answer, down for every int8 one.
+    for (variant, ids) in &by_variant {
+        for id in ids {
+            let body = format!(
+                r#"{{"request_id":"{id}","name":"thumbs_up","value":{}}}"#,
+                variant == "fp16"
+            );
+            let r = Client::connect(gw.admin_addr)
+                .await
+                .send("POST", "/feedback", &body, &[])
+                .await;
+            assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body()));
+            let joined: serde_json::Value = serde_json::from_slice(&r.body()).unwrap();
+            assert_eq!(joined["variant"], variant.as_str());
+        }
+    }
+    let unknown = Client::connect(gw.admin_addr)
+        .await
+        .send(
+            "POST",
+            "/feedback",
+            r#"{"request_id":"nope","name":"x","value":1}"#,
+            &[],
+        )
+        .await;
+    assert_eq!(unknown.status, 404);
+    let bad = Client::connect(gw.admin_addr)
+        .await
+        .send(
+            "POST",
+            "/feedback",
+            r#"{"request_id":"x","value":"great"}"#,
+            &[],
+        )
+        .await;
+    assert_eq!(bad.status, 400);
+    let (_, body) = admin_get(gw.admin_addr, "/experiments").await;
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    for f in doc["experiments"][0]["feedback"].as_array().unwrap() {
+        let want = if f["variant"] == "fp16" { 1.0 } else { 0.0 };
+        assert_eq!(f["mean"].as_f64(), Some(want), "{f}");
+        assert_eq!(
+            f["n"].as_u64(),
+            Some(by_variant[f["variant"].as_str().unwrap()].len() as u64)
+        );
+    }
+    let stored = std::fs::read_to_string(dir.join("feedback.jsonl")).unwrap();
+    assert_eq!(
+        stored.lines().count(),
+        12,
+        "every accepted feedback is on disk"
+    );
+    stop_and_read_log(gw, &dir).await;
+}

@@ -37,10 +37,13 @@ fn reply(status: StatusCode, ctype: &'static str, body: impl Into<Bytes>) -> Res
 }
 
 /// Answers one admin request.
-pub async fn handle<B>(
+pub async fn handle(
     state: Arc<AdminState>,
-    req: Request<B>,
+    req: Request<hyper::body::Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
+    if req.method() == Method::POST && req.uri().path() == "/feedback" {
+        return Ok(feedback(&state, req).await);
+    }
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return Ok(reply(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -262,6 +265,7 @@ fn experiments_json(router: &Router, rec: &Recorder) -> serde_json::Value {
                 let mut v = crate::experiment::summarize(&x.name, &x.control, &arms, x.min_samples);
                 if let serde_json::Value::Object(m) = &mut v {
                     m.insert("route".into(), r.name.as_ref().into());
+                    m.insert("feedback".into(), rec.experiments.feedback.summary(&r.name));
                 }
                 Some(v)
             }
@@ -269,4 +273,45 @@ fn experiments_json(router: &Router, rec: &Recorder) -> serde_json::Value {
         })
         .collect();
     serde_json::json!({ "experiments": list })
+}
+
+/// `POST /feedback {request_id, name, value}`.
+async fn feedback(
+    state: &AdminState,
+    req: Request<hyper::body::Incoming>,
+) -> Response<Full<Bytes>> {
+    use crate::experiment::FeedbackError;
+    use http_body_util::BodyExt;
+    let error = |status: StatusCode, msg: &str| {
+        let body = serde_json::json!({"error": {"message": msg}}).to_string();
+        reply(status, "application/json", body)
+    };
+    let Ok(body) = http_body_util::Limited::new(req.into_body(), 64 * 1024)
+        .collect()
+        .await
+    else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "could not read the body (at most 64 KiB)",
+        );
+    };
+    match state.recorder.experiments.feedback.post(&body.to_bytes()) {
+        Ok(variant) => reply(
+            StatusCode::OK,
+            "application/json",
+            serde_json::json!({"variant": variant.as_ref()}).to_string(),
+        ),
+        Err(FeedbackError::Invalid(m)) => error(
+            StatusCode::BAD_REQUEST,
+            &format!("expected {{request_id, name, value: number or boolean}}: {m}"),
+        ),
+        Err(FeedbackError::UnknownRequest) => error(
+            StatusCode::NOT_FOUND,
+            "no finished experiment request with that request_id",
+        ),
+        Err(FeedbackError::Storage(m)) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("feedback not stored: {m}"),
+        ),
+    }
 }

@@ -12,7 +12,9 @@ pub use schema::{
     ExperimentConfig, Limits, MatchConfig, OtlpConfig, RouteConfig, SimBackend, TelemetryConfig,
     TelemetryFormat, VariantConfig,
 };
-pub use schema::{Balancer, OutlierConfig, ProbeConfig, RetryConfig, TimeoutsConfig};
+pub use schema::{
+    Balancer, FeedbackConfig, OutlierConfig, ProbeConfig, RetryConfig, TimeoutsConfig,
+};
 
 /// The embedded default (also shipped as `config/default.yaml`): two in-process simulated
 /// backends, `fp16` and `int8`, behind model `demo`, split 50/50.

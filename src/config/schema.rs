@@ -22,6 +22,9 @@ pub struct Config {
     /// Limits and timeouts.
     #[serde(default)]
     pub limits: Limits,
+    /// Where `POST /feedback` appends accepted quality signals (JSON lines); absent: kept in memory.
+    #[serde(default)]
+    pub feedback: Option<FeedbackConfig>,
     /// OpenTelemetry export (traces and metrics over OTLP). Absent: the `OTEL_*` environment
     /// variables decide; with neither, telemetry is off.
     #[serde(default)]
@@ -70,6 +73,14 @@ pub struct AccessLogConfig {
 
 fn default_queue() -> usize {
     65_536
+}
+
+/// Feedback storage.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FeedbackConfig {
+    /// JSONL file feedback is appended to (synced before it is acknowledged).
+    pub path: PathBuf,
 }
 
 /// Limits and timeouts of the data plane.

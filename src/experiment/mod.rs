@@ -5,8 +5,10 @@
 //! Not built yet: shadow traffic, feedback and `inferscope eval`, guardrails.
 
 pub mod compare;
+mod feedback;
 mod report;
 
+pub use feedback::{Feedback, FeedbackError, FeedbackStats};
 pub use report::{report, ReportOptions};
 
 use crate::meter::{Outcome, RequestRecord};
@@ -143,10 +145,12 @@ impl Arm {
 /// One experiment's arms, by variant.
 pub type Arms = BTreeMap<Arc<str>, Arm>;
 
-/// The data of every experiment, keyed by route then variant.
+/// The data of every experiment, keyed by route then variant, and the feedback joined to it.
 #[derive(Debug, Default)]
 pub struct Experiments {
     arms: Mutex<HashMap<Arc<str>, Arms>>,
+    /// Quality signals posted to `/feedback`, joined to variants.
+    pub feedback: Feedback,
 }
 
 impl Experiments {
@@ -156,6 +160,7 @@ impl Experiments {
         if m.variant.as_ref() == NONE {
             return;
         }
+        self.feedback.remember(&m.request_id, &m.route, &m.variant);
         let mut arms = self.arms.lock().unwrap_or_else(|p| p.into_inner());
         let route = arms.entry(Arc::clone(&m.route)).or_default();
         let seed = crate::route::fnv1a(m.variant.as_bytes());

@@ -1,0 +1,228 @@
+//! Quality signals: `POST /feedback {request_id, name, value}` (a number or a boolean), joined to
+//! the variant that served the request, appended to a JSONL file when one is configured, and
+//! aggregated per variant with a 95% confidence interval.
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+/// Finished requests remembered for joining feedback (oldest forgotten first).
+pub const REMEMBERED: usize = 200_000;
+
+/// Why feedback was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FeedbackError {
+    /// Not `{request_id, name, value}` with a number or boolean value.
+    Invalid(String),
+    /// No finished experiment request with that id is remembered.
+    UnknownRequest,
+    /// The feedback file could not be written.
+    Storage(String),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Posted {
+    request_id: String,
+    name: String,
+    value: Value,
+}
+
+/// Running sums of one signal for one variant.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct FeedbackStats {
+    /// Values received.
+    pub n: u64,
+    sum: f64,
+    sum_sq: f64,
+}
+
+impl FeedbackStats {
+    fn add(&mut self, x: f64) {
+        self.n += 1;
+        self.sum += x;
+        self.sum_sq += x * x;
+    }
+
+    /// Mean of the values.
+    pub fn mean(&self) -> f64 {
+        if self.n == 0 {
+            f64::NAN
+        } else {
+            self.sum / self.n as f64
+        }
+    }
+
+    /// 95% interval of the mean (normal approximation; for 0/1 values, the Wald interval).
+    pub fn interval(&self) -> (f64, f64) {
+        if self.n < 2 {
+            return (f64::NAN, f64::NAN);
+        }
+        let n = self.n as f64;
+        let mean = self.mean();
+        let var = ((self.sum_sq - n * mean * mean) / (n - 1.0)).max(0.0);
+        let half = 1.96 * (var / n).sqrt();
+        (mean - half, mean + half)
+    }
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    by_request: HashMap<Arc<str>, (Arc<str>, Arc<str>)>,
+    order: VecDeque<Arc<str>>,
+    stats: HashMap<Arc<str>, BTreeMap<(Arc<str>, String), FeedbackStats>>,
+}
+
+/// Feedback storage and aggregation.
+#[derive(Debug, Default)]
+pub struct Feedback {
+    inner: Mutex<Inner>,
+    file: Mutex<Option<(PathBuf, Option<std::fs::File>)>>,
+}
+
+impl Feedback {
+    /// Appends accepted feedback to `path` as JSON lines.
+    pub fn persist_to(&self, path: PathBuf) {
+        *self.file.lock().unwrap_or_else(|p| p.into_inner()) = Some((path, None));
+    }
+
+    /// Remembers which variant served a finished request.
+    pub fn remember(&self, request_id: &Arc<str>, route: &Arc<str>, variant: &Arc<str>) {
+        let mut i = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if i.order.len() >= REMEMBERED {
+            if let Some(old) = i.order.pop_front() {
+                i.by_request.remove(&old);
+            }
+        }
+        i.order.push_back(Arc::clone(request_id));
+        i.by_request.insert(
+            Arc::clone(request_id),
+            (Arc::clone(route), Arc::clone(variant)),
+        );
+    }
+
+    /// Accepts one posted feedback body; returns the variant it was joined to.
+    pub fn post(&self, body: &[u8]) -> Result<Arc<str>, FeedbackError> {
+        let p: Posted =
+            serde_json::from_slice(body).map_err(|e| FeedbackError::Invalid(e.to_string()))?;
+        let x = match &p.value {
+            Value::Bool(b) => f64::from(u8::from(*b)),
+            Value::Number(n) => n
+                .as_f64()
+                .filter(|f| f.is_finite())
+                .ok_or_else(|| FeedbackError::Invalid("value must be finite".into()))?,
+            _ => {
+                return Err(FeedbackError::Invalid(
+                    "value must be a number or a boolean".into(),
+                ))
+            }
+        };
+        if p.name.is_empty() || p.name.len() > 64 {
+            return Err(FeedbackError::Invalid(
+                "name must be 1 to 64 characters".into(),
+            ));
+        }
+        let (route, variant) = {
+            let i = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            i.by_request
+                .get(p.request_id.as_str())
+                .cloned()
+                .ok_or(FeedbackError::UnknownRequest)?
+        };
+        self.store(&json!({
+            "ts": crate::accesslog::rfc3339(std::time::SystemTime::now()),
+            "request_id": p.request_id, "route": route.as_ref(), "variant": variant.as_ref(),
+            "name": p.name, "value": p.value,
+        }))?;
+        let mut i = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        i.stats
+            .entry(route)
+            .or_default()
+            .entry((Arc::clone(&variant), p.name))
+            .or_default()
+            .add(x);
+        Ok(variant)
+    }
+
+    fn store(&self, line: &Value) -> Result<(), FeedbackError> {
+        let mut f = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        let Some((path, file)) = f.as_mut() else {
+            return Ok(());
+        };
+        if file.is_none() {
+            let opened = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&*path);
+            *file = Some(opened.map_err(|e| FeedbackError::Storage(e.to_string()))?);
+        }
+        if let Some(file) = file.as_mut() {
+            // Durable before acknowledged: one small write and a sync per feedback.
+            writeln!(file, "{line}")
+                .and_then(|()| file.sync_data())
+                .map_err(|e| FeedbackError::Storage(e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    /// Per variant and signal name: n, mean and 95% interval, for one route.
+    pub fn summary(&self, route: &str) -> Value {
+        let i = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(stats) = i.stats.get(route) else {
+            return json!([]);
+        };
+        let list: Vec<Value> = stats
+            .iter()
+            .map(|((variant, name), s)| {
+                let (lo, hi) = s.interval();
+                let f = |x: f64| if x.is_finite() { json!(x) } else { Value::Null };
+                json!({"variant": variant.as_ref(), "name": name, "n": s.n, "mean": f(s.mean()), "ci": [f(lo), f(hi)]})
+            })
+            .collect();
+        list.into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn joins_to_the_variant_and_aggregates() {
+        let fb = Feedback::default();
+        let (r, v1, v2) = (Arc::from("chat"), Arc::from("fp16"), Arc::from("int8"));
+        for i in 0..10 {
+            let id: Arc<str> = Arc::from(format!("req-{i}"));
+            fb.remember(&id, &r, if i % 2 == 0 { &v1 } else { &v2 });
+        }
+        for i in 0..10 {
+            let body = format!(
+                r#"{{"request_id":"req-{i}","name":"thumbs_up","value":{}}}"#,
+                i % 4 == 0
+            );
+            fb.post(body.as_bytes()).unwrap_or_else(|e| panic!("{e:?}"));
+        }
+        assert_eq!(
+            fb.post(br#"{"request_id":"nope","name":"x","value":1}"#),
+            Err(FeedbackError::UnknownRequest)
+        );
+        assert!(matches!(
+            fb.post(br#"{"request_id":"req-1","name":"x","value":"good"}"#),
+            Err(FeedbackError::Invalid(_))
+        ));
+        let s = fb.summary("chat");
+        let fp16 = s
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|x| x["variant"] == "fp16")
+            .cloned()
+            .unwrap_or_default();
+        // fp16 got req-0,2,4,6,8: thumbs up for 0, 4, 8 → 3 of 5.
+        assert_eq!(fp16["n"], 5);
+        assert!((fp16["mean"].as_f64().unwrap_or(0.0) - 0.6).abs() < 1e-9);
+    }
+}
