@@ -69,11 +69,14 @@ impl FeedbackStats {
     }
 }
 
+/// Per (variant, signal name): running sums.
+type SignalStats = BTreeMap<(Arc<str>, String), FeedbackStats>;
+
 #[derive(Debug, Default)]
 struct Inner {
     by_request: HashMap<Arc<str>, (Arc<str>, Arc<str>)>,
     order: VecDeque<Arc<str>>,
-    stats: HashMap<Arc<str>, BTreeMap<(Arc<str>, String), FeedbackStats>>,
+    stats: HashMap<Arc<str>, SignalStats>,
 }
 
 /// Feedback storage and aggregation.
