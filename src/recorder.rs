@@ -65,6 +65,9 @@ impl Recorder {
         feed_back(&rec);
         self.stats.record(&rec);
         self.experiments.record(&rec);
+        if let Some(g) = &rec.meta.guard {
+            g.observe(&rec);
+        }
         let rec = Arc::new(rec);
         if let Some(t) = &self.telemetry {
             t.submit(Arc::clone(&rec));

@@ -279,3 +279,83 @@ async fn feedback_joins_to_the_right_variant_and_is_stored() {
     );
     stop_and_read_log(gw, &dir).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guardrail_rolls_back_a_regressed_variant_until_reset() {
+    let fp16 = start_sim(exact(2.0, 1.0), 1).await;
+    // The int8 backend regresses: its first token comes 150 ms late.
+    let slow = inferscope::sim::Faults {
+        slow_first_token_ms: 150.0,
+        ..Default::default()
+    };
+    let int8 = start_sim(
+        Profile {
+            faults: slow,
+            ..exact(2.0, 1.0)
+        },
+        2,
+    )
+    .await;
+    let dir = temp_dir();
+    let guard = "      guardrails:\n        window: 30s\n        min_samples: 5\n        rules:\n          - { variant: int8, metric: ttft_p99_ms, max: 100 }\n";
+    let config = yaml(&dir, fp16.addr, int8.addr, 10)
+        .replace("      variants:\n", &format!("{guard}      variants:\n"));
+    let gw = start_yaml(&config).await;
+    let int8_call = |gw: std::net::SocketAddr| async move {
+        let r = post(
+            gw,
+            "/v1/chat/completions",
+            &chat(true, 1, ""),
+            &[("x-inferscope-variant", "int8")],
+        )
+        .await;
+        r.headers["x-inferscope-variant"]
+            .to_str()
+            .unwrap()
+            .to_string()
+    };
+    // Requests forced to int8 are served by int8 until the guardrail sees enough slow ones …
+    let mut served = Vec::new();
+    for _ in 0..12 {
+        served.push(int8_call(gw.data_addr).await);
+    }
+    assert_eq!(served[0], "int8");
+    let trip_at = served
+        .iter()
+        .position(|v| v == "fp16")
+        .expect("the guardrail never tripped");
+    assert!(
+        trip_at >= 5,
+        "not before the minimum sample: tripped after {trip_at}"
+    );
+    assert!(
+        served[trip_at..].iter().all(|v| v == "fp16"),
+        "rolled back for good: {served:?}"
+    );
+    let (_, body) = admin_get(gw.admin_addr, "/experiments").await;
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let tripped = &doc["experiments"][0]["guardrails"]["tripped"][0];
+    assert_eq!(tripped["variant"], "int8");
+    assert!(tripped["value"].as_f64().unwrap() > 100.0);
+    let (_, metrics) = admin_get(gw.admin_addr, "/metrics").await;
+    assert!(
+        metrics.contains(r#"inferscope_guardrail_tripped{route="chat",variant="int8"} 1"#),
+        "{metrics}"
+    );
+
+    // The backend is fixed; an operator resets the guardrail; int8 serves again.
+    int8.set_faults(Default::default());
+    let r = Client::connect(gw.admin_addr)
+        .await
+        .send(
+            "POST",
+            "/experiments/reset",
+            r#"{"route":"chat","variant":"int8"}"#,
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(int8_call(gw.data_addr).await, "int8");
+    let log = stop_and_read_log(gw, &dir).await;
+    assert_eq!(log.len(), 13);
+}

@@ -44,6 +44,9 @@ pub async fn handle(
     if req.method() == Method::POST && req.uri().path() == "/feedback" {
         return Ok(feedback(&state, req).await);
     }
+    if req.method() == Method::POST && req.uri().path() == "/experiments/reset" {
+        return Ok(reset(&state, req).await);
+    }
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return Ok(reply(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -169,6 +172,7 @@ pub async fn handle(
             }
             let mut text = render_prometheus(&rec.stats.snapshot(), &scalars);
             backend_metrics(&router, &mut text);
+            guardrail_metrics(&router, &mut text);
             reply(
                 StatusCode::OK,
                 "text/plain; version=0.0.4; charset=utf-8",
@@ -266,6 +270,9 @@ fn experiments_json(router: &Router, rec: &Recorder) -> serde_json::Value {
                 if let serde_json::Value::Object(m) = &mut v {
                     m.insert("route".into(), r.name.as_ref().into());
                     m.insert("feedback".into(), rec.experiments.feedback.summary(&r.name));
+                    if let Some(g) = &x.guard {
+                        m.insert("guardrails".into(), g.to_json());
+                    }
                 }
                 Some(v)
             }
@@ -313,5 +320,90 @@ async fn feedback(
             StatusCode::INTERNAL_SERVER_ERROR,
             &format!("feedback not stored: {m}"),
         ),
+    }
+}
+
+/// `POST /experiments/reset {"route": "...", "variant": "..."}` (variant optional: all).
+async fn reset(state: &AdminState, req: Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+    use http_body_util::BodyExt;
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Body {
+        route: String,
+        #[serde(default)]
+        variant: Option<String>,
+    }
+    let error = |status: StatusCode, msg: &str| {
+        reply(
+            status,
+            "application/json",
+            serde_json::json!({"error": {"message": msg}}).to_string(),
+        )
+    };
+    let Ok(bytes) = http_body_util::Limited::new(req.into_body(), 4096)
+        .collect()
+        .await
+    else {
+        return error(StatusCode::BAD_REQUEST, "could not read the body");
+    };
+    let Ok(b) = serde_json::from_slice::<Body>(&bytes.to_bytes()) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "expected {\"route\": NAME, \"variant\": NAME (optional)}",
+        );
+    };
+    let router = Arc::clone(&state.gateway.load().router);
+    let guard = router
+        .routes()
+        .iter()
+        .find(|r| *r.name == *b.route)
+        .and_then(|r| match &r.target {
+            crate::route::Target::Experiment(x) => x.guard.clone(),
+            crate::route::Target::Pool(_) => None,
+        });
+    match guard {
+        Some(g) => {
+            let reset = g.reset(b.variant.as_deref());
+            reply(
+                StatusCode::OK,
+                "application/json",
+                serde_json::json!({"reset": reset}).to_string(),
+            )
+        }
+        None => error(
+            StatusCode::NOT_FOUND,
+            "no experiment with guardrails on that route",
+        ),
+    }
+}
+
+/// Guardrail state gauges, for `/metrics`.
+fn guardrail_metrics(router: &Router, out: &mut String) {
+    use std::fmt::Write;
+    let mut tripped = String::new();
+    let mut trips = String::new();
+    for r in router.routes() {
+        let crate::route::Target::Experiment(x) = &r.target else {
+            continue;
+        };
+        let Some(g) = &x.guard else { continue };
+        for v in x.split.names() {
+            let _ = writeln!(
+                tripped,
+                "inferscope_guardrail_tripped{{route=\"{}\",variant=\"{}\"}} {}",
+                r.name,
+                v,
+                u8::from(g.tripped(v))
+            );
+        }
+        let _ = writeln!(
+            trips,
+            "inferscope_guardrail_trips_total{{route=\"{}\"}} {}",
+            r.name,
+            g.trips_total()
+        );
+    }
+    if !tripped.is_empty() {
+        let _ = writeln!(out, "# HELP inferscope_guardrail_tripped 1 while the variant is rolled back to the control.\n# TYPE inferscope_guardrail_tripped gauge\n{tripped}# HELP inferscope_guardrail_trips_total Guardrail trips.\n# TYPE inferscope_guardrail_trips_total counter\n{trips}");
     }
 }

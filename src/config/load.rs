@@ -283,6 +283,22 @@ fn validate_route(r: &RouteConfig, backends: &HashSet<&str>) -> Result<(), Inval
                     );
                 }
             }
+            if let Some(g) = &x.guardrails {
+                for (j, rule) in g.rules.iter().enumerate() {
+                    let at = vec![K("experiment"), K("guardrails"), K("rules"), I(j)];
+                    if !crate::experiment::known_metric(&rule.metric) {
+                        return err(at, format!("metric `{}`: use ttft_p99_ms, tpot_p50_ms, e2e_p90_ms (p50/p90/p95/p99) or error_rate", rule.metric));
+                    }
+                    if rule.max.is_none() && rule.min.is_none() {
+                        return err(at, "a rule needs `max` or `min`");
+                    }
+                    if let Some(v) = &rule.variant {
+                        if !x.variants.iter().any(|x| &x.name == v) {
+                            return err(at, format!("unknown variant `{v}`"));
+                        }
+                    }
+                }
+            }
             let mut seen = HashSet::new();
             let mut total = 0u64;
             let mut controls = 0;

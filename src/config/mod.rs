@@ -13,7 +13,8 @@ pub use schema::{
     TelemetryFormat, VariantConfig,
 };
 pub use schema::{
-    Balancer, FeedbackConfig, OutlierConfig, ProbeConfig, RetryConfig, TimeoutsConfig,
+    Balancer, FeedbackConfig, GuardRule, GuardrailsConfig, OutlierConfig, ProbeConfig, RetryConfig,
+    TimeoutsConfig,
 };
 
 /// The embedded default (also shipped as `config/default.yaml`): two in-process simulated

@@ -411,8 +411,59 @@ pub struct ExperimentConfig {
     /// Fixed horizon: no verdict until every variant has this many samples of a metric.
     #[serde(default = "default_min_samples")]
     pub min_samples: usize,
+    /// SLOs that roll a variant back to the control when breached.
+    #[serde(default)]
+    pub guardrails: Option<GuardrailsConfig>,
     /// The variants.
     pub variants: Vec<VariantConfig>,
+}
+
+/// Guardrails of an experiment.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GuardrailsConfig {
+    /// Sliding window the rules are evaluated over.
+    #[serde(default = "d60s", deserialize_with = "duration")]
+    pub window: Duration,
+    /// No rule is judged on fewer samples than this in the window.
+    #[serde(default = "default_guard_samples")]
+    pub min_samples: usize,
+    /// The SLOs.
+    pub rules: Vec<GuardRule>,
+}
+
+fn default_guard_samples() -> usize {
+    50
+}
+
+/// One SLO: `metric` must stay at most `max` (and/or at least `min`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GuardRule {
+    /// Variant it applies to (absent: every variant but the control).
+    #[serde(default)]
+    pub variant: Option<String>,
+    /// `ttft_p99_ms`, `tpot_p50_ms`, `e2e_p90_ms` (p50/p90/p95/p99) or `error_rate`.
+    pub metric: String,
+    /// Upper bound.
+    #[serde(default)]
+    pub max: Option<f64>,
+    /// Lower bound.
+    #[serde(default)]
+    pub min: Option<f64>,
+}
+
+impl GuardRule {
+    /// The rule as text, e.g. `int8 ttft_p99_ms <= 500`.
+    pub fn describe(&self) -> String {
+        let who = self.variant.as_deref().unwrap_or("any");
+        match (self.max, self.min) {
+            (Some(max), Some(min)) => format!("{who} {min} <= {} <= {max}", self.metric),
+            (Some(max), None) => format!("{who} {} <= {max}", self.metric),
+            (None, Some(min)) => format!("{who} {} >= {min}", self.metric),
+            (None, None) => format!("{who} {}", self.metric),
+        }
+    }
 }
 
 /// One arm of an experiment.

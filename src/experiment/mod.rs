@@ -2,13 +2,15 @@
 //! TPOT, ITL and E2E, outcome counts, tokens), and the comparison of each variant with the control
 //! (`compare`), served at admin `GET /experiments` and by `inferscope report`.
 //!
-//! Not built yet: shadow traffic, feedback and `inferscope eval`, guardrails.
+//! Not built yet: shadow traffic and `inferscope eval`.
 
 pub mod compare;
 mod feedback;
+mod guard;
 mod report;
 
 pub use feedback::{Feedback, FeedbackError, FeedbackStats};
+pub use guard::{known_metric, Guardrails, Trip};
 pub use report::{report, ReportOptions};
 
 use crate::meter::{Outcome, RequestRecord};

@@ -157,6 +157,8 @@ pub struct RequestMeta {
     pub upstream: Option<Arc<Backend>>,
     /// Earlier attempts that failed and were retried elsewhere.
     pub attempts: Vec<Attempt>,
+    /// Guardrails of the experiment that assigned the variant (fed with the result).
+    pub guard: Option<Arc<crate::experiment::Guardrails>>,
     /// Route name (`-` when none matched).
     pub route: Arc<str>,
     /// Requested model (`-` when the body named none).
@@ -192,6 +194,7 @@ impl RequestMeta {
             params: RequestParams::default(),
             upstream: None,
             attempts: Vec::new(),
+            guard: None,
             route: Arc::clone(&none),
             model: Arc::clone(&none),
             backend: Arc::clone(&none),

@@ -311,6 +311,7 @@ async fn proxy(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<ProxyBody> 
         let m = pending.meta();
         m.route = Arc::clone(&route.name);
         m.variant = Arc::clone(&sel.variant);
+        m.guard = sel.guard.clone();
     }
 
     // Phase 4: forward; fail over to another backend before any response byte reached the client

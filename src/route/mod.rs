@@ -123,6 +123,8 @@ pub struct Experiment {
     pub min_samples: usize,
     /// Honour `x-inferscope-variant`.
     pub allow_override: bool,
+    /// SLOs that roll variants back to the control.
+    pub guard: Option<Arc<crate::experiment::Guardrails>>,
     /// Variants and their assignment.
     pub split: Split<Pool>,
 }
@@ -188,6 +190,8 @@ pub struct Selection {
     pub variant_index: Option<usize>,
     /// Experiment variant name, or `-`.
     pub variant: Arc<str>,
+    /// The experiment's guardrails, to feed with the result.
+    pub guard: Option<Arc<crate::experiment::Guardrails>>,
 }
 
 /// All routes, in match order, and every backend.
@@ -266,6 +270,14 @@ impl Router {
                             .into(),
                         min_samples: x.min_samples,
                         allow_override: x.allow_override,
+                        guard: x.guardrails.as_ref().map(|g| {
+                            let control = x
+                                .variants
+                                .iter()
+                                .find(|v| v.control)
+                                .map_or("", |v| v.name.as_str());
+                            Arc::new(crate::experiment::Guardrails::new(g.clone(), control))
+                        }),
                         split: Split::new(
                             Sticky::parse(x.sticky_key.as_deref()),
                             x.variants
@@ -311,6 +323,10 @@ impl Router {
         headers: &HeaderMap,
     ) -> Option<Selection> {
         let route = self.routes.iter().find(|r| r.matches(model, path))?;
+        let guard = match &route.target {
+            Target::Experiment(x) => x.guard.clone(),
+            Target::Pool(_) => None,
+        };
         let (pool, variant, variant_index) = match &route.target {
             Target::Pool(p) => (p, Arc::clone(&self.none), None),
             Target::Experiment(x) => {
@@ -319,8 +335,14 @@ impl Router {
                     .then(|| headers.get(VARIANT_OVERRIDE).and_then(|v| v.to_str().ok()))
                     .flatten()
                     .and_then(|name| x.split.by_name(name));
-                let (i, name, pool) =
+                let (mut i, mut name, mut pool) =
                     forced.unwrap_or_else(|| x.split.choose_indexed(headers, user));
+                // A rolled-back variant's traffic goes to the control.
+                if let Some(g) = x.guard.as_ref().filter(|g| g.tripped(name)) {
+                    if let Some(c) = x.split.by_name(g.control()) {
+                        (i, name, pool) = c;
+                    }
+                }
                 (pool, Arc::clone(name), Some(i))
             }
         };
@@ -329,6 +351,7 @@ impl Router {
             route: Arc::clone(route),
             variant_index,
             variant,
+            guard,
         })
     }
 

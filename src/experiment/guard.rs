@@ -1,0 +1,236 @@
+//! Guardrails: per-variant SLOs over a sliding window with a minimum sample size. A breach rolls
+//! the variant back — its traffic goes to the control — and it stays rolled back until an operator
+//! resets it (`POST /experiments/reset`), which also clears its window, so stale samples cannot
+//! trip it again at once. Trips are logged, counted and shown in `/experiments`.
+
+use crate::config::GuardrailsConfig;
+use crate::meter::{Outcome, RequestRecord};
+use serde_json::{json, Value};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+use tokio::time::Instant;
+
+/// Evaluated at most this often (per experiment).
+const EVAL_EVERY: Duration = Duration::from_millis(250);
+
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    at: Instant,
+    ok: bool,
+    ttft_ms: Option<f64>,
+    tpot_ms: Option<f64>,
+    e2e_ms: f64,
+}
+
+/// Why and when a variant was rolled back.
+#[derive(Debug, Clone)]
+pub struct Trip {
+    /// When.
+    pub at: SystemTime,
+    /// The rule, as configured.
+    pub rule: String,
+    /// The observed value.
+    pub value: f64,
+    /// Samples in the window then.
+    pub n: usize,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    windows: HashMap<Arc<str>, VecDeque<Sample>>,
+    tripped: HashMap<Arc<str>, Trip>,
+    last_eval: Option<Instant>,
+    trips_total: u64,
+}
+
+/// One experiment's guardrails.
+#[derive(Debug)]
+pub struct Guardrails {
+    cfg: GuardrailsConfig,
+    control: Arc<str>,
+    state: Mutex<State>,
+}
+
+fn quantile(mut v: Vec<f64>, q: f64) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_unstable_by(f64::total_cmp);
+    Some(super::compare::quantile(&v, q))
+}
+
+impl Guardrails {
+    /// Guardrails for an experiment whose control is `control`.
+    pub fn new(cfg: GuardrailsConfig, control: &str) -> Self {
+        Self {
+            cfg,
+            control: control.into(),
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// True when `variant` is rolled back.
+    pub fn tripped(&self, variant: &str) -> bool {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .tripped
+            .contains_key(variant)
+    }
+
+    /// The variant to serve instead of `variant` (itself unless rolled back).
+    pub fn control(&self) -> &Arc<str> {
+        &self.control
+    }
+
+    /// Adds a finished request of a variant and, at most every 250 ms, checks the rules.
+    pub fn observe(&self, r: &RequestRecord) {
+        let v = &r.meta.variant;
+        if v.as_ref() == self.control.as_ref() {
+            return;
+        }
+        let now = Instant::now();
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let w = s.windows.entry(Arc::clone(v)).or_default();
+        w.push_back(Sample {
+            at: now,
+            ok: !matches!(
+                r.outcome,
+                Outcome::BackendError
+                    | Outcome::Truncated
+                    | Outcome::Timeout
+                    | Outcome::GatewayError
+            ),
+            ttft_ms: r.ttft.map(ms),
+            tpot_ms: r.tpot.map(ms),
+            e2e_ms: ms(r.e2e),
+        });
+        if s.last_eval
+            .is_some_and(|t| now.saturating_duration_since(t) < EVAL_EVERY)
+        {
+            return;
+        }
+        s.last_eval = Some(now);
+        let window = self.cfg.window;
+        let mut trips = Vec::new();
+        for (variant, w) in s.windows.iter_mut() {
+            while w
+                .front()
+                .is_some_and(|x| now.saturating_duration_since(x.at) > window)
+            {
+                w.pop_front();
+            }
+            if w.len() < self.cfg.min_samples {
+                continue;
+            }
+            for rule in &self.cfg.rules {
+                if rule
+                    .variant
+                    .as_deref()
+                    .is_some_and(|rv| rv != variant.as_ref())
+                {
+                    continue;
+                }
+                let Some(value) = measure(&rule.metric, w) else {
+                    continue;
+                };
+                let breached =
+                    rule.max.is_some_and(|m| value > m) || rule.min.is_some_and(|m| value < m);
+                if breached {
+                    trips.push((Arc::clone(variant), rule.describe(), value, w.len()));
+                    break;
+                }
+            }
+        }
+        for (variant, rule, value, n) in trips {
+            if s.tripped.contains_key(&variant) {
+                continue;
+            }
+            tracing::warn!(variant = %variant, rule = %rule, value, n, control = %self.control, "guardrail tripped: variant rolled back to the control");
+            s.trips_total += 1;
+            s.tripped.insert(
+                variant,
+                Trip {
+                    at: SystemTime::now(),
+                    rule,
+                    value,
+                    n,
+                },
+            );
+        }
+    }
+
+    /// Un-trips `variant` (all variants when `None`) and clears its window. Returns the variants
+    /// that were reset.
+    pub fn reset(&self, variant: Option<&str>) -> Vec<String> {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let names: Vec<Arc<str>> = s
+            .tripped
+            .keys()
+            .filter(|k| variant.is_none_or(|v| k.as_ref() == v))
+            .cloned()
+            .collect();
+        for n in &names {
+            s.tripped.remove(n);
+            s.windows.remove(n);
+            tracing::info!(variant = %n, "guardrail reset: variant back in the experiment");
+        }
+        names.iter().map(|n| n.to_string()).collect()
+    }
+
+    /// Trips since start.
+    pub fn trips_total(&self) -> u64 {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .trips_total
+    }
+
+    /// The state, for `/experiments`.
+    pub fn to_json(&self) -> Value {
+        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let tripped: Vec<Value> = s
+            .tripped
+            .iter()
+            .map(|(v, t)| json!({"variant": v.as_ref(), "rule": t.rule, "value": t.value, "samples": t.n, "at": crate::accesslog::rfc3339(t.at)}))
+            .collect();
+        json!({
+            "window_s": self.cfg.window.as_secs_f64(),
+            "min_samples": self.cfg.min_samples,
+            "rules": self.cfg.rules.iter().map(|r| r.describe()).collect::<Vec<_>>(),
+            "tripped": tripped,
+            "trips_total": s.trips_total,
+        })
+    }
+}
+
+/// The value of `metric` over a window: `ttft_p99_ms`, `tpot_p50_ms`, `e2e_p90_ms` (any of
+/// p50/p90/p95/p99), or `error_rate`.
+fn measure(metric: &str, w: &VecDeque<Sample>) -> Option<f64> {
+    if metric == "error_rate" {
+        return Some(w.iter().filter(|s| !s.ok).count() as f64 / w.len() as f64);
+    }
+    let rest = metric.strip_suffix("_ms")?;
+    let (name, q) = rest.rsplit_once("_p")?;
+    let q: f64 = q.parse::<f64>().ok()? / 100.0;
+    let values: Vec<f64> = match name {
+        "ttft" => w.iter().filter_map(|s| s.ttft_ms).collect(),
+        "tpot" => w.iter().filter_map(|s| s.tpot_ms).collect(),
+        "e2e" => w.iter().map(|s| s.e2e_ms).collect(),
+        _ => return None,
+    };
+    quantile(values, q)
+}
+
+/// True when `metric` names something `measure` understands.
+pub fn known_metric(metric: &str) -> bool {
+    if metric == "error_rate" {
+        return true;
+    }
+    let Some((name, q)) = metric.strip_suffix("_ms").and_then(|r| r.rsplit_once("_p")) else {
+        return false;
+    };
+    ["ttft", "tpot", "e2e"].contains(&name) && ["50", "90", "95", "99"].contains(&q)
+}
