@@ -99,6 +99,31 @@ enum Cmd {
         #[arg(long, default_value_t = 200)]
         min_samples: usize,
     },
+    /// Quality check of an experiment: run a dataset through the gateway once per variant and
+    /// compare accuracy (or, with --generate N, print a quiz dataset the simulator can answer).
+    Eval {
+        /// JSONL dataset (multiple choice: question, choices, answer letter; or question, answer).
+        #[arg(long, required_unless_present = "generate")]
+        dataset: Option<PathBuf>,
+        /// Gateway URL.
+        #[arg(long, default_value = "http://127.0.0.1:8080")]
+        url: String,
+        /// Model name to request.
+        #[arg(long, default_value = "demo")]
+        model: String,
+        /// Variants to evaluate, the control first.
+        #[arg(long, value_delimiter = ',', default_value = "fp16,int8")]
+        variants: Vec<String>,
+        /// Requests in flight at once.
+        #[arg(long, default_value_t = 8)]
+        concurrency: usize,
+        /// Print N generated arithmetic quiz items (JSONL) and exit.
+        #[arg(long)]
+        generate: Option<usize>,
+        /// Seed of the generated items.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
     /// Validate a config file: exit 0, or print the error (file:line: key: problem) and exit 2.
     Check {
         /// YAML config file.
@@ -256,6 +281,36 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             ready_line(&format!("inferscope-sim ready addr={}", handle.addr))?;
             terminated().await;
             let _ = stop.send(());
+            Ok(())
+        }
+        Cmd::Eval {
+            dataset,
+            url,
+            model,
+            variants,
+            concurrency,
+            generate,
+            seed,
+        } => {
+            if let Some(n) = generate {
+                for item in crate::sim::quiz::generate(n, seed) {
+                    println!("{}", serde_json::to_string(&item)?);
+                }
+                return Ok(());
+            }
+            let path = dataset.context("--dataset is required")?;
+            let text = std::fs::read_to_string(&path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let items = crate::experiment::eval::load_dataset(&text)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            let opts = crate::experiment::eval::EvalOptions {
+                url,
+                model,
+                variants,
+                concurrency,
+            };
+            let scores = crate::experiment::eval::run(&opts, &items).await;
+            print!("{}", crate::experiment::eval::render(&scores));
             Ok(())
         }
         Cmd::Check { .. } | Cmd::Report { .. } => Ok(()),

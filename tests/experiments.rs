@@ -359,3 +359,57 @@ async fn a_guardrail_rolls_back_a_regressed_variant_until_reset() {
     let log = stop_and_read_log(gw, &dir).await;
     assert_eq!(log.len(), 13);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eval_recovers_each_variants_accuracy_within_its_interval() {
+    // fp16 answers every quiz question right; int8 gets 20% wrong.
+    let fp16 = start_sim(
+        Profile {
+            answer_error_rate: 0.0,
+            ..exact(1.0, 1.0)
+        },
+        1,
+    )
+    .await;
+    let int8 = start_sim(
+        Profile {
+            answer_error_rate: 0.2,
+            ..exact(1.0, 1.0)
+        },
+        2,
+    )
+    .await;
+    let dir = temp_dir();
+    let gw = start_yaml(&yaml(&dir, fp16.addr, int8.addr, 10)).await;
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/data/eval-arithmetic.jsonl"
+    ))
+    .unwrap();
+    let items = inferscope::experiment::eval::load_dataset(&text).unwrap();
+    assert_eq!(items.len(), 200);
+    let opts = inferscope::experiment::eval::EvalOptions {
+        url: format!("http://{}", gw.data_addr),
+        model: "demo".into(),
+        variants: vec!["fp16".into(), "int8".into()],
+        concurrency: 8,
+    };
+    let scores = inferscope::experiment::eval::run(&opts, &items).await;
+    let report = inferscope::experiment::eval::render(&scores);
+    println!("{report}");
+    assert_eq!(scores[0].correct, 200, "fp16 is always right");
+    let int8_score = &scores[1];
+    assert_eq!(int8_score.failed, 0);
+    assert!(
+        int8_score.ci.0 <= 0.8 && 0.8 <= int8_score.ci.1,
+        "the 95% interval covers the true 80%: {report}"
+    );
+    assert!(report.contains("- int8 accuracy -"), "{report}");
+    let log = stop_and_read_log(gw, &dir).await;
+    assert_eq!(
+        log.len(),
+        400,
+        "every eval request went through the gateway, forced to its variant"
+    );
+    assert_eq!(log.iter().filter(|l| l["variant"] == "int8").count(), 200);
+}

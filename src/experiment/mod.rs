@@ -2,9 +2,10 @@
 //! TPOT, ITL and E2E, outcome counts, tokens), and the comparison of each variant with the control
 //! (`compare`), served at admin `GET /experiments` and by `inferscope report`.
 //!
-//! Not built yet: shadow traffic and `inferscope eval`.
+//! Not built yet: shadow traffic.
 
 pub mod compare;
+pub mod eval;
 mod feedback;
 mod guard;
 mod report;

@@ -78,6 +78,8 @@ struct Plan {
     output_tokens: u64,
     hit_max: bool,
     created: u64,
+    /// The letter to answer with, when the prompt is a quiz question.
+    answer: Option<char>,
 }
 
 /// Answers one request; `None` means drop the connection unanswered (`refuse`).
@@ -196,6 +198,25 @@ fn plan(state: &SimState, v: &Value, chat: bool) -> Plan {
     } else {
         v.get("prompt").map_or(0, text)
     } as u64;
+    // A quiz question gets a one-letter answer: right, or wrong at the profile's error rate.
+    let last_text = if chat {
+        v.get("messages")
+            .and_then(Value::as_array)
+            .and_then(|m| m.last())
+            .and_then(|m| m.get("content"))
+            .and_then(Value::as_str)
+    } else {
+        v.get("prompt").and_then(Value::as_str)
+    };
+    let answer = last_text.and_then(super::quiz::solve).map(|right| {
+        let mut r = Rng::new(state.opts.seed ^ index.rotate_left(23) ^ 0x0A05);
+        if r.unit() < p.answer_error_rate {
+            super::quiz::wrong(right, &mut r)
+        } else {
+            right
+        }
+    });
+    let output_tokens = if answer.is_some() { 1 } else { output_tokens };
     Plan {
         index,
         chat,
@@ -211,7 +232,8 @@ fn plan(state: &SimState, v: &Value, chat: bool) -> Plan {
             .unwrap_or(false),
         prompt_tokens: prompt_tokens.max(1),
         output_tokens,
-        hit_max: max_tokens.is_some(),
+        hit_max: max_tokens.is_some() && answer.is_none(),
+        answer,
         created: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
@@ -414,7 +436,10 @@ async fn stream(
         }
         check_fault!();
         let k = u64::from(p.tokens_per_chunk).min(plan.output_tokens - produced);
-        let text = words(&mut rng, k);
+        let text = match plan.answer {
+            Some(a) => format!(" {a}"),
+            None => words(&mut rng, k),
+        };
         let kind = ChunkKind::Content { tokens: k as u32 };
         let mut event = plan.content(&text);
         if faults.malformed_rate > 0.0 && fault_rng.unit() < faults.malformed_rate {
@@ -499,7 +524,10 @@ async fn whole(
             );
         }
         sleep_until(deadline).await;
-        let text = words(&mut rng, plan.output_tokens);
+        let text = match plan.answer {
+            Some(a) => a.to_string(),
+            None => words(&mut rng, plan.output_tokens),
+        };
         let choice = if plan.chat {
             json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": plan.finish_reason()})
         } else {

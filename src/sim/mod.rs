@@ -9,6 +9,7 @@
 mod faults;
 mod handler;
 mod profile;
+pub mod quiz;
 
 pub use faults::Faults;
 pub use profile::{Profile, Rng};

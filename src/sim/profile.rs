@@ -39,6 +39,9 @@ pub struct Profile {
     /// Send a role-only first chunk as soon as the request arrives (like vLLM's first delta).
     #[serde(default = "yes")]
     pub role_chunk: bool,
+    /// Fraction of quiz questions (see `quiz`) answered wrong: the quality cost of a variant.
+    #[serde(default)]
+    pub answer_error_rate: f64,
     /// Injected faults (none by default).
     #[serde(default)]
     pub faults: super::Faults,
@@ -71,6 +74,7 @@ impl Profile {
             min_output_tokens: 32,
             max_output_tokens: 96,
             role_chunk: true,
+            answer_error_rate: 0.01,
             faults: super::Faults::default(),
         }
     }
@@ -82,6 +86,7 @@ impl Profile {
             ttft_base_ms: 30.0,
             prefill_per_token_ms: 0.035,
             tpot_ms: 13.0,
+            answer_error_rate: 0.04,
             ..Self::fp16()
         }
     }
@@ -120,6 +125,9 @@ impl Profile {
         }
         if self.jitter >= 1.0 {
             return Err("jitter must be below 1".into());
+        }
+        if !(0.0..=1.0).contains(&self.answer_error_rate) {
+            return Err("answer_error_rate must be between 0 and 1".into());
         }
         if self.tokens_per_chunk == 0 {
             return Err("tokens_per_chunk must be at least 1".into());
