@@ -193,6 +193,8 @@ struct LogLine<'a> {
     attempts: usize,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     retries: Vec<RetryLine<'a>>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    shadow: bool,
 }
 
 impl<'a> From<&'a RequestRecord> for LogLine<'a> {
@@ -246,6 +248,7 @@ impl<'a> From<&'a RequestRecord> for LogLine<'a> {
                     error: a.error,
                 })
                 .collect(),
+            shadow: m.is_shadow,
         }
     }
 }

@@ -68,6 +68,13 @@ impl Recorder {
         if let Some(g) = &rec.meta.guard {
             g.observe(&rec);
         }
+        if let Some(pair) = &rec.meta.shadow_pair {
+            let ok = rec.outcome == Outcome::Ok;
+            pair.offer(
+                rec.meta.is_shadow,
+                rec.response.output_content.clone().filter(|_| ok),
+            );
+        }
         let rec = Arc::new(rec);
         if let Some(t) = &self.telemetry {
             t.submit(Arc::clone(&rec));

@@ -413,3 +413,85 @@ async fn eval_recovers_each_variants_accuracy_within_its_interval() {
     );
     assert_eq!(log.iter().filter(|l| l["variant"] == "int8").count(), 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_copies_are_measured_compared_and_never_touch_the_primary() {
+    // The primary (fp16) and the shadow (int8) generate the same words for the same request index;
+    // the shadow then stalls forever on every other run below.
+    let fp16 = start_sim(exact(2.0, 2.0), 9).await;
+    let int8 = start_sim(exact(2.0, 1.0), 9).await;
+    let dir = temp_dir();
+    let shadow = "      shadow: { variant: int8, fraction: 1.0, max_concurrency: 4 }\n";
+    let config = yaml(&dir, fp16.addr, int8.addr, 10)
+        .replace("      variants:\n", &format!("{shadow}      variants:\n"));
+    let gw = start_yaml(&config).await;
+    for i in 0..6 {
+        let r = post(
+            gw.data_addr,
+            "/v1/chat/completions",
+            &chat(true, 6, ""),
+            &[("x-inferscope-variant", "fp16")],
+        )
+        .await;
+        assert_eq!(r.headers["x-inferscope-variant"], "fp16");
+        // The client gets exactly the primary's bytes (minus the usage chunk the gateway added).
+        let t = &fp16.truth()[i];
+        let expected: Vec<u8> = t
+            .sent
+            .iter()
+            .filter(|s| s.kind != inferscope::sim::ChunkKind::Usage)
+            .flat_map(|s| t.bytes[s.range.clone()].to_vec())
+            .collect();
+        assert_eq!(r.body(), expected);
+    }
+    assert!(
+        int8.wait_finished(6, std::time::Duration::from_secs(10))
+            .await,
+        "every copy reached the shadow"
+    );
+    // Now the shadow stalls: the primary is not delayed (bound: its own decode time plus 100 ms).
+    int8.set_faults(inferscope::sim::Faults {
+        stall_after_chunks: Some(2),
+        ..Default::default()
+    });
+    let t = tokio::time::Instant::now();
+    let r = post(
+        gw.data_addr,
+        "/v1/chat/completions",
+        &chat(true, 6, ""),
+        &[("x-inferscope-variant", "fp16")],
+    )
+    .await;
+    assert!(r.body().ends_with(b"data: [DONE]\n\n"));
+    assert!(
+        t.elapsed() < std::time::Duration::from_millis(2 + 6 * 2 + 100),
+        "primary delayed: {:?}",
+        t.elapsed()
+    );
+    let (_, body) = admin_get(gw.admin_addr, "/experiments").await;
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let sh = &doc["experiments"][0]["shadow"];
+    assert_eq!(sh["sent"], 7);
+    assert_eq!(sh["agreement"]["pairs"], 6, "{sh}");
+    // Same seed and request order: the shadow wrote the same words — full agreement.
+    assert_eq!(sh["agreement"]["exact_match_rate"], 1.0, "{sh}");
+    assert_eq!(sh["agreement"]["rouge_l_mean"], 1.0);
+    let shadow_arm = doc["experiments"][0]["variants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["variant"] == "int8:shadow")
+        .cloned()
+        .unwrap();
+    assert!(
+        shadow_arm["requests"].as_u64().unwrap() >= 6,
+        "shadow answers are measured: {shadow_arm}"
+    );
+    let log = stop_and_read_log(gw, &dir).await;
+    let primaries = log.iter().filter(|l| l.get("shadow").is_none()).count();
+    assert_eq!(primaries, 7);
+    assert!(log
+        .iter()
+        .filter(|l| l["shadow"] == true)
+        .all(|l| l["variant"] == "int8:shadow"));
+}

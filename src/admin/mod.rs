@@ -273,6 +273,31 @@ fn experiments_json(router: &Router, rec: &Recorder) -> serde_json::Value {
                     if let Some(g) = &x.guard {
                         m.insert("guardrails".into(), g.to_json());
                     }
+                    if let Some(sh) = &x.shadow {
+                        use std::sync::atomic::Ordering::Relaxed;
+                        let ag = sh.agreement();
+                        let rate = |k: f64| {
+                            if ag.pairs > 0 {
+                                serde_json::json!(k / ag.pairs as f64)
+                            } else {
+                                serde_json::Value::Null
+                            }
+                        };
+                        m.insert(
+                            "shadow".into(),
+                            serde_json::json!({
+                                "variant": sh.variant.as_ref(),
+                                "label": sh.label.as_ref(),
+                                "sent": sh.sent.load(Relaxed),
+                                "dropped": sh.dropped.load(Relaxed),
+                                "agreement": {
+                                    "pairs": ag.pairs,
+                                    "exact_match_rate": rate(ag.exact as f64),
+                                    "rouge_l_mean": rate(ag.rouge_l_sum),
+                                },
+                            }),
+                        );
+                    }
                 }
                 Some(v)
             }

@@ -283,6 +283,18 @@ fn validate_route(r: &RouteConfig, backends: &HashSet<&str>) -> Result<(), Inval
                     );
                 }
             }
+            if let Some(sh) = &x.shadow {
+                let at = vec![K("experiment"), K("shadow")];
+                if !x.variants.iter().any(|v| v.name == sh.variant) {
+                    return err(at, format!("unknown variant `{}`", sh.variant));
+                }
+                if !(0.0..=1.0).contains(&sh.fraction) || sh.max_concurrency == 0 {
+                    return err(
+                        at,
+                        "fraction must be between 0 and 1 and max_concurrency above 0",
+                    );
+                }
+            }
             if let Some(g) = &x.guardrails {
                 for (j, rule) in g.rules.iter().enumerate() {
                     let at = vec![K("experiment"), K("guardrails"), K("rules"), I(j)];

@@ -14,7 +14,7 @@ pub use schema::{
 };
 pub use schema::{
     Balancer, FeedbackConfig, GuardRule, GuardrailsConfig, OutlierConfig, ProbeConfig, RetryConfig,
-    TimeoutsConfig,
+    ShadowConfig, TimeoutsConfig,
 };
 
 /// The embedded default (also shipped as `config/default.yaml`): two in-process simulated

@@ -414,8 +414,28 @@ pub struct ExperimentConfig {
     /// SLOs that roll a variant back to the control when breached.
     #[serde(default)]
     pub guardrails: Option<GuardrailsConfig>,
+    /// Copies of a fraction of the requests sent to a shadow variant (measured, discarded).
+    #[serde(default)]
+    pub shadow: Option<ShadowConfig>,
     /// The variants.
     pub variants: Vec<VariantConfig>,
+}
+
+/// Shadow traffic of an experiment.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShadowConfig {
+    /// The variant that receives the copies.
+    pub variant: String,
+    /// Fraction of the experiment's requests copied (0..=1).
+    pub fraction: f64,
+    /// Copies in flight at once; beyond it copies are not sent (and counted).
+    #[serde(default = "default_shadow_concurrency")]
+    pub max_concurrency: usize,
+}
+
+fn default_shadow_concurrency() -> usize {
+    16
 }
 
 /// Guardrails of an experiment.

@@ -2,13 +2,14 @@
 //! TPOT, ITL and E2E, outcome counts, tokens), and the comparison of each variant with the control
 //! (`compare`), served at admin `GET /experiments` and by `inferscope report`.
 //!
-//! Not built yet: shadow traffic.
+//! Shadow traffic is in `shadow`.
 
 pub mod compare;
 pub mod eval;
 mod feedback;
 mod guard;
 mod report;
+pub mod shadow;
 
 pub use feedback::{Feedback, FeedbackError, FeedbackStats};
 pub use guard::{known_metric, Guardrails, Trip};

@@ -159,6 +159,10 @@ pub struct RequestMeta {
     pub attempts: Vec<Attempt>,
     /// Guardrails of the experiment that assigned the variant (fed with the result).
     pub guard: Option<Arc<crate::experiment::Guardrails>>,
+    /// This request's answer is compared with its shadow's (or its primary's).
+    pub shadow_pair: Option<Arc<crate::experiment::shadow::Pair>>,
+    /// This is a shadow copy (its response went nowhere).
+    pub is_shadow: bool,
     /// Route name (`-` when none matched).
     pub route: Arc<str>,
     /// Requested model (`-` when the body named none).
@@ -195,6 +199,8 @@ impl RequestMeta {
             upstream: None,
             attempts: Vec::new(),
             guard: None,
+            shadow_pair: None,
+            is_shadow: false,
             route: Arc::clone(&none),
             model: Arc::clone(&none),
             backend: Arc::clone(&none),

@@ -5,6 +5,7 @@ mod error;
 mod layers;
 mod request;
 mod service;
+mod shadow;
 
 pub use error::{Blame, ProxyError};
 pub use layers::{Admission, InFlightLimitLayer, RequestId, RequestIdLayer, REQUEST_ID_HEADER};

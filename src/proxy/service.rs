@@ -74,7 +74,7 @@ pub struct Gateway {
     pub limits: Limits,
     /// Id source.
     pub ids: Arc<Ids>,
-    client: Client<HttpConnector, UpstreamBody>,
+    pub(super) client: Client<HttpConnector, UpstreamBody>,
 }
 
 impl Gateway {
@@ -314,6 +314,38 @@ async fn proxy(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<ProxyBody> 
         m.guard = sel.guard.clone();
     }
 
+    // Shadow: maybe send a copy to the shadow variant; never awaited by this request.
+    let mut capture_output = gw.trace.capture_content;
+    if let (crate::route::Target::Experiment(x), Some(bytes), Some(ep)) =
+        (&route.target, &replay, endpoint)
+    {
+        if let Some(sh) = x.shadow.as_ref().filter(|sh| *sh.variant != *sel.variant) {
+            if let Some(permit) = sh.admit() {
+                let pair = crate::experiment::shadow::Pair::new(Arc::clone(sh));
+                pending.meta().shadow_pair = Some(Arc::clone(&pair));
+                let cap = crate::experiment::shadow::MAX_COMPARED;
+                capture_output = Some(capture_output.map_or(cap, |c| c.max(cap)));
+                let copy = super::shadow::Copy {
+                    method: parts.method.clone(),
+                    path_and_query: parts.uri.path_and_query().cloned(),
+                    headers: parts.headers.clone(),
+                    body: bytes.clone(),
+                    model: model.clone(),
+                    stream: pending.meta().stream,
+                    endpoint: ep,
+                };
+                tokio::spawn(super::shadow::send(
+                    Arc::clone(&gw),
+                    Arc::clone(&route),
+                    Arc::clone(sh),
+                    permit,
+                    pair,
+                    copy,
+                ));
+            }
+        }
+    }
+
     // Phase 4: forward; fail over to another backend before any response byte reached the client
     // when that is safe (the body can be sent again, attempts and the retry budget allow).
     let client_version = parts.version;
@@ -426,19 +458,7 @@ async fn proxy(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<ProxyBody> 
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     let classify = endpoint.is_some_and(Endpoint::is_openai);
-    let max_line = gw.limits.max_event_bytes;
-    let framing = if ctype.starts_with("text/event-stream") {
-        Framing::Sse(SseScanner::new(max_line))
-    } else if ctype.starts_with("application/x-ndjson") {
-        Framing::Ndjson(NdjsonScanner::new(max_line))
-    } else if classify && ctype.starts_with("application/json") {
-        Framing::Json {
-            parts: Vec::new(),
-            len: 0,
-        }
-    } else {
-        Framing::Opaque
-    };
+    let framing = framing_for(ctype, classify, gw.limits.max_event_bytes);
     let strip = strip_usage && matches!(framing, Framing::Sse(_));
     if strip {
         rparts.headers.remove(header::CONTENT_LENGTH);
@@ -453,7 +473,7 @@ async fn proxy(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<ProxyBody> 
     let opts = MeterOptions {
         classify,
         strip_usage: strip,
-        capture_output: gw.trace.capture_content,
+        capture_output,
         deadlines: Deadlines {
             first_token: first_token_at,
             idle: nonzero(route.timeouts.idle),
@@ -485,4 +505,20 @@ fn has_no_body(parts: &http::request::Parts) -> bool {
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok());
     !parts.headers.contains_key(header::TRANSFER_ENCODING) && length.is_none_or(|l| l.trim() == "0")
+}
+
+/// How a response body with content type `ctype` is cut into events.
+pub(super) fn framing_for(ctype: &str, classify: bool, max_line: usize) -> Framing {
+    if ctype.starts_with("text/event-stream") {
+        Framing::Sse(SseScanner::new(max_line))
+    } else if ctype.starts_with("application/x-ndjson") {
+        Framing::Ndjson(NdjsonScanner::new(max_line))
+    } else if classify && ctype.starts_with("application/json") {
+        Framing::Json {
+            parts: Vec::new(),
+            len: 0,
+        }
+    } else {
+        Framing::Opaque
+    }
 }

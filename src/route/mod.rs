@@ -125,6 +125,8 @@ pub struct Experiment {
     pub allow_override: bool,
     /// SLOs that roll variants back to the control.
     pub guard: Option<Arc<crate::experiment::Guardrails>>,
+    /// Shadow traffic policy.
+    pub shadow: Option<Arc<crate::experiment::shadow::Shadow>>,
     /// Variants and their assignment.
     pub split: Split<Pool>,
 }
@@ -270,6 +272,16 @@ impl Router {
                             .into(),
                         min_samples: x.min_samples,
                         allow_override: x.allow_override,
+                        shadow: x.shadow.as_ref().and_then(|sh| {
+                            let i = x.variants.iter().position(|v| v.name == sh.variant)?;
+                            Some(Arc::new(crate::experiment::shadow::Shadow::new(
+                                &sh.variant,
+                                i,
+                                sh.fraction,
+                                sh.max_concurrency,
+                                salt,
+                            )))
+                        }),
                         guard: x.guardrails.as_ref().map(|g| {
                             let control = x
                                 .variants
