@@ -59,6 +59,22 @@ impl Recorder {
         self.in_flight.load(Ordering::Relaxed)
     }
 
+    /// A guardrail rolled `variant` back: exported as an OpenTelemetry event when telemetry is on
+    /// (the log line and the metric come from the guardrail itself).
+    pub fn guardrail_tripped(&self, route: &str, variant: &str, trip: &crate::experiment::Trip) {
+        if let Some(t) = &self.telemetry {
+            t.event(
+                "inferscope.guardrail.tripped",
+                vec![
+                    ("inferscope.route", route.to_string()),
+                    ("inferscope.variant", variant.to_string()),
+                    ("inferscope.guardrail.rule", trip.rule.clone()),
+                    ("inferscope.guardrail.value", trip.value.to_string()),
+                ],
+            );
+        }
+    }
+
     /// Takes one finished request.
     pub fn record(&self, rec: RequestRecord) {
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
@@ -66,7 +82,9 @@ impl Recorder {
         self.stats.record(&rec);
         self.experiments.record(&rec);
         if let Some(g) = &rec.meta.guard {
-            g.observe(&rec);
+            for (variant, trip) in g.observe(&rec) {
+                self.guardrail_tripped(&rec.meta.route, &variant, &trip);
+            }
         }
         if let Some(pair) = &rec.meta.shadow_pair {
             let ok = rec.outcome == Outcome::Ok;

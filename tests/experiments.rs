@@ -495,3 +495,66 @@ async fn shadow_copies_are_measured_compared_and_never_touch_the_primary() {
         .filter(|l| l["shadow"] == true)
         .all(|l| l["variant"] == "int8:shadow"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_feedback_trips_a_guardrail_and_the_trip_is_an_opentelemetry_event() {
+    let (otlp, collected) = common::otlp::start_http().await;
+    let a = start_sim(exact(1.0, 1.0), 1).await;
+    let b = start_sim(exact(1.0, 1.0), 2).await;
+    let dir = temp_dir();
+    let guard = "      guardrails:\n        min_samples: 3\n        rules:\n          - { variant: int8, metric: \"feedback:thumbs_up\", min: 0.5 }\n";
+    let config = format!(
+        "{}telemetry:\n  otlp: {{ endpoint: \"http://{otlp}\", protocol: http/protobuf }}\n  export_metrics: false\n",
+        yaml(&dir, a.addr, b.addr, 10).replace("      variants:\n", &format!("{guard}      variants:\n"))
+    );
+    let gw = start_yaml(&config).await;
+    for _ in 0..3 {
+        let r = post(
+            gw.data_addr,
+            "/v1/chat/completions",
+            &chat(true, 1, ""),
+            &[("x-inferscope-variant", "int8")],
+        )
+        .await;
+        assert_eq!(r.headers["x-inferscope-variant"], "int8");
+        let id = r.headers["x-inferscope-request-id"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        let fb = format!(r#"{{"request_id":"{id}","name":"thumbs_up","value":false}}"#);
+        assert_eq!(
+            Client::connect(gw.admin_addr)
+                .await
+                .send("POST", "/feedback", &fb, &[])
+                .await
+                .status,
+            200
+        );
+    }
+    let r = post(
+        gw.data_addr,
+        "/v1/chat/completions",
+        &chat(true, 1, ""),
+        &[("x-inferscope-variant", "int8")],
+    )
+    .await;
+    assert_eq!(
+        r.headers["x-inferscope-variant"], "fp16",
+        "three thumbs-down rolled int8 back"
+    );
+    stop_and_read_log(gw, &dir).await;
+    let events: Vec<_> = collected
+        .spans()
+        .into_iter()
+        .filter(|(_, s)| s.name == "inferscope.guardrail.tripped")
+        .collect();
+    assert_eq!(events.len(), 1);
+    let attrs = &events[0].1.attributes;
+    assert_eq!(
+        common::otlp::attr_str(attrs, "inferscope.variant").as_deref(),
+        Some("int8")
+    );
+    assert!(common::otlp::attr_str(attrs, "inferscope.guardrail.rule")
+        .unwrap()
+        .contains("feedback:thumbs_up"));
+}

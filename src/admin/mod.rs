@@ -328,11 +328,28 @@ async fn feedback(
         );
     };
     match state.recorder.experiments.feedback.post(&body.to_bytes()) {
-        Ok(variant) => reply(
-            StatusCode::OK,
-            "application/json",
-            serde_json::json!({"variant": variant.as_ref()}).to_string(),
-        ),
+        Ok((route, variant, name, value)) => {
+            // Feedback-based guardrail rules see the signal at once.
+            let router = Arc::clone(&state.gateway.load().router);
+            let guard = router
+                .routes()
+                .iter()
+                .find(|r| r.name == route)
+                .and_then(|r| match &r.target {
+                    crate::route::Target::Experiment(x) => x.guard.clone(),
+                    crate::route::Target::Pool(_) => None,
+                });
+            if let Some(g) = guard {
+                for (v, trip) in g.observe_feedback(&variant, &name, value) {
+                    state.recorder.guardrail_tripped(&route, &v, &trip);
+                }
+            }
+            reply(
+                StatusCode::OK,
+                "application/json",
+                serde_json::json!({"variant": variant.as_ref()}).to_string(),
+            )
+        }
         Err(FeedbackError::Invalid(m)) => error(
             StatusCode::BAD_REQUEST,
             &format!("expected {{request_id, name, value: number or boolean}}: {m}"),

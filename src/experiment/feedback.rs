@@ -107,8 +107,9 @@ impl Feedback {
         );
     }
 
-    /// Accepts one posted feedback body; returns the variant it was joined to.
-    pub fn post(&self, body: &[u8]) -> Result<Arc<str>, FeedbackError> {
+    /// Accepts one posted feedback body; returns the route and variant it was joined to, the
+    /// signal's name and its value as a number.
+    pub fn post(&self, body: &[u8]) -> Result<(Arc<str>, Arc<str>, String, f64), FeedbackError> {
         let p: Posted =
             serde_json::from_slice(body).map_err(|e| FeedbackError::Invalid(e.to_string()))?;
         let x = match &p.value {
@@ -141,13 +142,14 @@ impl Feedback {
             "name": p.name, "value": p.value,
         }))?;
         let mut i = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let key = (Arc::clone(&variant), p.name.clone());
         i.stats
-            .entry(route)
+            .entry(Arc::clone(&route))
             .or_default()
-            .entry((Arc::clone(&variant), p.name))
+            .entry(key)
             .or_default()
             .add(x);
-        Ok(variant)
+        Ok((route, variant, p.name, x))
     }
 
     fn store(&self, line: &Value) -> Result<(), FeedbackError> {

@@ -39,6 +39,8 @@ pub struct Trip {
 #[derive(Debug, Default)]
 struct State {
     windows: HashMap<Arc<str>, VecDeque<Sample>>,
+    /// Feedback per variant: (when, signal name, value).
+    feedback: HashMap<Arc<str>, VecDeque<(Instant, String, f64)>>,
     tripped: HashMap<Arc<str>, Trip>,
     last_eval: Option<Instant>,
     trips_total: u64,
@@ -84,11 +86,31 @@ impl Guardrails {
         &self.control
     }
 
-    /// Adds a finished request of a variant and, at most every 250 ms, checks the rules.
-    pub fn observe(&self, r: &RequestRecord) {
+    /// Adds one feedback value for `variant` (for `feedback:NAME` rules) and checks the rules.
+    /// Returns the trips this caused.
+    pub fn observe_feedback(
+        &self,
+        variant: &Arc<str>,
+        name: &str,
+        value: f64,
+    ) -> Vec<(Arc<str>, Trip)> {
+        if variant.as_ref() == self.control.as_ref() {
+            return Vec::new();
+        }
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.feedback
+            .entry(Arc::clone(variant))
+            .or_default()
+            .push_back((Instant::now(), name.to_string(), value));
+        self.evaluate(&mut s, Instant::now())
+    }
+
+    /// Adds a finished request of a variant and, at most every 250 ms, checks the rules. Returns
+    /// the trips this caused.
+    pub fn observe(&self, r: &RequestRecord) -> Vec<(Arc<str>, Trip)> {
         let v = &r.meta.variant;
         if v.as_ref() == self.control.as_ref() {
-            return;
+            return Vec::new();
         }
         let now = Instant::now();
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
@@ -110,20 +132,35 @@ impl Guardrails {
         if s.last_eval
             .is_some_and(|t| now.saturating_duration_since(t) < EVAL_EVERY)
         {
-            return;
+            return Vec::new();
         }
+        self.evaluate(&mut s, now)
+    }
+
+    fn evaluate(&self, s: &mut State, now: Instant) -> Vec<(Arc<str>, Trip)> {
         s.last_eval = Some(now);
         let window = self.cfg.window;
         let mut trips = Vec::new();
-        for (variant, w) in s.windows.iter_mut() {
-            while w
+        for f in s.feedback.values_mut() {
+            while f
                 .front()
-                .is_some_and(|x| now.saturating_duration_since(x.at) > window)
+                .is_some_and(|x| now.saturating_duration_since(x.0) > window)
             {
-                w.pop_front();
+                f.pop_front();
             }
-            if w.len() < self.cfg.min_samples {
-                continue;
+        }
+        let mut variants: Vec<Arc<str>> =
+            s.windows.keys().chain(s.feedback.keys()).cloned().collect();
+        variants.sort();
+        variants.dedup();
+        for variant in variants {
+            if let Some(w) = s.windows.get_mut(&variant) {
+                while w
+                    .front()
+                    .is_some_and(|x| now.saturating_duration_since(x.at) > window)
+                {
+                    w.pop_front();
+                }
             }
             for rule in &self.cfg.rules {
                 if rule
@@ -133,33 +170,53 @@ impl Guardrails {
                 {
                     continue;
                 }
-                let Some(value) = measure(&rule.metric, w) else {
+                let (value, n) = match rule.metric.strip_prefix("feedback:") {
+                    Some(name) => {
+                        let vals: Vec<f64> = s
+                            .feedback
+                            .get(&variant)
+                            .into_iter()
+                            .flatten()
+                            .filter(|x| x.1 == name)
+                            .map(|x| x.2)
+                            .collect();
+                        let mean = (!vals.is_empty())
+                            .then(|| vals.iter().sum::<f64>() / vals.len() as f64);
+                        (mean, vals.len())
+                    }
+                    None => match s.windows.get(&variant) {
+                        Some(w) => (measure(&rule.metric, w), w.len()),
+                        None => (None, 0),
+                    },
+                };
+                let Some(value) = value.filter(|_| n >= self.cfg.min_samples) else {
                     continue;
                 };
                 let breached =
                     rule.max.is_some_and(|m| value > m) || rule.min.is_some_and(|m| value < m);
                 if breached {
-                    trips.push((Arc::clone(variant), rule.describe(), value, w.len()));
+                    trips.push((Arc::clone(&variant), rule.describe(), value, n));
                     break;
                 }
             }
         }
+        let mut new = Vec::new();
         for (variant, rule, value, n) in trips {
             if s.tripped.contains_key(&variant) {
                 continue;
             }
             tracing::warn!(variant = %variant, rule = %rule, value, n, control = %self.control, "guardrail tripped: variant rolled back to the control");
             s.trips_total += 1;
-            s.tripped.insert(
-                variant,
-                Trip {
-                    at: SystemTime::now(),
-                    rule,
-                    value,
-                    n,
-                },
-            );
+            let trip = Trip {
+                at: SystemTime::now(),
+                rule,
+                value,
+                n,
+            };
+            s.tripped.insert(Arc::clone(&variant), trip.clone());
+            new.push((variant, trip));
         }
+        new
     }
 
     /// Un-trips `variant` (all variants when `None`) and clears its window. Returns the variants
@@ -175,6 +232,7 @@ impl Guardrails {
         for n in &names {
             s.tripped.remove(n);
             s.windows.remove(n);
+            s.feedback.remove(n);
             tracing::info!(variant = %n, "guardrail reset: variant back in the experiment");
         }
         names.iter().map(|n| n.to_string()).collect()
@@ -224,9 +282,13 @@ fn measure(metric: &str, w: &VecDeque<Sample>) -> Option<f64> {
     quantile(values, q)
 }
 
-/// True when `metric` names something `measure` understands.
+/// True when `metric` names something the guardrails understand (`feedback:NAME` included).
 pub fn known_metric(metric: &str) -> bool {
-    if metric == "error_rate" {
+    if metric == "error_rate"
+        || metric
+            .strip_prefix("feedback:")
+            .is_some_and(|n| !n.is_empty())
+    {
         return true;
     }
     let Some((name, q)) = metric.strip_suffix("_ms").and_then(|r| r.rsplit_once("_p")) else {

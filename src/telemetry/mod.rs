@@ -69,6 +69,7 @@ impl Counters {
 
 enum Msg {
     Record(Arc<RequestRecord>),
+    Event(&'static str, Vec<(&'static str, String)>),
     Flush(oneshot::Sender<()>),
 }
 
@@ -220,6 +221,14 @@ impl Telemetry {
         }
     }
 
+    /// Exports a gateway event (e.g. a guardrail trip) as a zero-length INTERNAL span carrying an
+    /// event of the same name; never waits.
+    pub fn event(&self, name: &'static str, attrs: Vec<(&'static str, String)>) {
+        if self.tx.try_send(Msg::Event(name, attrs)).is_err() {
+            self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// Exports everything queued so far, then the final metrics, and stops the metric reader.
     /// Bounded by the export timeout.
     pub async fn shutdown(&self) {
@@ -266,6 +275,9 @@ async fn run(
                     if batch.len() >= settings.batch.max_batch {
                         export(&exporter, &mut batch, &settings, &counters).await;
                     }
+                }
+                Some(Msg::Event(name, attrs)) => {
+                    batch.push(spans::event(name, attrs, &scope));
                 }
                 Some(Msg::Flush(ack)) => {
                     export(&exporter, &mut batch, &settings, &counters).await;

@@ -342,3 +342,42 @@ fn openinference(rec: &RequestRecord, s: &Settings, a: &mut Vec<KeyValue>) {
         }
     }
 }
+
+/// A standalone gateway event: a zero-length INTERNAL span in a new trace, with one event.
+pub fn event(
+    name: &'static str,
+    attrs: Vec<(&'static str, String)>,
+    scope: &InstrumentationScope,
+) -> SpanData {
+    let now = std::time::SystemTime::now();
+    let ids = crate::route::fnv1a(&format!("{now:?}{name}").into_bytes());
+    let attributes: Vec<KeyValue> = attrs
+        .into_iter()
+        .map(|(k, v)| KeyValue::new(k, v))
+        .collect();
+    SpanData {
+        span_context: SpanContext::new(
+            TraceId::from(u128::from(ids) << 64 | u128::from(ids.rotate_left(17) | 1)),
+            SpanId::from(ids | 1),
+            TraceFlags::SAMPLED,
+            false,
+            TraceState::default(),
+        ),
+        parent_span_id: SpanId::from(0),
+        parent_span_is_remote: false,
+        span_kind: SpanKind::Internal,
+        name: Cow::Borrowed(name),
+        start_time: now,
+        end_time: now,
+        attributes: attributes.clone(),
+        dropped_attributes_count: 0,
+        events: {
+            let mut e = SpanEvents::default();
+            e.events.push(Event::new(name, now, attributes, 0));
+            e
+        },
+        links: SpanLinks::default(),
+        status: Status::Unset,
+        instrumentation_scope: scope.clone(),
+    }
+}
