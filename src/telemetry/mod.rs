@@ -102,27 +102,28 @@ fn resource(s: &Settings) -> Resource {
         .build()
 }
 
+/// The configured headers as gRPC metadata (validated when the settings were resolved).
+fn grpc_metadata(s: &Settings) -> opentelemetry_otlp::tonic_types::metadata::MetadataMap {
+    let mut h = http::HeaderMap::new();
+    for (k, v) in &s.headers {
+        if let (Ok(k), Ok(v)) = (
+            http::HeaderName::try_from(k.as_str()),
+            http::HeaderValue::try_from(v.as_str()),
+        ) {
+            h.insert(k, v);
+        }
+    }
+    opentelemetry_otlp::tonic_types::metadata::MetadataMap::from_headers(h)
+}
+
 fn span_exporter(s: &Settings) -> Result<SpanExporter, String> {
     let built = match s.protocol {
-        Protocol::Grpc => {
-            let mut h = http::HeaderMap::new();
-            for (k, v) in &s.headers {
-                if let (Ok(k), Ok(v)) = (
-                    http::HeaderName::try_from(k.as_str()),
-                    http::HeaderValue::try_from(v.as_str()),
-                ) {
-                    h.insert(k, v);
-                }
-            }
-            SpanExporter::builder()
-                .with_tonic()
-                .with_endpoint(s.traces_endpoint())
-                .with_timeout(s.timeout)
-                .with_metadata(
-                    opentelemetry_otlp::tonic_types::metadata::MetadataMap::from_headers(h),
-                )
-                .build()
-        }
+        Protocol::Grpc => SpanExporter::builder()
+            .with_tonic()
+            .with_endpoint(s.traces_endpoint())
+            .with_timeout(s.timeout)
+            .with_metadata(grpc_metadata(s))
+            .build(),
         Protocol::HttpProtobuf => SpanExporter::builder()
             .with_http()
             .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
@@ -141,24 +142,12 @@ fn meter_provider(
 ) -> Result<SdkMeterProvider, String> {
     let b = opentelemetry_otlp::MetricExporter::builder();
     let exporter = match s.protocol {
-        Protocol::Grpc => {
-            let mut h = http::HeaderMap::new();
-            for (k, v) in &s.headers {
-                if let (Ok(k), Ok(v)) = (
-                    http::HeaderName::try_from(k.as_str()),
-                    http::HeaderValue::try_from(v.as_str()),
-                ) {
-                    h.insert(k, v);
-                }
-            }
-            b.with_tonic()
-                .with_endpoint(s.metrics_endpoint())
-                .with_timeout(s.timeout)
-                .with_metadata(
-                    opentelemetry_otlp::tonic_types::metadata::MetadataMap::from_headers(h),
-                )
-                .build()
-        }
+        Protocol::Grpc => b
+            .with_tonic()
+            .with_endpoint(s.metrics_endpoint())
+            .with_timeout(s.timeout)
+            .with_metadata(grpc_metadata(s))
+            .build(),
         Protocol::HttpProtobuf => b
             .with_http()
             .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
