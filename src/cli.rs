@@ -84,6 +84,58 @@ enum Cmd {
         #[arg(long)]
         malformed_rate: Option<f64>,
     },
+    /// Load generator: open-loop (--rate) or closed-loop (--concurrency) streaming requests, measured
+    /// client-side by the gateway's definitions; a vLLM-bench-style report (table and --out JSON).
+    Bench {
+        /// Gateway (or backend) URL.
+        #[arg(long)]
+        url: String,
+        /// Model name.
+        #[arg(long, default_value = "demo")]
+        model: String,
+        /// Prompts: ShareGPT JSON or JSONL (`{"prompt": ...}` or strings); default synthetic.
+        #[arg(long)]
+        dataset: Option<PathBuf>,
+        /// Words per synthetic prompt.
+        #[arg(long, default_value_t = 64)]
+        input_words: usize,
+        /// Requests per second, open loop (Poisson arrivals unless --constant).
+        #[arg(long, conflicts_with = "concurrency")]
+        rate: Option<f64>,
+        /// Evenly spaced arrivals instead of Poisson.
+        #[arg(long)]
+        constant: bool,
+        /// Requests in flight, closed loop (default 1 when no --rate).
+        #[arg(long)]
+        concurrency: Option<usize>,
+        /// Requests to send.
+        #[arg(long, default_value_t = 100)]
+        requests: usize,
+        /// Stop after this long (e.g. 60s), whichever comes first.
+        #[arg(long)]
+        duration: Option<String>,
+        /// Non-streaming requests.
+        #[arg(long)]
+        no_stream: bool,
+        /// max_tokens of each request.
+        #[arg(long, default_value_t = 128)]
+        max_tokens: u32,
+        /// SLOs for goodput, e.g. ttft=200ms,tpot=30ms.
+        #[arg(long)]
+        slo: Option<String>,
+        /// Extra header NAME:VALUE (repeatable), e.g. x-inferscope-variant:int8.
+        #[arg(long = "header")]
+        headers: Vec<String>,
+        /// Write the report as JSON here.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Gateway admin URL: print its /stats next to the client's figures.
+        #[arg(long)]
+        compare_gateway: Option<String>,
+        /// Seed of arrivals and synthetic prompts.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
     /// Report from an access log: TTFT, TPOT, tokens/s, P99, error rate per group, and each group
     /// compared with a control (median and p99 change with 95% intervals, Mann-Whitney p).
     Report {
@@ -313,6 +365,90 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             print!("{}", crate::experiment::eval::render(&scores));
             Ok(())
         }
+        Cmd::Bench {
+            url,
+            model,
+            dataset,
+            input_words,
+            rate,
+            constant,
+            concurrency,
+            requests,
+            duration,
+            no_stream,
+            max_tokens,
+            slo,
+            headers,
+            out,
+            compare_gateway,
+            seed,
+        } => {
+            use crate::loadgen::{self, Arrivals, BenchOptions};
+            let prompts = match &dataset {
+                Some(p) => loadgen::load_prompts(
+                    &std::fs::read_to_string(p)
+                        .with_context(|| format!("reading {}", p.display()))?,
+                )
+                .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?,
+                None => loadgen::synthetic_prompts(requests.min(1000), input_words, seed),
+            };
+            let arrivals = match (rate, concurrency) {
+                (Some(r), _) if r > 0.0 => {
+                    if constant {
+                        Arrivals::Constant(r)
+                    } else {
+                        Arrivals::Poisson(r)
+                    }
+                }
+                (Some(r), _) => anyhow::bail!("--rate {r}: must be above 0"),
+                (None, c) => Arrivals::Concurrency(c.unwrap_or(1)),
+            };
+            let headers = headers
+                .iter()
+                .map(|h| {
+                    h.split_once(':')
+                        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+                        .context("--header NAME:VALUE")
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let opts = BenchOptions {
+                url,
+                model,
+                prompts,
+                arrivals,
+                requests,
+                duration: duration
+                    .map(|d| config::parse_duration(&d))
+                    .transpose()
+                    .map_err(anyhow::Error::msg)?,
+                stream: !no_stream,
+                max_tokens,
+                slo: slo
+                    .map(|s| loadgen::parse_slo(&s))
+                    .transpose()
+                    .map_err(anyhow::Error::msg)?
+                    .unwrap_or_default(),
+                headers,
+                seed,
+                progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            };
+            let (samples, wall) = loadgen::run(&opts).await;
+            let report = loadgen::summarize(&samples, wall, &opts.slo);
+            let gateway = match &compare_gateway {
+                Some(admin) => Some(fetch_stats(admin).await?),
+                None => None,
+            };
+            print!("{}", loadgen::render(&report, gateway.as_ref()));
+            if let Some(path) = out {
+                let mut doc = report.clone();
+                if let (Some(g), serde_json::Value::Object(m)) = (&gateway, &mut doc) {
+                    m.insert("gateway".into(), g["rollups"]["all"].clone());
+                }
+                std::fs::write(&path, serde_json::to_string_pretty(&doc)?)
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
+            Ok(())
+        }
         Cmd::Check { .. } | Cmd::Report { .. } => Ok(()),
     }
 }
@@ -345,4 +481,19 @@ async fn terminated() {
     {
         let _ = tokio::signal::ctrl_c().await;
     }
+}
+
+/// `GET {admin}/stats`.
+async fn fetch_stats(admin: &str) -> anyhow::Result<serde_json::Value> {
+    use http_body_util::BodyExt;
+    let client: hyper_util::client::legacy::Client<_, http_body_util::Empty<bytes::Bytes>> =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build_http();
+    let uri: http::Uri = format!("{}/stats", admin.trim_end_matches('/')).parse()?;
+    let resp = client
+        .get(uri)
+        .await
+        .context("fetching the gateway's /stats")?;
+    let body = resp.into_body().collect().await?.to_bytes();
+    Ok(serde_json::from_slice(&body)?)
 }

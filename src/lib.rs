@@ -22,6 +22,7 @@
 //! | [`accesslog`] | JSONL writer task behind a bounded channel |
 //! | [`telemetry`] | OpenTelemetry spans and metrics over OTLP, trace context |
 //! | [`admin`] | admin HTTP API: `/metrics`, `/stats`, `/healthz`, `/readyz` |
+//! | [`loadgen`] | `inferscope bench`: load generation measured by the same definitions |
 //! | [`sim`] | simulated OpenAI-compatible backend with a timing model and ground truth |
 
 pub mod accesslog;
@@ -31,6 +32,7 @@ pub mod cli;
 pub mod config;
 pub mod dialect;
 pub mod experiment;
+pub mod loadgen;
 pub mod meter;
 pub mod proxy;
 pub mod recorder;

@@ -1,0 +1,78 @@
+//! Prompts for `inferscope bench`: a ShareGPT JSON file (the first human turn of each
+//! conversation), a JSONL file of `{"prompt": …}` objects or plain strings, or synthetic prompts of
+//! a given length.
+
+use serde_json::Value;
+
+/// Loads prompts from `text` (ShareGPT JSON array, or JSON lines).
+pub fn load_prompts(text: &str) -> Result<Vec<String>, String> {
+    let trimmed = text.trim_start();
+    let prompts: Vec<String> = if trimmed.starts_with('[') {
+        let v: Value =
+            serde_json::from_str(trimmed).map_err(|e| format!("not a ShareGPT JSON array: {e}"))?;
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| {
+                c["conversations"]
+                    .as_array()?
+                    .iter()
+                    .find(|t| matches!(t["from"].as_str(), Some("human" | "user")))
+                    .and_then(|t| t["value"].as_str())
+                    .map(str::to_owned)
+            })
+            .collect()
+    } else {
+        text.lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+            .map(|(i, l)| match serde_json::from_str::<Value>(l) {
+                Ok(Value::String(s)) => Ok(s),
+                Ok(v) => v["prompt"]
+                    .as_str()
+                    .map(str::to_owned)
+                    .ok_or_else(|| format!("line {}: no \"prompt\"", i + 1)),
+                Err(e) => Err(format!("line {}: {e}", i + 1)),
+            })
+            .collect::<Result<_, _>>()?
+    };
+    if prompts.is_empty() {
+        return Err("no prompts found".into());
+    }
+    Ok(prompts)
+}
+
+/// `n` synthetic prompts of about `words` words each.
+pub fn synthetic_prompts(n: usize, words: usize, seed: u64) -> Vec<String> {
+    const VOCAB: [&str; 12] = [
+        "explain", "the", "latency", "of", "a", "model", "server", "under", "load", "in", "plain",
+        "words",
+    ];
+    let mut rng = crate::sim::Rng::new(seed);
+    (0..n.max(1))
+        .map(|_| {
+            (0..words.max(1))
+                .map(|_| VOCAB[(rng.next_u64() % VOCAB.len() as u64) as usize])
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sharegpt_jsonl_and_synthetic() {
+        let share = r#"[{"conversations":[{"from":"human","value":"hi there"},{"from":"gpt","value":"hello"}]},{"conversations":[]}]"#;
+        assert_eq!(load_prompts(share).unwrap_or_default(), vec!["hi there"]);
+        let jsonl = "{\"prompt\":\"a\"}\n\"b\"\n";
+        assert_eq!(load_prompts(jsonl).unwrap_or_default(), vec!["a", "b"]);
+        assert!(load_prompts("{\"x\":1}").is_err());
+        let s = synthetic_prompts(3, 5, 1);
+        assert_eq!(s.len(), 3);
+        assert_eq!(s[0].split_whitespace().count(), 5);
+        assert_eq!(s, synthetic_prompts(3, 5, 1));
+    }
+}

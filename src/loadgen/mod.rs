@@ -1,0 +1,403 @@
+//! `inferscope bench`: a load generator that speaks the gateway's metric language. Requests come
+//! from a dataset (ShareGPT JSON, JSONL prompts) or are synthetic; arrivals are open-loop (Poisson
+//! or constant rate) or closed-loop (fixed concurrency). Each response is measured client-side by
+//! DESIGN §3's definitions, with the same SSE scanner and dialect as the gateway: TTFT, TTFC,
+//! TPOT, ITL, E2E, tokens, goodput under SLOs.
+//!
+//! Not built yet: `--sweep` over rates, and the nginx / direct comparison harness.
+
+mod dataset;
+
+pub use dataset::{load_prompts, synthetic_prompts};
+
+use crate::dialect;
+use crate::experiment::compare::quantile;
+use crate::sse::SseScanner;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{json, Value};
+use std::fmt::Write;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// How requests arrive.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Arrivals {
+    /// Open loop: this many requests per second, exponentially distributed gaps.
+    Poisson(f64),
+    /// Open loop: evenly spaced.
+    Constant(f64),
+    /// Closed loop: this many requests in flight, each sent when the previous one ends.
+    Concurrency(usize),
+}
+
+/// A benchmark run.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// Base URL of the gateway or backend.
+    pub url: String,
+    /// Model name.
+    pub model: String,
+    /// The prompts (used round-robin).
+    pub prompts: Vec<String>,
+    /// Arrival process.
+    pub arrivals: Arrivals,
+    /// Stop after this many requests …
+    pub requests: usize,
+    /// … or after this long (whichever comes first).
+    pub duration: Option<Duration>,
+    /// Streamed responses.
+    pub stream: bool,
+    /// `max_tokens` of each request.
+    pub max_tokens: u32,
+    /// SLOs for goodput: (metric, limit) with metric `ttft`, `tpot`, `itl`, `e2e`.
+    pub slo: Vec<(String, Duration)>,
+    /// Extra request headers.
+    pub headers: Vec<(String, String)>,
+    /// Seed of the arrival process.
+    pub seed: u64,
+    /// Print progress to standard error.
+    pub progress: bool,
+}
+
+/// One request as the client saw it.
+#[derive(Debug, Clone, Default)]
+pub struct Sample {
+    /// HTTP status (0: no response).
+    pub status: u16,
+    /// Stream reached its terminal event (or a whole body was parsed).
+    pub complete: bool,
+    /// Milliseconds.
+    pub ttft: Option<f64>,
+    /// Milliseconds.
+    pub ttfc: Option<f64>,
+    /// Milliseconds.
+    pub tpot: Option<f64>,
+    /// Milliseconds, one per gap between output events.
+    pub itl: Vec<f64>,
+    /// Milliseconds.
+    pub e2e: f64,
+    /// Prompt tokens (from usage).
+    pub input_tokens: u64,
+    /// Output tokens (usage, else counted events).
+    pub output_tokens: u64,
+}
+
+impl Sample {
+    fn ok(&self) -> bool {
+        (200..300).contains(&self.status) && self.complete
+    }
+
+    fn meets(&self, slo: &[(String, Duration)]) -> bool {
+        self.ok()
+            && slo.iter().all(|(m, limit)| {
+                let l = limit.as_secs_f64() * 1000.0;
+                match m.as_str() {
+                    "ttft" => self.ttft.is_some_and(|v| v <= l),
+                    "tpot" => self.tpot.is_none_or(|v| v <= l),
+                    "itl" => self.itl.iter().all(|v| *v <= l),
+                    "e2e" => self.e2e <= l,
+                    _ => true,
+                }
+            })
+    }
+}
+
+/// Parses `ttft=200ms,tpot=30ms`.
+pub fn parse_slo(s: &str) -> Result<Vec<(String, Duration)>, String> {
+    s.split(',')
+        .filter(|p| !p.trim().is_empty())
+        .map(|p| {
+            let (k, v) = p
+                .split_once('=')
+                .ok_or_else(|| format!("`{p}`: expected METRIC=DURATION"))?;
+            let k = k.trim().to_lowercase();
+            if !["ttft", "tpot", "itl", "e2e"].contains(&k.as_str()) {
+                return Err(format!("`{k}`: SLO metrics are ttft, tpot, itl, e2e"));
+            }
+            Ok((k, crate::config::parse_duration(v)?))
+        })
+        .collect()
+}
+
+async fn one(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    o: &BenchOptions,
+    prompt: &str,
+) -> Sample {
+    let mut body = json!({"model": o.model, "stream": o.stream, "max_tokens": o.max_tokens,
+        "messages": [{"role": "user", "content": prompt}]});
+    if o.stream {
+        body["stream_options"] = json!({"include_usage": true});
+    }
+    let mut req = http::Request::post(format!(
+        "{}/v1/chat/completions",
+        o.url.trim_end_matches('/')
+    ))
+    .header("content-type", "application/json");
+    for (k, v) in &o.headers {
+        req = req.header(k.as_str(), v.as_str());
+    }
+    let Ok(req) = req.body(Full::new(Bytes::from(body.to_string()))) else {
+        return Sample::default();
+    };
+    let t0 = Instant::now();
+    let ms = |t: Instant| t.saturating_duration_since(t0).as_secs_f64() * 1000.0;
+    let mut s = Sample::default();
+    let Ok(resp) = client.request(req).await else {
+        s.e2e = ms(Instant::now());
+        return s;
+    };
+    s.status = resp.status().as_u16();
+    let mut body = resp.into_body();
+    let mut scanner = SseScanner::default();
+    let (mut first, mut last): (Option<Instant>, Option<Instant>) = (None, None);
+    let mut events = 0u64;
+    let mut usage_out = None;
+    let mut whole = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else { break };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        let now = Instant::now();
+        if !o.stream {
+            whole.extend_from_slice(&data);
+            continue;
+        }
+        scanner.feed(&data, |ev| {
+            s.ttfc.get_or_insert(ms(now));
+            let obs = dialect::classify(ev.data);
+            s.complete |= obs.done;
+            if let Some(u) = obs.usage {
+                usage_out = u.output.or(usage_out);
+                s.input_tokens = u.input.unwrap_or(s.input_tokens);
+            }
+            if obs.output {
+                events += 1;
+                match last {
+                    Some(l) => s
+                        .itl
+                        .push(now.saturating_duration_since(l).as_secs_f64() * 1000.0),
+                    None => first = Some(now),
+                }
+                last = Some(now);
+            }
+        });
+    }
+    s.e2e = ms(Instant::now());
+    if o.stream {
+        s.ttft = first.map(ms);
+        s.output_tokens = usage_out.unwrap_or(events);
+        if let (Some(f), Some(l)) = (first, last) {
+            if s.output_tokens > 1 {
+                s.tpot = Some(
+                    l.saturating_duration_since(f).as_secs_f64() * 1000.0
+                        / (s.output_tokens - 1) as f64,
+                );
+            }
+        }
+    } else {
+        let obs = dialect::classify(&whole);
+        s.complete = !obs.malformed;
+        if let Some(u) = obs.usage {
+            s.output_tokens = u.output.unwrap_or(0);
+            s.input_tokens = u.input.unwrap_or(0);
+        }
+    }
+    s
+}
+
+/// Runs the benchmark; returns every sample and the wall time of the run.
+pub async fn run(o: &BenchOptions) -> (Vec<Sample>, Duration) {
+    let mut http = HttpConnector::new();
+    http.set_nodelay(true);
+    let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(4096)
+        .build(http);
+    let o = Arc::new(o.clone());
+    let samples = Arc::new(Mutex::new(Vec::with_capacity(o.requests)));
+    let issued = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let deadline = o.duration.map(|d| start + d);
+    let more = {
+        let issued = Arc::clone(&issued);
+        let o = Arc::clone(&o);
+        move || {
+            let i = issued.fetch_add(1, Ordering::Relaxed);
+            (i < o.requests && deadline.is_none_or(|d| Instant::now() < d)).then_some(i)
+        }
+    };
+    let progress = o.progress.then(|| {
+        let (samples, o) = (Arc::clone(&samples), Arc::clone(&o));
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                let done = samples.lock().unwrap_or_else(|p| p.into_inner()).len();
+                let width = 30;
+                let filled = (done * width / o.requests.max(1)).min(width);
+                eprint!(
+                    "\r[{}{}] {done}/{} requests, {:.0} s",
+                    "#".repeat(filled),
+                    " ".repeat(width - filled),
+                    o.requests,
+                    start.elapsed().as_secs_f64()
+                );
+            }
+        })
+    });
+    let mut tasks = Vec::new();
+    match o.arrivals {
+        Arrivals::Concurrency(c) => {
+            for _ in 0..c.max(1) {
+                let (client, o, samples, more) = (
+                    client.clone(),
+                    Arc::clone(&o),
+                    Arc::clone(&samples),
+                    more.clone(),
+                );
+                tasks.push(tokio::spawn(async move {
+                    while let Some(i) = more() {
+                        let s = one(&client, &o, &o.prompts[i % o.prompts.len()]).await;
+                        samples.lock().unwrap_or_else(|p| p.into_inner()).push(s);
+                    }
+                }));
+            }
+        }
+        Arrivals::Poisson(rate) | Arrivals::Constant(rate) => {
+            let mut rng = crate::sim::Rng::new(o.seed);
+            let mut at = start;
+            while let Some(i) = more() {
+                let gap = match o.arrivals {
+                    Arrivals::Poisson(_) => -(1.0 - rng.unit()).ln() / rate,
+                    _ => 1.0 / rate,
+                };
+                tokio::time::sleep_until(at).await;
+                at += Duration::from_secs_f64(gap);
+                let (client, o, samples) = (client.clone(), Arc::clone(&o), Arc::clone(&samples));
+                tasks.push(tokio::spawn(async move {
+                    let s = one(&client, &o, &o.prompts[i % o.prompts.len()]).await;
+                    samples.lock().unwrap_or_else(|p| p.into_inner()).push(s);
+                }));
+            }
+        }
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    if let Some(p) = progress {
+        p.abort();
+        eprintln!();
+    }
+    let wall = start.elapsed();
+    let v = std::mem::take(&mut *samples.lock().unwrap_or_else(|p| p.into_inner()));
+    (v, wall)
+}
+
+fn dist(v: &mut [f64]) -> Value {
+    if v.is_empty() {
+        return Value::Null;
+    }
+    v.sort_unstable_by(f64::total_cmp);
+    let r = |x: f64| (x * 1000.0).round() / 1000.0;
+    json!({
+        "mean": r(v.iter().sum::<f64>() / v.len() as f64),
+        "median": r(quantile(v, 0.5)),
+        "p90": r(quantile(v, 0.9)),
+        "p99": r(quantile(v, 0.99)),
+    })
+}
+
+/// The report (vLLM `bench serve` style, DESIGN §3 definitions) as JSON.
+pub fn summarize(samples: &[Sample], wall: Duration, slo: &[(String, Duration)]) -> Value {
+    let secs = wall.as_secs_f64().max(1e-9);
+    let ok: Vec<&Sample> = samples.iter().filter(|s| s.ok()).collect();
+    let out: u64 = ok.iter().map(|s| s.output_tokens).sum();
+    let inp: u64 = ok.iter().map(|s| s.input_tokens).sum();
+    let collect =
+        |f: &dyn Fn(&Sample) -> Option<f64>| ok.iter().filter_map(|s| f(s)).collect::<Vec<f64>>();
+    let mut itl: Vec<f64> = ok.iter().flat_map(|s| s.itl.iter().copied()).collect();
+    let good = samples.iter().filter(|s| s.meets(slo)).count();
+    json!({
+        "duration_s": secs,
+        "requests": samples.len(),
+        "successful": ok.len(),
+        "failed": samples.len() - ok.len(),
+        "request_throughput": ok.len() as f64 / secs,
+        "output_token_throughput": out as f64 / secs,
+        "total_token_throughput": (out + inp) as f64 / secs,
+        "goodput": if slo.is_empty() { Value::Null } else { json!(good as f64 / secs) },
+        "slo": slo.iter().map(|(k, d)| format!("{k}<={}ms", d.as_millis())).collect::<Vec<_>>(),
+        "ttft_ms": dist(&mut collect(&|s| s.ttft)),
+        "ttfc_ms": dist(&mut collect(&|s| s.ttfc)),
+        "tpot_ms": dist(&mut collect(&|s| s.tpot)),
+        "itl_ms": dist(&mut itl),
+        "e2e_ms": dist(&mut collect(&|s| Some(s.e2e))),
+    })
+}
+
+/// The report as a table; with `gateway` (its `/stats` document), side by side.
+pub fn render(r: &Value, gateway: Option<&Value>) -> String {
+    let mut out = String::new();
+    let f = |v: &Value| v.as_f64().map_or("-".to_string(), |x| format!("{x:.2}"));
+    let _ = writeln!(
+        out,
+        "requests: {} ({} successful, {} failed) in {} s",
+        r["requests"],
+        r["successful"],
+        r["failed"],
+        f(&r["duration_s"])
+    );
+    let _ = writeln!(
+        out,
+        "request throughput: {} req/s; output tokens: {} tok/s; total tokens: {} tok/s",
+        f(&r["request_throughput"]),
+        f(&r["output_token_throughput"]),
+        f(&r["total_token_throughput"])
+    );
+    if !r["goodput"].is_null() {
+        let _ = writeln!(out, "goodput ({}): {} req/s", r["slo"], f(&r["goodput"]));
+    }
+    let all = gateway.map(|g| &g["rollups"]["all"]["cumulative"]);
+    let _ = writeln!(
+        out,
+        "\n| metric (ms) | mean | median | p90 | p99 |{}",
+        if all.is_some() {
+            " gateway p50 | gateway p99 |"
+        } else {
+            ""
+        }
+    );
+    let _ = writeln!(
+        out,
+        "|---|---|---|---|---|{}",
+        if all.is_some() { "---|---|" } else { "" }
+    );
+    for (name, key, gw) in [
+        ("TTFT", "ttft_ms", "ttft"),
+        ("TTFC", "ttfc_ms", "ttfc"),
+        ("TPOT", "tpot_ms", "tpot"),
+        ("ITL", "itl_ms", "itl"),
+        ("E2E", "e2e_ms", "e2e"),
+    ] {
+        let d = &r[key];
+        let mut line = format!(
+            "| {name} | {} | {} | {} | {} |",
+            f(&d["mean"]),
+            f(&d["median"]),
+            f(&d["p90"]),
+            f(&d["p99"])
+        );
+        if let Some(a) = all {
+            let _ = write!(line, " {} | {} |", f(&a[gw]["p50"]), f(&a[gw]["p99"]));
+        }
+        let _ = writeln!(out, "{line}");
+    }
+    out
+}

@@ -1,0 +1,89 @@
+//! `inferscope bench` against the gateway and simulator: every request measured, figures that
+//! bracket the gateway's own, open- and closed-loop arrivals.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use inferscope::loadgen::{self, Arrivals, BenchOptions};
+use std::time::Duration;
+
+fn options(url: String, arrivals: Arrivals, requests: usize) -> BenchOptions {
+    BenchOptions {
+        url,
+        model: "demo".into(),
+        prompts: loadgen::synthetic_prompts(10, 16, 1),
+        arrivals,
+        requests,
+        duration: None,
+        stream: true,
+        max_tokens: 8,
+        slo: loadgen::parse_slo("ttft=10s,tpot=10s").unwrap(),
+        headers: vec![],
+        seed: 3,
+        progress: false,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_loop_measures_every_request_and_brackets_the_gateway() {
+    let sim = start_sim(exact(20.0, 3.0), 1).await;
+    let dir = temp_dir();
+    let gw = start_gateway(&[("sim", sim.addr)], &dir, "").await;
+    let o = options(
+        format!("http://{}", gw.data_addr),
+        Arrivals::Concurrency(4),
+        24,
+    );
+    let (samples, wall) = loadgen::run(&o).await;
+    let r = loadgen::summarize(&samples, wall, &o.slo);
+    assert_eq!(
+        (r["requests"].as_u64(), r["failed"].as_u64()),
+        (Some(24), Some(0))
+    );
+    assert_eq!(
+        r["goodput"].as_f64().unwrap(),
+        r["request_throughput"].as_f64().unwrap(),
+        "loose SLOs: all good"
+    );
+    let tokens: u64 = samples.iter().map(|s| s.output_tokens).sum();
+    assert_eq!(tokens, 24 * 8, "output tokens from usage");
+    let (_, stats) = admin_get(gw.admin_addr, "/stats").await;
+    let stats: serde_json::Value = serde_json::from_str(&stats).unwrap();
+    let gw_ttft = stats["rollups"]["all"]["cumulative"]["ttft"]["p50"]
+        .as_f64()
+        .unwrap();
+    let client_ttft = r["ttft_ms"]["median"].as_f64().unwrap();
+    // The client's clock starts before the gateway's and stops after it: never below (1% slack
+    // for the histogram's precision and the different medians of 24 samples).
+    assert!(
+        client_ttft >= gw_ttft * 0.99 && client_ttft >= 20.0,
+        "client {client_ttft} vs gateway {gw_ttft}"
+    );
+    let text = loadgen::render(&r, Some(&stats));
+    assert!(
+        text.contains("| TTFT |") && text.contains("gateway p50"),
+        "{text}"
+    );
+    let log = stop_and_read_log(gw, &dir).await;
+    assert_eq!(log.len(), 24);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_loop_arrivals_follow_the_rate() {
+    let sim = start_sim(exact(1.0, 1.0), 2).await;
+    let dir = temp_dir();
+    let gw = start_gateway(&[("sim", sim.addr)], &dir, "").await;
+    // 40 requests at 100/s, evenly spaced: about 0.4 s however fast each request is.
+    let o = options(
+        format!("http://{}", gw.data_addr),
+        Arrivals::Constant(100.0),
+        40,
+    );
+    let (samples, wall) = loadgen::run(&o).await;
+    assert_eq!(samples.len(), 40);
+    assert!(wall >= Duration::from_millis(390), "{wall:?}");
+    assert!(samples.iter().all(|s| s.status == 200 && s.complete));
+    let log = stop_and_read_log(gw, &dir).await;
+    assert_eq!(log.len(), 40);
+}
