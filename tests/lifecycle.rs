@@ -40,10 +40,7 @@ async fn client_disconnect_cancels_upstream_and_is_recorded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn n_requests_in_n_log_lines_out() {
     let sim = start_sim(exact(5.0, 2.0), 2).await;
-    let dead = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap() // closed when `l` drops: connections are refused
-    };
+    let dead = common::DEAD;
     let dir = temp_dir();
     let yaml = format!(
         "access_log: {{ path: {:?} }}\nlimits: {{ max_request_body_bytes: 2000 }}\nbackends:\n  - {{ name: sim, url: \"http://{}\" }}\n  - {{ name: dead, url: \"http://{dead}\" }}\nroutes:\n  - {{ name: chat, match: {{ model: demo }}, backends: [sim] }}\n  - {{ name: gone, match: {{ model: gone }}, backends: [dead] }}\n  - {{ name: models, match: {{ path_prefix: /v1/models }}, backends: [sim] }}\n",

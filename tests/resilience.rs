@@ -24,8 +24,7 @@ fn faulty(f: Faults) -> Profile {
 }
 
 fn dead_port() -> std::net::SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
+    common::DEAD
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -292,10 +292,7 @@ async fn content_is_captured_only_when_opted_in_and_new_traces_start_here() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_collector_costs_the_data_path_nothing() {
-    let dead = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap()
-    };
+    let dead = common::DEAD;
     let sim = start_sim(exact(5.0, 2.0), 3).await;
     let dir = temp_dir();
     let telemetry = format!("  otlp: {{ endpoint: \"http://{dead}\", protocol: grpc, timeout: 300ms }}\n  batch: {{ interval: 20ms, max_batch: 2 }}\n");

@@ -22,6 +22,13 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+/// An address where nothing listens: connecting is refused at once. (A port freed by a test
+/// could be taken by another test running at the same time; port 1 is never bound here.)
+pub const DEAD: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
+    std::net::Ipv4Addr::LOCALHOST,
+    1,
+));
+
 /// A fresh, empty directory for one test's files.
 pub fn temp_dir() -> PathBuf {
     static N: AtomicU64 = AtomicU64::new(0);
