@@ -102,6 +102,9 @@ enum Cmd {
         /// Requests per second, open loop (Poisson arrivals unless --constant).
         #[arg(long, conflicts_with = "concurrency")]
         rate: Option<f64>,
+        /// Run once per rate (open loop) and print one row per rate, e.g. --sweep 1,2,4,8.
+        #[arg(long, value_delimiter = ',', conflicts_with_all = ["rate", "concurrency"])]
+        sweep: Vec<f64>,
         /// Evenly spaced arrivals instead of Poisson.
         #[arg(long)]
         constant: bool,
@@ -371,6 +374,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             dataset,
             input_words,
             rate,
+            sweep,
             constant,
             concurrency,
             requests,
@@ -432,6 +436,29 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 seed,
                 progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
             };
+            if !sweep.is_empty() {
+                let mut rows = Vec::new();
+                for r in &sweep {
+                    let mut o = opts.clone();
+                    o.arrivals = if constant {
+                        Arrivals::Constant(*r)
+                    } else {
+                        Arrivals::Poisson(*r)
+                    };
+                    let (samples, wall) = loadgen::run(&o).await;
+                    let mut report = loadgen::summarize(&samples, wall, &o.slo);
+                    if let serde_json::Value::Object(m) = &mut report {
+                        m.insert("rate".into(), (*r).into());
+                    }
+                    rows.push(report);
+                }
+                print!("{}", loadgen::render_sweep(&rows));
+                if let Some(path) = out {
+                    std::fs::write(&path, serde_json::to_string_pretty(&rows)?)
+                        .with_context(|| format!("writing {}", path.display()))?;
+                }
+                return Ok(());
+            }
             let (samples, wall) = loadgen::run(&opts).await;
             let report = loadgen::summarize(&samples, wall, &opts.slo);
             let gateway = match &compare_gateway {

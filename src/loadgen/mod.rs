@@ -4,7 +4,7 @@
 //! DESIGN §3's definitions, with the same SSE scanner and dialect as the gateway: TTFT, TTFC,
 //! TPOT, ITL, E2E, tokens, goodput under SLOs.
 //!
-//! Not built yet: `--sweep` over rates, and the nginx / direct comparison harness.
+//! Not built yet: the nginx / direct comparison harness.
 
 mod dataset;
 
@@ -398,6 +398,29 @@ pub fn render(r: &Value, gateway: Option<&Value>) -> String {
             let _ = write!(line, " {} | {} |", f(&a[gw]["p50"]), f(&a[gw]["p99"]));
         }
         let _ = writeln!(out, "{line}");
+    }
+    out
+}
+
+/// One row per swept rate.
+pub fn render_sweep(rows: &[Value]) -> String {
+    let f = |v: &Value| v.as_f64().map_or("-".to_string(), |x| format!("{x:.2}"));
+    let mut out = String::from("| rate req/s | achieved req/s | output tok/s | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 | E2E p99 | goodput req/s | failed |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            f(&r["rate"]),
+            f(&r["request_throughput"]),
+            f(&r["output_token_throughput"]),
+            f(&r["ttft_ms"]["median"]),
+            f(&r["ttft_ms"]["p99"]),
+            f(&r["tpot_ms"]["median"]),
+            f(&r["tpot_ms"]["p99"]),
+            f(&r["e2e_ms"]["p99"]),
+            f(&r["goodput"]),
+            r["failed"]
+        );
     }
     out
 }
