@@ -7,8 +7,6 @@
 use inferscope::loadgen::{self, Arrivals, BenchOptions};
 use inferscope::sim::{self, ChunkKind, Profile, SimOptions};
 use std::collections::HashMap;
-use std::net::SocketAddr;
-use std::sync::Arc;
 
 fn pcts(mut v: Vec<f64>) -> (f64, f64, f64) {
     v.sort_by(f64::total_cmp);
@@ -41,17 +39,7 @@ async fn level(streams: usize) {
         sim.addr
     );
     let cfg = inferscope::config::parse(&yaml, "fidelity.yaml").unwrap();
-    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let gw = inferscope::app::start(
-        Arc::new(cfg),
-        inferscope::app::Overrides {
-            listen: Some(any),
-            admin: Some(any),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let gw = inferscope::app::start_local(cfg).await.unwrap();
     let requests = (streams * 2).max(40);
     let o = BenchOptions {
         url: format!("http://{}", gw.data_addr),

@@ -8,10 +8,9 @@
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use inferscope::app::{self, Overrides, Running};
+use inferscope::app::Running;
 use inferscope::sim::{self, Profile, SimOptions};
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -50,17 +49,7 @@ async fn gateway(sim: SocketAddr, telemetry: Option<SocketAddr>) -> Running {
         yaml.push_str(&format!("telemetry:\n  otlp: {{ endpoint: \"http://{t}\", protocol: http/protobuf }}\n  batch: {{ interval: 200ms }}\n  metrics_interval: 1s\n"));
     }
     let cfg = inferscope::config::parse(&yaml, "bench.yaml").unwrap();
-    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    app::start(
-        Arc::new(cfg),
-        Overrides {
-            listen: Some(any),
-            admin: Some(any),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap()
+    inferscope::app::start_local(cfg).await.unwrap()
 }
 
 /// Closed-loop load: `concurrency` connections, `requests` in all. Returns (req/s, sorted latencies).

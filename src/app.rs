@@ -197,6 +197,17 @@ async fn stopped(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|s| *s).await;
 }
 
+/// Starts `config` with both listeners on free loopback ports (tests, benchmarks, tools).
+pub async fn start_local(config: Config) -> anyhow::Result<Running> {
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    let overrides = Overrides {
+        listen: Some(any),
+        admin: Some(any),
+        config_path: None,
+    };
+    start(Arc::new(config), overrides).await
+}
+
 /// Starts everything `config` describes and returns once the listeners are bound.
 pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<Running> {
     let (stop_data, data_rx) = watch::channel(false);

@@ -218,17 +218,7 @@ async fn h2c_clients_are_served_and_measured() {
 async fn embedded_default_measures_both_simulated_backends() {
     let mut cfg = inferscope::config::embedded_default().unwrap();
     cfg.access_log = None;
-    let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let gw = inferscope::app::start(
-        std::sync::Arc::new(cfg),
-        inferscope::app::Overrides {
-            listen: Some(any),
-            admin: Some(any),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let gw = inferscope::app::start_local(cfg).await.unwrap();
     // One request forced to each variant (the override header), so both backends are measured.
     let mut variants = Vec::new();
     for v in ["fp16", "int8"] {

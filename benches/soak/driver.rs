@@ -8,7 +8,6 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use inferscope::sim::{self, Faults, Profile, SimHandle, SimOptions};
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -165,17 +164,7 @@ pub async fn run(seconds: f64, concurrency: usize) -> Report {
         chaos.addr
     );
     let cfg = inferscope::config::parse(&yaml, "soak.yaml").unwrap();
-    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let gw = inferscope::app::start(
-        Arc::new(cfg),
-        inferscope::app::Overrides {
-            listen: Some(any),
-            admin: Some(any),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let gw = inferscope::app::start_local(cfg).await.unwrap();
     let addr = gw.data_addr;
     let body = r#"{"model":"demo","stream":true,"max_tokens":8,"messages":[{"role":"user","content":"soak"}]}"#;
 

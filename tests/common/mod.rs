@@ -8,14 +8,13 @@ pub mod otlp;
 use bytes::Bytes;
 use http::{HeaderMap, Request};
 use http_body_util::{BodyExt, Full};
-use inferscope::app::{self, Overrides, Running};
+use inferscope::app::{self, Running};
 use inferscope::config;
 use inferscope::sim::{self, Profile, SimHandle, SimOptions};
 use serde_json::Value;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -89,17 +88,7 @@ pub async fn start_gateway(
 /// A gateway from YAML text, on ephemeral ports.
 pub async fn start_yaml(yaml: &str) -> Running {
     let cfg = config::parse(yaml, "test.yaml").unwrap_or_else(|e| panic!("{e}\n{yaml}"));
-    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    app::start(
-        Arc::new(cfg),
-        Overrides {
-            listen: Some(any),
-            admin: Some(any),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap()
+    app::start_local(cfg).await.unwrap()
 }
 
 /// Shuts the gateway down (which flushes the access log) and returns the log's lines.
