@@ -55,6 +55,13 @@ async fn level(streams: usize) {
         seed: 1,
         progress: false,
     };
+    // Warm-up wave (excluded below): opens the upstream connections, so the measured requests see
+    // the steady state of a running gateway.
+    let warm = BenchOptions {
+        requests: streams,
+        ..o.clone()
+    };
+    loadgen::run(&warm).await;
     let (samples, _) = loadgen::run(&o).await;
     gw.shutdown();
     gw.wait().await;
@@ -70,6 +77,9 @@ async fn level(streams: usize) {
         let Some(t) = v["response_id"].as_str().and_then(|id| truth.get(id)) else {
             continue;
         };
+        if t.index < streams as u64 {
+            continue; // the warm-up wave
+        }
         let content: Vec<_> = t
             .sent
             .iter()
