@@ -36,6 +36,22 @@ fn meta() -> RequestMeta {
     m
 }
 
+/// A meter for a classified SSE stream, as the proxy makes for chat completions.
+fn sse_meter(recorder: &Arc<Recorder>) -> Meter {
+    let opts = MeterOptions {
+        classify: true,
+        ..MeterOptions::default()
+    };
+    Meter::new(
+        meta(),
+        200,
+        Framing::Sse(SseScanner::default()),
+        opts,
+        Arc::clone(recorder),
+        Guards::default(),
+    )
+}
+
 const CHUNKS: usize = 256;
 
 fn per_chunk(c: &mut Criterion) {
@@ -70,17 +86,7 @@ fn per_chunk(c: &mut Criterion) {
     });
     g.bench_function("scan_classify_meter", |b| {
         b.iter(|| {
-            let mut m = Meter::new(
-                meta(),
-                200,
-                Framing::Sse(SseScanner::default()),
-                MeterOptions {
-                    classify: true,
-                    ..MeterOptions::default()
-                },
-                Arc::clone(&recorder),
-                Guards::default(),
-            );
+            let mut m = sse_meter(&recorder);
             let now = Instant::now();
             for f in &frames {
                 black_box(m.observe(f, now));
@@ -135,17 +141,7 @@ fn record_path(c: &mut Criterion) {
         let shared = Arc::new(Recorder::new(Stats::new(4), AccessLog::disabled(), None));
         b.iter(|| {
             shared.started();
-            let mut m = Meter::new(
-                meta(),
-                200,
-                Framing::Sse(SseScanner::default()),
-                MeterOptions {
-                    classify: true,
-                    ..MeterOptions::default()
-                },
-                Arc::clone(&shared),
-                Guards::default(),
-            );
+            let mut m = sse_meter(&shared);
             let now = Instant::now();
             for f in &frames {
                 m.observe(f, now);

@@ -23,21 +23,22 @@ fn faulty(f: Faults) -> Profile {
     }
 }
 
+/// A backend that answers every generation request with 503.
+fn always_503() -> Profile {
+    faulty(Faults {
+        error_rate: 1.0,
+        error_status: Some(503),
+        ..Faults::default()
+    })
+}
+
 fn dead_port() -> std::net::SocketAddr {
     common::DEAD
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failover_before_the_first_byte_is_invisible_to_the_client() {
-    let bad = start_sim(
-        faulty(Faults {
-            error_rate: 1.0,
-            error_status: Some(503),
-            ..Faults::default()
-        }),
-        1,
-    )
-    .await;
+    let bad = start_sim(always_503(), 1).await;
     let good = start_sim(exact(5.0, 2.0), 2).await;
     let dead = dead_port();
     let dir = temp_dir();
@@ -231,15 +232,7 @@ async fn first_token_timeout_ends_streams_and_answers_504_before_a_head() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flapping_backend_is_ejected_and_recovers() {
-    let flaky = start_sim(
-        faulty(Faults {
-            error_rate: 1.0,
-            error_status: Some(503),
-            ..Faults::default()
-        }),
-        1,
-    )
-    .await;
+    let flaky = start_sim(always_503(), 1).await;
     let good = start_sim(exact(2.0, 1.0), 2).await;
     let dir = temp_dir();
     let backends = format!(

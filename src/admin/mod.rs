@@ -330,16 +330,7 @@ async fn feedback(
     match state.recorder.experiments.feedback.post(&body.to_bytes()) {
         Ok((route, variant, name, value)) => {
             // Feedback-based guardrail rules see the signal at once.
-            let router = Arc::clone(&state.gateway.load().router);
-            let guard = router
-                .routes()
-                .iter()
-                .find(|r| r.name == route)
-                .and_then(|r| match &r.target {
-                    crate::route::Target::Experiment(x) => x.guard.clone(),
-                    crate::route::Target::Pool(_) => None,
-                });
-            if let Some(g) = guard {
+            if let Some(g) = state.gateway.load().router.guardrails(&route) {
                 for (v, trip) in g.observe_feedback(&variant, &name, value) {
                     state.recorder.guardrail_tripped(&route, &v, &trip);
                 }
@@ -394,16 +385,7 @@ async fn reset(state: &AdminState, req: Request<hyper::body::Incoming>) -> Respo
             "expected {\"route\": NAME, \"variant\": NAME (optional)}",
         );
     };
-    let router = Arc::clone(&state.gateway.load().router);
-    let guard = router
-        .routes()
-        .iter()
-        .find(|r| *r.name == *b.route)
-        .and_then(|r| match &r.target {
-            crate::route::Target::Experiment(x) => x.guard.clone(),
-            crate::route::Target::Pool(_) => None,
-        });
-    match guard {
+    match state.gateway.load().router.guardrails(&b.route) {
         Some(g) => {
             let reset = g.reset(b.variant.as_deref());
             reply(

@@ -367,6 +367,17 @@ impl Router {
         })
     }
 
+    /// The guardrails of the experiment on route `name`, if it has any.
+    pub fn guardrails(&self, name: &str) -> Option<Arc<crate::experiment::Guardrails>> {
+        self.routes
+            .iter()
+            .find(|r| *r.name == *name)
+            .and_then(|r| match &r.target {
+                Target::Experiment(x) => x.guard.clone(),
+                Target::Pool(_) => None,
+            })
+    }
+
     /// Every route.
     pub fn routes(&self) -> &[Arc<Route>] {
         &self.routes
