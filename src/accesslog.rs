@@ -172,6 +172,7 @@ struct LogLine<'a> {
     variant: &'a str,
     method: &'a str,
     path: &'a str,
+    protocol: &'static str,
     status: u16,
     stream: bool,
     outcome: &'static str,
@@ -198,6 +199,17 @@ struct LogLine<'a> {
     shadow: bool,
 }
 
+/// The client's protocol, spelled like nginx's `$server_protocol`.
+fn protocol(v: http::Version) -> &'static str {
+    match v {
+        http::Version::HTTP_09 => "HTTP/0.9",
+        http::Version::HTTP_10 => "HTTP/1.0",
+        http::Version::HTTP_2 => "HTTP/2.0",
+        http::Version::HTTP_3 => "HTTP/3.0",
+        _ => "HTTP/1.1",
+    }
+}
+
 impl<'a> From<&'a RequestRecord> for LogLine<'a> {
     fn from(r: &'a RequestRecord) -> Self {
         let m = &r.meta;
@@ -221,6 +233,7 @@ impl<'a> From<&'a RequestRecord> for LogLine<'a> {
             variant: &m.variant,
             method: m.method.as_str(),
             path: &m.path,
+            protocol: protocol(m.version),
             status: r.status,
             stream: m.stream,
             outcome: r.outcome.as_str(),

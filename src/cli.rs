@@ -138,6 +138,10 @@ enum Cmd {
         /// Seed of arrivals and synthetic prompts.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// HTTP/2 with prior knowledge (h2c) over this many connections instead of HTTP/1.1 (one
+        /// connection per request in flight): holds many thousands of streams on a few sockets.
+        #[arg(long)]
+        http2_connections: Option<usize>,
     },
     /// Report from an access log: TTFT, TPOT, tokens/s, P99, error rate per group, and each group
     /// compared with a control (median and p99 change with 95% intervals, Mann-Whitney p).
@@ -386,6 +390,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             out,
             compare_gateway,
             seed,
+            http2_connections,
         } => {
             use crate::loadgen::{self, Arrivals, BenchOptions};
             let prompts = match &dataset {
@@ -435,6 +440,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 headers,
                 seed,
                 progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+                http2_connections,
             };
             if !sweep.is_empty() {
                 let mut rows = Vec::new();

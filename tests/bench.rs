@@ -22,6 +22,7 @@ fn options(url: String, arrivals: Arrivals, requests: usize) -> BenchOptions {
         headers: vec![],
         seed: 3,
         progress: false,
+        http2_connections: None,
     }
 }
 
@@ -86,4 +87,32 @@ async fn open_loop_arrivals_follow_the_rate() {
     assert!(samples.iter().all(|s| s.status == 200 && s.complete));
     let log = stop_and_read_log(gw, &dir).await;
     assert_eq!(log.len(), 40);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_connections_multiplex_many_streams_through_the_gateway() {
+    let sim = start_sim(exact(5.0, 2.0), 4).await;
+    let dir = temp_dir();
+    let gw = start_gateway(&[("sim", sim.addr)], &dir, "").await;
+    let mut o = options(
+        format!("http://{}", gw.data_addr),
+        Arrivals::Concurrency(300),
+        300,
+    );
+    o.http2_connections = Some(3);
+    let (samples, wall) = loadgen::run(&o).await;
+    let r = loadgen::summarize(&samples, wall, &o.slo);
+    assert_eq!(
+        (r["successful"].as_u64(), r["failed"].as_u64()),
+        (Some(300), Some(0)),
+        "{r}"
+    );
+    assert!(samples.iter().all(|s| s.complete && s.output_tokens == 8));
+    let log = stop_and_read_log(gw, &dir).await;
+    assert_eq!(log.len(), 300);
+    assert!(
+        log.iter().all(|l| l["protocol"] == "HTTP/2.0"),
+        "every request arrived over HTTP/2: {:?}",
+        log.first()
+    );
 }

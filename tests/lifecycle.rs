@@ -115,6 +115,7 @@ async fn n_requests_in_n_log_lines_out() {
     let models_line = log.iter().find(|l| l["path"] == "/v1/models").unwrap();
     assert_eq!(models_line["route"], "models");
     assert_eq!(models_line["method"], "GET");
+    assert_eq!(models_line["protocol"], "HTTP/1.1");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

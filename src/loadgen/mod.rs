@@ -4,7 +4,8 @@
 //! DESIGN §3's definitions, with the same SSE scanner and dialect as the gateway: TTFT, TTFC,
 //! TPOT, ITL, E2E, tokens, goodput under SLOs.
 //!
-//! Not built yet: the nginx / direct comparison harness.
+//! The direct vs inferscope vs nginx comparison that drives this load generator as a separate
+//! process is `benches/e2e_compare.rs`.
 
 mod dataset;
 
@@ -63,6 +64,10 @@ pub struct BenchOptions {
     pub seed: u64,
     /// Print progress to standard error.
     pub progress: bool,
+    /// `None`: HTTP/1.1, one pooled connection per request in flight. `Some(k)`: HTTP/2 with prior
+    /// knowledge (h2c) over `k` connections, requests spread evenly, so many thousands of streams
+    /// need only `k` sockets.
+    pub http2_connections: Option<usize>,
 }
 
 /// One request as the client saw it.
@@ -217,9 +222,22 @@ async fn one(
 pub async fn run(o: &BenchOptions) -> (Vec<Sample>, Duration) {
     let mut http = HttpConnector::new();
     http.set_nodelay(true);
-    let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(4096)
-        .build(http);
+    // One client per HTTP/2 connection: a client multiplexes everything onto one connection per
+    // host, and a server caps the streams of a connection (nginx: 128, hyper: 200).
+    let clients: Arc<Vec<Client<HttpConnector, Full<Bytes>>>> =
+        Arc::new(match o.http2_connections {
+            None => vec![Client::builder(TokioExecutor::new())
+                .pool_max_idle_per_host(4096)
+                .build(http)],
+            Some(k) => (0..k.max(1))
+                .map(|_| {
+                    Client::builder(TokioExecutor::new())
+                        .http2_only(true)
+                        .http2_initial_stream_window_size(1 << 20)
+                        .build(http.clone())
+                })
+                .collect(),
+        });
     let o = Arc::new(o.clone());
     let samples = Arc::new(Mutex::new(Vec::with_capacity(o.requests)));
     let issued = Arc::new(AtomicUsize::new(0));
@@ -255,9 +273,9 @@ pub async fn run(o: &BenchOptions) -> (Vec<Sample>, Duration) {
     let mut tasks = Vec::new();
     match o.arrivals {
         Arrivals::Concurrency(c) => {
-            for _ in 0..c.max(1) {
+            for t in 0..c.max(1) {
                 let (client, o, samples, more) = (
-                    client.clone(),
+                    clients[t % clients.len()].clone(),
                     Arc::clone(&o),
                     Arc::clone(&samples),
                     more.clone(),
@@ -280,7 +298,8 @@ pub async fn run(o: &BenchOptions) -> (Vec<Sample>, Duration) {
                 };
                 tokio::time::sleep_until(at).await;
                 at += Duration::from_secs_f64(gap);
-                let (client, o, samples) = (client.clone(), Arc::clone(&o), Arc::clone(&samples));
+                let client = clients[i % clients.len()].clone();
+                let (o, samples) = (Arc::clone(&o), Arc::clone(&samples));
                 tasks.push(tokio::spawn(async move {
                     let s = one(&client, &o, &o.prompts[i % o.prompts.len()]).await;
                     samples.lock().unwrap_or_else(|p| p.into_inner()).push(s);

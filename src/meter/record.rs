@@ -173,6 +173,8 @@ pub struct RequestMeta {
     pub variant: Arc<str>,
     /// HTTP method.
     pub method: http::Method,
+    /// Client-side protocol version (HTTP/1.1 or HTTP/2).
+    pub version: http::Version,
     /// Request path (without query).
     pub path: Arc<str>,
     /// The client asked for a streamed response.
@@ -206,6 +208,7 @@ impl RequestMeta {
             backend: Arc::clone(&none),
             variant: none,
             method,
+            version: http::Version::HTTP_11,
             path: Arc::from(path),
             stream: false,
             bytes_in: 0,

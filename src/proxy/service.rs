@@ -227,6 +227,7 @@ async fn proxy(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<ProxyBody> 
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     gw.recorder.started();
     let mut meta = RequestMeta::new(parts.method.clone(), parts.uri.path());
+    meta.version = parts.version;
     meta.t0 = t0;
     meta.request_id = request_id;
     meta.trace_id = trace_id;
