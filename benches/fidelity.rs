@@ -54,6 +54,7 @@ async fn level(streams: usize) {
         headers: vec![],
         seed: 1,
         progress: false,
+        http2_connections: None,
     };
     // Warm-up wave (excluded below): opens the upstream connections, so the measured requests see
     // the steady state of a running gateway.

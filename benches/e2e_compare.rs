@@ -1,0 +1,604 @@
+//! End-to-end comparison, in one run on one machine: the simulator directly, through inferscope,
+//! and through nginx (`proxy_buffering off`, HTTP/1.1 keep-alive upstream). Every party is its own
+//! process: the proxy under test pinned to core 0, the simulator and the load generator
+//! (`inferscope bench`) to core 1, so both proxies get the same core and nothing else on it.
+//!
+//! Phases (each repeated `ROUNDS` times, the order of the three targets rotated per round; a
+//! figure is the median over rounds of the per-round value):
+//! 1. latency: closed loop at concurrency 1, 64 and 512, streams of 64 chunks 20 ms apart; added
+//!    TTFT and added inter-chunk gap (p50, p99) = proxied minus direct in the same round; proxy CPU
+//!    time per request and RSS;
+//! 2. open loop at 1,000 req/s (Poisson), streams of 16 chunks 20 ms apart: added TTFT p50/p99;
+//! 3. throughput: closed loop at concurrency 64 against a simulator that does not wait (64 chunks
+//!    written back to back): requests/s and proxy CPU per request;
+//! 4. concurrent streams: `STREAMS` (default 10,000) streams held at once, 16 chunks 1 s apart,
+//!    over HTTP/2 from the client (100 connections) and HTTP/1.1 upstream: peak proxy RSS and how
+//!    many completed.
+//!
+//! Run: `cargo bench --bench e2e_compare` (needs `nginx` and `taskset` on PATH; environment:
+//! `ROUNDS` (3), `LEVELS` (1,64,512), `STREAMS` (10000), `PHASES` (latency,rate,throughput,streams),
+//! `TARGETS` of the streams phase (direct,inferscope,nginx), `PIN` (1)). Writes the table to stdout and everything to `target/e2e_compare.json`.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
+use serde_json::{json, Value};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_inferscope");
+
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_string())
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn wait_port(port: u16) {
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "port {port} never opened"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A command pinned to `core` (when pinning is on).
+fn pinned(core: u32, program: &str) -> Command {
+    if env_or("PIN", "1") == "1" {
+        let mut c = Command::new("taskset");
+        c.args(["-c", &core.to_string(), program]);
+        c
+    } else {
+        Command::new(program)
+    }
+}
+
+struct Proc {
+    child: Child,
+}
+
+impl Proc {
+    /// The process and its children (nginx: master and worker).
+    fn pids(&self) -> Vec<u32> {
+        let root = self.child.id();
+        let mut pids = vec![root];
+        if let Ok(dir) = std::fs::read_dir("/proc") {
+            for e in dir.flatten() {
+                let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                    continue;
+                };
+                if let Some(stat) = read_stat(pid) {
+                    if stat.ppid == root {
+                        pids.push(pid);
+                    }
+                }
+            }
+        }
+        pids
+    }
+    /// User + system CPU seconds of the process tree.
+    fn cpu_s(&self) -> f64 {
+        self.pids()
+            .into_iter()
+            .filter_map(read_stat)
+            .map(|s| s.ticks as f64 / 100.0)
+            .sum()
+    }
+    /// (current RSS, peak RSS) of the process tree, MiB.
+    fn rss_mib(&self) -> (f64, f64) {
+        let (mut now, mut peak) = (0.0, 0.0);
+        for pid in self.pids() {
+            let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+                continue;
+            };
+            for line in s.lines() {
+                let kb = |l: &str| {
+                    l.split_whitespace()
+                        .nth(1)
+                        .and_then(|v| v.parse::<f64>().ok())
+                        .unwrap_or(0.0)
+                        / 1024.0
+                };
+                if line.starts_with("VmRSS:") {
+                    now += kb(line);
+                } else if line.starts_with("VmHWM:") {
+                    peak += kb(line);
+                }
+            }
+        }
+        (now, peak)
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(5) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Stat {
+    ppid: u32,
+    ticks: u64,
+}
+
+fn read_stat(pid: u32) -> Option<Stat> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name: state ppid ... utime(14) stime(15).
+    let rest = &s[s.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some(Stat {
+        ppid: f.get(1)?.parse().ok()?,
+        ticks: f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?,
+    })
+}
+
+/// A simulator on core 1: `chunks` content chunks `tpot_ms` apart after `ttft_ms`.
+fn sim(dir: &Path, name: &str, ttft_ms: f64, tpot_ms: f64) -> (Proc, u16) {
+    let port = free_port();
+    let profile = dir.join(format!("{name}.yaml"));
+    std::fs::write(
+        &profile,
+        format!(
+            "name: {name}\nttft_base_ms: {ttft_ms}\ntpot_ms: {tpot_ms}\njitter: 0.1\n\
+             batch_slowdown: 0\nprefill_per_token_ms: 0\n"
+        ),
+    )
+    .unwrap();
+    let child = pinned(1, BIN)
+        .args(["sim", "--listen", &format!("127.0.0.1:{port}")])
+        .arg("--profile")
+        .arg(&profile)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_port(port);
+    (Proc { child }, port)
+}
+
+fn inferscope(dir: &Path, upstream: u16) -> (Proc, u16) {
+    let (port, admin) = (free_port(), free_port());
+    let cfg = dir.join("inferscope.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "listen: 127.0.0.1:{port}\nadmin: {{ listen: 127.0.0.1:{admin} }}\n\
+             access_log: {{ path: {:?} }}\nlimits: {{ max_concurrent_requests: 50000 }}\n\
+             backends:\n  - {{ name: sim, url: \"http://127.0.0.1:{upstream}\" }}\n\
+             routes:\n  - {{ name: all, backends: [sim] }}\n",
+            dir.join("inferscope-access.jsonl")
+        ),
+    )
+    .unwrap();
+    let child = pinned(0, BIN)
+        .arg("serve")
+        .arg("--config")
+        .arg(&cfg)
+        // One core, one worker: the same share nginx gets with one worker process.
+        .env("TOKIO_WORKER_THREADS", "1")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_port(port);
+    (Proc { child }, port)
+}
+
+/// nginx with one worker on core 0; HTTP/1.1 on `port`, HTTP/2 with prior knowledge on `h2`.
+fn nginx(dir: &Path, upstream: u16) -> (Proc, u16, u16) {
+    let (port, h2) = (free_port(), free_port());
+    let d = dir.join("nginx");
+    std::fs::create_dir_all(d.join("tmp")).unwrap();
+    let conf = format!(
+        r#"worker_processes 1;
+daemon off;
+pid {d}/nginx.pid;
+error_log {d}/error.log warn;
+worker_rlimit_nofile 19000;
+events {{ worker_connections 18000; multi_accept on; }}
+http {{
+    access_log {d}/access.log combined buffer=64k flush=1s;
+    client_body_temp_path {d}/tmp/body;
+    proxy_temp_path {d}/tmp/proxy;
+    fastcgi_temp_path {d}/tmp/fastcgi;
+    uwsgi_temp_path {d}/tmp/uwsgi;
+    scgi_temp_path {d}/tmp/scgi;
+    tcp_nodelay on;
+    keepalive_requests 10000000;
+    keepalive_timeout 300s;
+    http2_max_concurrent_streams 128;
+    upstream sim {{
+        server 127.0.0.1:{upstream};
+        keepalive 1024;
+        keepalive_requests 10000000;
+    }}
+    server {{
+        listen 127.0.0.1:{port} reuseport;
+        listen 127.0.0.1:{h2} http2;
+        location / {{
+            proxy_pass http://sim;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_read_timeout 300s;
+        }}
+    }}
+}}
+"#,
+        d = d.display()
+    );
+    let path = d.join("nginx.conf");
+    std::fs::write(&path, conf).unwrap();
+    let child = pinned(0, "nginx")
+        .arg("-p")
+        .arg(&d)
+        .arg("-c")
+        .arg(&path)
+        .arg("-e")
+        .arg(d.join("error.log"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("nginx not found: apt-get install nginx-light");
+    wait_port(port);
+    wait_port(h2);
+    (Proc { child }, port, h2)
+}
+
+/// One `inferscope bench` run on core 1; its JSON report.
+fn client(dir: &Path, port: u16, args: &[String]) -> Value {
+    let out = dir.join("client.json");
+    let _ = std::fs::remove_file(&out);
+    let status = pinned(1, BIN)
+        .args(["bench", "--url", &format!("http://127.0.0.1:{port}")])
+        .args(["--input-words", "16"])
+        .args(args)
+        .arg("--out")
+        .arg(&out)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success(), "inferscope bench failed");
+    serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn args(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Target {
+    Direct,
+    Inferscope,
+    Nginx,
+}
+
+impl Target {
+    fn name(self) -> &'static str {
+        match self {
+            Target::Direct => "direct",
+            Target::Inferscope => "inferscope",
+            Target::Nginx => "nginx",
+        }
+    }
+}
+
+/// The three targets in front of one simulator.
+struct Stage {
+    _sim: Proc,
+    sim_port: u16,
+    gw: Proc,
+    gw_port: u16,
+    nginx: Proc,
+    nginx_port: u16,
+    nginx_h2: u16,
+}
+
+impl Stage {
+    fn new(dir: &Path, ttft_ms: f64, tpot_ms: f64) -> Stage {
+        let (sim, sim_port) = sim(dir, "sim", ttft_ms, tpot_ms);
+        let (gw, gw_port) = inferscope(dir, sim_port);
+        let (nginx, nginx_port, nginx_h2) = nginx(dir, sim_port);
+        Stage {
+            _sim: sim,
+            sim_port,
+            gw,
+            gw_port,
+            nginx,
+            nginx_port,
+            nginx_h2,
+        }
+    }
+    fn port(&self, t: Target, h2: bool) -> u16 {
+        match t {
+            Target::Direct => self.sim_port,
+            Target::Inferscope => self.gw_port,
+            Target::Nginx if h2 => self.nginx_h2,
+            Target::Nginx => self.nginx_port,
+        }
+    }
+    fn proxy(&self, t: Target) -> Option<&Proc> {
+        match t {
+            Target::Direct => None,
+            Target::Inferscope => Some(&self.gw),
+            Target::Nginx => Some(&self.nginx),
+        }
+    }
+}
+
+/// One measured run of one target: the client's report plus the proxy's CPU and memory.
+struct Run {
+    report: Value,
+    cpu_s: f64,
+    rss_mib: f64,
+    peak_rss_mib: f64,
+}
+
+fn run(stage: &Stage, dir: &Path, t: Target, a: &[String], warm: Option<&[String]>) -> Run {
+    if let Some(w) = warm {
+        client(dir, stage.port(t, false), w);
+    }
+    let cpu0 = stage.proxy(t).map_or(0.0, Proc::cpu_s);
+    let report = client(dir, stage.port(t, false), a);
+    let cpu_s = stage.proxy(t).map_or(0.0, Proc::cpu_s) - cpu0;
+    let (rss_mib, peak_rss_mib) = stage.proxy(t).map_or((0.0, 0.0), Proc::rss_mib);
+    Run {
+        report,
+        cpu_s,
+        rss_mib,
+        peak_rss_mib,
+    }
+}
+
+fn rotation(round: usize) -> Vec<Target> {
+    let all = [Target::Direct, Target::Inferscope, Target::Nginx];
+    (0..3).map(|i| all[(round + i) % 3]).collect()
+}
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap_or(f64::NAN)
+}
+
+/// Per-round (target → run) tables; figures are medians over rounds of per-round differences.
+fn latency_rows(label: &str, rounds: &[Vec<(Target, Run)>], out: &mut Vec<Value>) {
+    fn get(round: &[(Target, Run)], t: Target) -> &Run {
+        &round.iter().find(|(x, _)| *x == t).unwrap().1
+    }
+    for t in [Target::Inferscope, Target::Nginx] {
+        let added = |key: &str, q: &str| {
+            median(
+                rounds
+                    .iter()
+                    .map(|r| {
+                        f(&get(r, t).report[key][q]) - f(&get(r, Target::Direct).report[key][q])
+                    })
+                    .collect(),
+            )
+        };
+        let requests = |r: &Run| f(&r.report["successful"]).max(1.0);
+        let row = json!({
+            "phase": label,
+            "proxy": t.name(),
+            "added_ttft_p50_ms": added("ttft_ms", "median"),
+            "added_ttft_p99_ms": added("ttft_ms", "p99"),
+            "added_gap_p50_ms": added("itl_ms", "median"),
+            "added_gap_p99_ms": added("itl_ms", "p99"),
+            "direct_ttft_p50_ms": median(rounds.iter().map(|r| f(&get(r, Target::Direct).report["ttft_ms"]["median"])).collect()),
+            "direct_ttft_p99_ms": median(rounds.iter().map(|r| f(&get(r, Target::Direct).report["ttft_ms"]["p99"])).collect()),
+            "req_per_s": median(rounds.iter().map(|r| f(&get(r, t).report["request_throughput"])).collect()),
+            "direct_req_per_s": median(rounds.iter().map(|r| f(&get(r, Target::Direct).report["request_throughput"])).collect()),
+            "failed": rounds.iter().map(|r| f(&get(r, t).report["failed"])).sum::<f64>(),
+            "cpu_us_per_request": median(rounds.iter().map(|r| get(r, t).cpu_s * 1e6 / requests(get(r, t))).collect()),
+            "cpu_util": median(rounds.iter().map(|r| get(r, t).cpu_s / f(&get(r, t).report["duration_s"])).collect()),
+            "rss_mib": median(rounds.iter().map(|r| get(r, t).rss_mib).collect()),
+            "peak_rss_mib": rounds.iter().map(|r| get(r, t).peak_rss_mib).fold(0.0, f64::max),
+        });
+        println!("{row}");
+        out.push(row);
+    }
+}
+
+/// Holds `n` streams at once through `t` over HTTP/2 (100 connections); samples RSS while they
+/// are open.
+fn streams(dir: &Path, n: usize) -> Vec<Value> {
+    let mut rows = Vec::new();
+    let only = env_or("TARGETS", "direct,inferscope,nginx");
+    for t in [Target::Direct, Target::Inferscope, Target::Nginx] {
+        if !only.contains(t.name()) {
+            continue;
+        }
+        // A fresh stage per target: the peak RSS is this phase's alone.
+        let stage = Stage::new(dir, 50.0, 1000.0);
+        let port = stage.port(t, true);
+        let dir2 = dir.to_path_buf();
+        let n_s = n.to_string();
+        let client = std::thread::spawn(move || {
+            client(
+                &dir2,
+                port,
+                &args(&[
+                    "--concurrency",
+                    &n_s,
+                    "--requests",
+                    &n_s,
+                    "--max-tokens",
+                    "16",
+                    "--http2-connections",
+                    "100",
+                ]),
+            )
+        });
+        let mut peak_sampled: f64 = 0.0;
+        while !client.is_finished() {
+            if let Some(p) = stage.proxy(t) {
+                peak_sampled = peak_sampled.max(p.rss_mib().0);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let report = client.join().unwrap();
+        let peak = stage.proxy(t).map_or(0.0, |p| p.rss_mib().1);
+        let row = json!({
+            "phase": "streams",
+            "target": t.name(),
+            "streams": n,
+            "successful": report["successful"],
+            "failed": report["failed"],
+            "ttft_p99_ms": report["ttft_ms"]["p99"],
+            "e2e_p99_ms": report["e2e_ms"]["p99"],
+            "proxy_peak_rss_mib": peak,
+            "proxy_rss_sampled_max_mib": peak_sampled,
+        });
+        println!("{row}");
+        rows.push(row);
+    }
+    rows
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let rounds: usize = env_or("ROUNDS", "3").parse().unwrap();
+    let levels: Vec<usize> = env_or("LEVELS", "1,64,512")
+        .split(',')
+        .map(|s| s.trim().parse().unwrap())
+        .collect();
+    let phases = env_or("PHASES", "latency,rate,throughput,streams");
+    let n_streams: usize = env_or("STREAMS", "10000").parse().unwrap();
+    let dir: PathBuf = std::env::temp_dir().join(format!("inferscope-e2e-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut rows = Vec::new();
+
+    if phases.contains("latency") {
+        let stage = Stage::new(&dir, 50.0, 20.0);
+        for &c in &levels {
+            let requests = (c * 4).max(10);
+            let a = args(&[
+                "--concurrency",
+                &c.to_string(),
+                "--requests",
+                &requests.to_string(),
+                "--max-tokens",
+                "64",
+            ]);
+            let warm = args(&[
+                "--concurrency",
+                &c.to_string(),
+                "--requests",
+                &c.to_string(),
+                "--max-tokens",
+                "4",
+            ]);
+            let mut per_round = Vec::new();
+            for round in 0..rounds {
+                per_round.push(
+                    rotation(round)
+                        .into_iter()
+                        .map(|t| (t, run(&stage, &dir, t, &a, Some(&warm))))
+                        .collect::<Vec<_>>(),
+                );
+            }
+            latency_rows(&format!("latency c={c}"), &per_round, &mut rows);
+        }
+    }
+    if phases.contains("rate") {
+        let stage = Stage::new(&dir, 50.0, 20.0);
+        let a = args(&[
+            "--rate",
+            "1000",
+            "--requests",
+            "10000",
+            "--max-tokens",
+            "16",
+        ]);
+        let warm = args(&[
+            "--concurrency",
+            "64",
+            "--requests",
+            "256",
+            "--max-tokens",
+            "4",
+        ]);
+        let per_round: Vec<_> = (0..rounds)
+            .map(|round| {
+                rotation(round)
+                    .into_iter()
+                    .map(|t| (t, run(&stage, &dir, t, &a, Some(&warm))))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        latency_rows("open loop 1000 req/s", &per_round, &mut rows);
+    }
+    if phases.contains("throughput") {
+        let stage = Stage::new(&dir, 0.0, 0.0);
+        let a = args(&[
+            "--concurrency",
+            "64",
+            "--duration",
+            "10s",
+            "--requests",
+            "10000000",
+            "--max-tokens",
+            "64",
+        ]);
+        let warm = args(&[
+            "--concurrency",
+            "64",
+            "--requests",
+            "256",
+            "--max-tokens",
+            "4",
+        ]);
+        let per_round: Vec<_> = (0..rounds)
+            .map(|round| {
+                rotation(round)
+                    .into_iter()
+                    .map(|t| (t, run(&stage, &dir, t, &a, Some(&warm))))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        latency_rows("throughput c=64", &per_round, &mut rows);
+    }
+    if phases.contains("streams") {
+        rows.extend(streams(&dir, n_streams));
+    }
+    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/e2e_compare.json");
+    std::fs::write(&out, serde_json::to_string_pretty(&rows).unwrap()).unwrap();
+    println!("written: {}", out.display());
+    let _ = std::fs::remove_dir_all(&dir);
+}
