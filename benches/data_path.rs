@@ -114,10 +114,7 @@ fn record_path(c: &mut Criterion) {
         upstream_ttft: Some(Duration::from_millis(119)),
         overhead: Some(Duration::from_micros(80)),
         itl: (0..64)
-            .map(|i| ItlSample {
-                gap: Duration::from_micros(20_000 + i * 37),
-                tokens: 1,
-            })
+            .map(|i| ItlSample::new(Duration::from_micros(20_000 + i * 37), 1))
             .collect(),
         input_tokens: Some(100),
         output_tokens: Some(64),

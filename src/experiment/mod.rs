@@ -117,7 +117,7 @@ impl Arm {
             tpot.push(ms(d));
         }
         for s in &r.itl {
-            itl.push(ms(s.gap));
+            itl.push(ms(s.gap()));
         }
         e2e.push(ms(r.e2e));
     }

@@ -131,10 +131,9 @@ impl Progress {
 
     fn mark_output(&mut self, now: Instant, tokens: u32) {
         match self.t_tok_last {
-            Some(last) => self.itl.push(ItlSample {
-                gap: now.saturating_duration_since(last),
-                tokens,
-            }),
+            Some(last) => self
+                .itl
+                .push(ItlSample::new(now.saturating_duration_since(last), tokens)),
             None => self.t_tok1 = Some(now),
         }
         self.t_tok_last = Some(now);

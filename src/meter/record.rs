@@ -82,13 +82,29 @@ impl TokensSource {
 
 /// One inter-token gap: the time between two successive output events, and how many tokens the
 /// later event carried (1 unless the backend reports per-chunk usage), so per-token ITL is
-/// `gap / tokens`.
+/// `gap / tokens`. Eight bytes: a stream keeps one per output event, and ten thousand streams
+/// at once keep them all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ItlSample {
-    /// Gap since the previous output event.
-    pub gap: Duration,
+    /// Gap since the previous output event, in microseconds (saturating at ~71 minutes).
+    gap_us: u32,
     /// Tokens in the later event.
     pub tokens: u32,
+}
+
+impl ItlSample {
+    /// A gap (kept to the microsecond) before an event carrying `tokens` tokens.
+    pub fn new(gap: Duration, tokens: u32) -> Self {
+        Self {
+            gap_us: u32::try_from(gap.as_micros()).unwrap_or(u32::MAX),
+            tokens,
+        }
+    }
+
+    /// Gap since the previous output event.
+    pub fn gap(&self) -> Duration {
+        Duration::from_micros(u64::from(self.gap_us))
+    }
 }
 
 /// What the request asked for, as far as telemetry reports it.
@@ -304,7 +320,7 @@ impl RequestRecord {
 
     /// ITL gaps in ascending order (for summaries).
     pub fn itl_sorted(&self) -> Vec<Duration> {
-        let mut v: Vec<Duration> = self.itl.iter().map(|s| s.gap).collect();
+        let mut v: Vec<Duration> = self.itl.iter().map(ItlSample::gap).collect();
         v.sort_unstable();
         v
     }

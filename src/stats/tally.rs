@@ -133,7 +133,7 @@ impl Tally {
             tpot.record(d);
         }
         for s in &r.itl {
-            itl.record(s.gap);
+            itl.record(s.gap());
         }
         e2e.record(r.e2e);
         if let Some(d) = r.overhead {
