@@ -31,7 +31,7 @@ pub enum ProxyError {
     /// Too many requests in flight.
     Overloaded,
     /// The backend could not be reached or failed before answering.
-    Upstream(hyper_util::client::legacy::Error),
+    Upstream(super::upstream::UpstreamError),
     /// The upstream request could not be built.
     BadUpstreamRequest,
     /// No response head from the backend before the first-token deadline.

@@ -1,16 +1,15 @@
 //! The proxy: `ProxyService` (the innermost tower service), its layers, request rewriting and the
-//! pooled upstream client.
+//! pooled upstream client (`upstream`).
 
 mod error;
 mod layers;
 mod request;
 mod service;
 mod shadow;
+mod upstream;
 
 pub use error::{Blame, ProxyError};
 pub use layers::{Admission, InFlightLimitLayer, RequestId, RequestIdLayer, REQUEST_ID_HEADER};
 pub use request::{inspect, remove_hop_headers, Ids, Inspected};
-pub use service::{
-    upstream_client, Gateway, GatewaySlot, ProxyBody, ProxyService, TraceOptions, UpstreamBody,
-    VARIANT_HEADER,
-};
+pub use service::{Gateway, GatewaySlot, ProxyBody, ProxyService, TraceOptions, VARIANT_HEADER};
+pub use upstream::{UpstreamBody, UpstreamClient, UpstreamError, UpstreamResponseBody};

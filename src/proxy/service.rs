@@ -6,6 +6,7 @@
 use super::error::ProxyError;
 use super::layers::{Admission, RequestId};
 use super::request::{inspect, remove_hop_headers, Ids};
+use super::upstream::{UpstreamClient, UpstreamResponseBody};
 use crate::config::Limits;
 use crate::dialect::Endpoint;
 use crate::meter::{
@@ -21,9 +22,6 @@ use http::{header, HeaderValue, Method, Request, Response, Uri, Version};
 use http_body::Body as _;
 use http_body_util::{BodyExt, Either, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
@@ -32,23 +30,13 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// Body sent upstream: the (possibly rewritten) inference body, or the client's body streamed.
-pub type UpstreamBody = Either<Full<Bytes>, Incoming>;
 /// Body sent to the client: the metered upstream body, or a gateway-made error.
-pub type ProxyBody = Either<MeteredBody<Incoming>, Full<Bytes>>;
+pub type ProxyBody = Either<MeteredBody<UpstreamResponseBody>, Full<Bytes>>;
 /// Response header naming the experiment variant that served the request.
 pub const VARIANT_HEADER: &str = "x-inferscope-variant";
 
-/// The pooled keep-alive upstream client, `TCP_NODELAY` on every connection.
-pub fn upstream_client(connect_timeout: Duration) -> Client<HttpConnector, UpstreamBody> {
-    let mut http = HttpConnector::new();
-    http.set_nodelay(true);
-    http.set_connect_timeout(Some(connect_timeout));
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(90))
-        .pool_timer(TokioTimer::new())
-        .build(http)
-}
+/// How long an idle upstream connection stays pooled.
+const UPSTREAM_IDLE: Duration = Duration::from_secs(90);
 
 /// What the data path does for tracing.
 #[derive(Debug, Clone, Copy, Default)]
@@ -74,7 +62,7 @@ pub struct Gateway {
     pub limits: Limits,
     /// Id source.
     pub ids: Arc<Ids>,
-    pub(super) client: Client<HttpConnector, UpstreamBody>,
+    pub(super) client: UpstreamClient,
 }
 
 impl Gateway {
@@ -86,7 +74,7 @@ impl Gateway {
         ids: Arc<Ids>,
         trace: TraceOptions,
     ) -> Self {
-        let client = upstream_client(limits.connect_timeout);
+        let client = UpstreamClient::new(limits.connect_timeout, UPSTREAM_IDLE);
         Self {
             trace,
             router,

@@ -1,0 +1,336 @@
+//! The upstream HTTP/1.1 client: keep-alive connections pooled per backend authority, each one
+//! driven by the task that uses it rather than by a task of its own.
+//!
+//! Why not hyper-util's pooled client: it runs every connection as a separate task that hands the
+//! response body over a one-slot channel, one decoded chunk at a time. The task forwarding to the
+//! client then wakes once per chunk and, finding the channel empty again, flushes after every
+//! chunk: when a backend writes chunks back to back (a burst after a stall, speculative decoding,
+//! a fast small model), one upstream read of 64 chunks became 64 downstream writes, twice the CPU
+//! per request of nginx (BENCHMARKS.md, "End-to-end"). Here the response body polls its own
+//! connection, so every chunk already in the read buffer is decoded and handed to the server
+//! connection in the same turn, and the server writes them together — without holding any chunk
+//! back: a chunk that arrives alone is written alone, at once. It also saves the task switch per
+//! chunk between the two tasks.
+//!
+//! Pool behaviour: an idle connection is checked when it is taken (closed by the backend, expired,
+//! not ready: dropped) and by a sweep every few seconds, so connections closed by the backend do not
+//! linger. A request that the backend never saw because its pooled connection had just closed is
+//! sent again on a new connection.
+
+use bytes::Bytes;
+use http::uri::{Authority, PathAndQuery};
+use http::{header, HeaderValue, Request, Response, Uri};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::{self, Connection, SendRequest};
+use hyper_util::rt::TokioIo;
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+/// Body sent upstream.
+pub type UpstreamBody = http_body_util::Either<http_body_util::Full<Bytes>, Incoming>;
+
+type Conn = Connection<TokioIo<TcpStream>, UpstreamBody>;
+
+/// Why an upstream request failed before a response head arrived.
+#[derive(Debug)]
+pub enum UpstreamError {
+    /// No connection could be made (refused, unreachable, DNS, connect timeout).
+    Connect(std::io::Error),
+    /// The connection failed while sending the request or waiting for the response head.
+    Http(hyper::Error),
+    /// The request URI has no authority, or names a scheme other than `http`.
+    BadUri,
+}
+
+impl UpstreamError {
+    /// The backend could not be reached at all.
+    pub fn is_connect(&self) -> bool {
+        matches!(self, UpstreamError::Connect(_))
+    }
+}
+
+impl std::fmt::Display for UpstreamError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            UpstreamError::Connect(e) => write!(f, "connect: {e}"),
+            UpstreamError::Http(e) => write!(f, "{e}"),
+            UpstreamError::BadUri => f.write_str("upstream URI needs http://host:port"),
+        }
+    }
+}
+
+impl std::error::Error for UpstreamError {}
+
+struct Idle {
+    sender: SendRequest<UpstreamBody>,
+    conn: Conn,
+    since: Instant,
+}
+
+/// A live connection checked out of the pool (or new).
+struct Driver {
+    sender: SendRequest<UpstreamBody>,
+    /// `None` once the connection future finished (closed or failed).
+    conn: Option<Conn>,
+    key: Authority,
+    pool: Weak<Pool>,
+}
+
+impl Driver {
+    /// Drives the connection's I/O; notes when it has finished.
+    fn poll_conn(&mut self, cx: &mut Context<'_>) {
+        if let Some(conn) = self.conn.as_mut() {
+            if Pin::new(conn).poll(cx).is_ready() {
+                self.conn = None;
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+struct Pool {
+    idle: Mutex<HashMap<Authority, Vec<Idle>>>,
+}
+
+impl Pool {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Authority, Vec<Idle>>> {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Polls an idle connection once without a waker: lets it read a close from the backend and
+/// become ready for the next request. `false`: it is of no further use.
+fn still_usable(idle: &mut Idle, idle_timeout: Duration) -> bool {
+    if idle.since.elapsed() >= idle_timeout {
+        return false;
+    }
+    let mut cx = Context::from_waker(Waker::noop());
+    if Pin::new(&mut idle.conn).poll(&mut cx).is_ready() {
+        return false;
+    }
+    !idle.sender.is_closed()
+}
+
+/// The pooled upstream client. Cheap to clone; clones share the pool.
+#[derive(Clone)]
+pub struct UpstreamClient {
+    pool: Arc<Pool>,
+    connect_timeout: Duration,
+    idle_timeout: Duration,
+}
+
+impl std::fmt::Debug for UpstreamClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let idle: usize = self.pool.lock().values().map(Vec::len).sum();
+        f.debug_struct("UpstreamClient")
+            .field("idle_connections", &idle)
+            .field("connect_timeout", &self.connect_timeout)
+            .finish()
+    }
+}
+
+impl UpstreamClient {
+    /// A client; idle connections are closed after `idle_timeout`. Must be created inside a Tokio
+    /// runtime (it starts the idle sweep).
+    pub fn new(connect_timeout: Duration, idle_timeout: Duration) -> Self {
+        let pool = Arc::new(Pool::default());
+        tokio::spawn(sweep(Arc::downgrade(&pool), idle_timeout));
+        Self {
+            pool,
+            connect_timeout,
+            idle_timeout,
+        }
+    }
+
+    /// Idle connections in the pool (all backends).
+    pub fn idle_connections(&self) -> usize {
+        self.pool.lock().values().map(Vec::len).sum()
+    }
+
+    /// Sends `req` (absolute `http://` URI) and waits for the response head. The response body
+    /// drives the connection; read to its end, the connection goes back to the pool.
+    pub async fn request(
+        &self,
+        mut req: Request<UpstreamBody>,
+    ) -> Result<Response<UpstreamResponseBody>, UpstreamError> {
+        let uri = req.uri().clone();
+        if uri.scheme_str().is_some_and(|s| s != "http") {
+            return Err(UpstreamError::BadUri);
+        }
+        let key = uri.authority().cloned().ok_or(UpstreamError::BadUri)?;
+        // Origin form on the wire, and the Host header the absolute URI implied.
+        let pq = uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/"));
+        *req.uri_mut() = Uri::from(pq);
+        if !req.headers().contains_key(header::HOST) {
+            if let Ok(v) = HeaderValue::from_str(key.as_str()) {
+                req.headers_mut().insert(header::HOST, v);
+            }
+        }
+        loop {
+            let (mut driver, reused) = match self.checkout(&key) {
+                Some(d) => (d, true),
+                None => (self.connect(&key).await?, false),
+            };
+            let sent = driver.sender.try_send_request(req);
+            tokio::pin!(sent);
+            let head = std::future::poll_fn(|cx| {
+                driver.poll_conn(cx);
+                sent.as_mut().poll(cx)
+            })
+            .await;
+            match head {
+                Ok(resp) => {
+                    return Ok(resp.map(|incoming| UpstreamResponseBody {
+                        incoming,
+                        driver: Some(driver),
+                    }))
+                }
+                // A pooled connection that closed before it took the request: the backend never
+                // saw it, so it goes again on a new connection.
+                Err(mut e) if reused => match e.take_message() {
+                    Some(back) => req = back,
+                    None => return Err(UpstreamError::Http(e.into_error())),
+                },
+                Err(e) => return Err(UpstreamError::Http(e.into_error())),
+            }
+        }
+    }
+
+    fn checkout(&self, key: &Authority) -> Option<Driver> {
+        let mut pool = self.pool.lock();
+        let list = pool.get_mut(key)?;
+        // Most recently used first: its socket and buffers are the warmest.
+        while let Some(mut idle) = list.pop() {
+            if still_usable(&mut idle, self.idle_timeout) && idle.sender.is_ready() {
+                return Some(Driver {
+                    sender: idle.sender,
+                    conn: Some(idle.conn),
+                    key: key.clone(),
+                    pool: Arc::downgrade(&self.pool),
+                });
+            }
+        }
+        None
+    }
+
+    async fn connect(&self, key: &Authority) -> Result<Driver, UpstreamError> {
+        let port = key.port_u16().unwrap_or(80);
+        let addr = format!("{}:{port}", key.host());
+        let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(addr))
+            .await
+            .map_err(|_| {
+                UpstreamError::Connect(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "connect timed out",
+                ))
+            })?
+            .map_err(UpstreamError::Connect)?;
+        // Small SSE writes must leave at once: no Nagle delay.
+        let _ = stream.set_nodelay(true);
+        let (sender, conn) = http1::Builder::new()
+            .handshake(TokioIo::new(stream))
+            .await
+            .map_err(UpstreamError::Http)?;
+        Ok(Driver {
+            sender,
+            conn: Some(conn),
+            key: key.clone(),
+            pool: Arc::downgrade(&self.pool),
+        })
+    }
+}
+
+/// Every few seconds, drops idle connections that expired or that the backend closed.
+async fn sweep(pool: Weak<Pool>, idle_timeout: Duration) {
+    let every = (idle_timeout / 4).clamp(Duration::from_millis(500), Duration::from_secs(5));
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(pool) = pool.upgrade() else { return };
+        let mut idle = pool.lock();
+        for list in idle.values_mut() {
+            list.retain_mut(|c| still_usable(c, idle_timeout));
+        }
+        idle.retain(|_, list| !list.is_empty());
+    }
+}
+
+/// A response body that drives its own upstream connection; at its end the connection returns
+/// to the pool, dropped early it closes the connection (the backend stops generating).
+pub struct UpstreamResponseBody {
+    incoming: Incoming,
+    driver: Option<Driver>,
+}
+
+impl std::fmt::Debug for UpstreamResponseBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamResponseBody")
+            .finish_non_exhaustive()
+    }
+}
+
+impl UpstreamResponseBody {
+    fn release(&mut self) {
+        let Some(mut d) = self.driver.take() else {
+            return;
+        };
+        let Some(mut conn) = d.conn.take() else {
+            return;
+        };
+        // Let the connection finish the message and ask for the next request.
+        let mut cx = Context::from_waker(Waker::noop());
+        if Pin::new(&mut conn).poll(&mut cx).is_ready() || d.sender.is_closed() {
+            return;
+        }
+        if let Some(pool) = d.pool.upgrade() {
+            pool.lock().entry(d.key).or_default().push(Idle {
+                sender: d.sender,
+                conn,
+                since: Instant::now(),
+            });
+        }
+    }
+}
+
+impl Body for UpstreamResponseBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = &mut *self;
+        if let Some(d) = this.driver.as_mut() {
+            d.poll_conn(cx);
+        }
+        let next = Pin::new(&mut this.incoming).poll_frame(cx);
+        match &next {
+            // The end; or the last bytes of a sized body, after which the server connection
+            // stops polling (it asks `is_end_stream`).
+            Poll::Ready(None) => this.release(),
+            Poll::Ready(Some(Ok(_))) if this.incoming.is_end_stream() => this.release(),
+            // A broken connection is not pooled.
+            Poll::Ready(Some(Err(_))) => this.driver = None,
+            _ => {}
+        }
+        next
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.incoming.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.incoming.size_hint()
+    }
+}
