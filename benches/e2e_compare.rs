@@ -11,12 +11,14 @@
 //! 2. open loop at 1,000 req/s (Poisson), streams of 16 chunks 20 ms apart: added TTFT p50/p99;
 //! 3. throughput: closed loop at concurrency 64 against a simulator that does not wait (64 chunks
 //!    written back to back): requests/s and proxy CPU per request;
-//! 4. concurrent streams: `STREAMS` (default 10,000) streams held at once, 16 chunks 1 s apart,
+//! 4. the same throughput run with each proxy capped to `CAP_PCT`% of one core (cgroup v1 CPU
+//!    quota), so the proxy is the bottleneck: requests/s on the same share of a core;
+//! 5. concurrent streams: `STREAMS` (default 10,000) streams held at once, 16 chunks 1 s apart,
 //!    over HTTP/2 from the client (100 connections) and HTTP/1.1 upstream: peak proxy RSS and how
 //!    many completed.
 //!
 //! Run: `cargo bench --bench e2e_compare` (needs `nginx` and `taskset` on PATH; environment:
-//! `ROUNDS` (3), `LEVELS` (1,64,512), `STREAMS` (10000), `PHASES` (latency,rate,throughput,streams),
+//! `ROUNDS` (3), `LEVELS` (1,64,512), `STREAMS` (10000), `PHASES` (latency,rate,throughput,capped,streams), `CAP_PCT` (25),
 //! `TARGETS` of the streams phase (direct,inferscope,nginx), `PIN` (1)). Writes the table to stdout and everything to `target/e2e_compare.json`.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
@@ -76,22 +78,31 @@ impl Proc {
                 let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
                     continue;
                 };
-                if let Some(stat) = read_stat(pid) {
-                    if stat.ppid == root {
-                        pids.push(pid);
-                    }
+                if parent(pid) == Some(root) {
+                    pids.push(pid);
                 }
             }
         }
         pids
     }
-    /// User + system CPU seconds of the process tree.
+    /// CPU seconds the process tree's threads have run (`/proc/PID/task/TID/schedstat`,
+    /// nanoseconds, so short runs resolve; the 10 ms ticks of `/proc/PID/stat` would not).
     fn cpu_s(&self) -> f64 {
-        self.pids()
-            .into_iter()
-            .filter_map(read_stat)
-            .map(|s| s.ticks as f64 / 100.0)
-            .sum()
+        let mut ns = 0u64;
+        for pid in self.pids() {
+            let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+                continue;
+            };
+            for t in tasks.flatten() {
+                let s = std::fs::read_to_string(t.path().join("schedstat")).unwrap_or_default();
+                ns += s
+                    .split_whitespace()
+                    .next()
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+        }
+        ns as f64 / 1e9
     }
     /// (current RSS, peak RSS) of the process tree, MiB.
     fn rss_mib(&self) -> (f64, f64) {
@@ -136,30 +147,27 @@ impl Drop for Proc {
     }
 }
 
-struct Stat {
-    ppid: u32,
-    ticks: u64,
-}
-
-fn read_stat(pid: u32) -> Option<Stat> {
+/// The parent of `pid`, from `/proc/PID/stat`.
+fn parent(pid: u32) -> Option<u32> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the parenthesised command name: state ppid ... utime(14) stime(15).
-    let rest = &s[s.rfind(')')? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    Some(Stat {
-        ppid: f.get(1)?.parse().ok()?,
-        ticks: f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?,
-    })
+    // After the parenthesised command name: state, ppid, …
+    s[s.rfind(')')? + 2..]
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
-/// A simulator on core 1: `chunks` content chunks `tpot_ms` apart after `ttft_ms`.
+/// A simulator on core 1: the first token after `ttft_ms`, then one every `tpot_ms`, exactly (no
+/// jitter: a proxy's added milliseconds must not drown in the backend's own variation; streams
+/// started together stay in step, as a batching engine's do).
 fn sim(dir: &Path, name: &str, ttft_ms: f64, tpot_ms: f64) -> (Proc, u16) {
     let port = free_port();
     let profile = dir.join(format!("{name}.yaml"));
     std::fs::write(
         &profile,
         format!(
-            "name: {name}\nttft_base_ms: {ttft_ms}\ntpot_ms: {tpot_ms}\njitter: 0.1\n\
+            "name: {name}\nttft_base_ms: {ttft_ms}\ntpot_ms: {tpot_ms}\njitter: 0\n\
              batch_slowdown: 0\nprefill_per_token_ms: 0\n"
         ),
     )
@@ -432,6 +440,87 @@ fn latency_rows(label: &str, rounds: &[Vec<(Target, Run)>], out: &mut Vec<Value>
     }
 }
 
+/// A cgroup (v1 `cpu` controller) holding the proxies to `pct`% of one core, removed on drop.
+struct CpuCap(PathBuf);
+
+impl CpuCap {
+    fn new(pct: u32) -> Option<CpuCap> {
+        let dir = PathBuf::from(format!(
+            "/sys/fs/cgroup/cpu/inferscope-e2e-{}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).ok()?;
+        std::fs::write(dir.join("cpu.cfs_period_us"), "100000").ok()?;
+        std::fs::write(dir.join("cpu.cfs_quota_us"), (pct * 1000).to_string()).ok()?;
+        Some(CpuCap(dir))
+    }
+    fn add(&self, p: &Proc) -> bool {
+        p.pids()
+            .into_iter()
+            .all(|pid| std::fs::write(self.0.join("cgroup.procs"), pid.to_string()).is_ok())
+    }
+}
+
+impl Drop for CpuCap {
+    fn drop(&mut self) {
+        // Processes still inside go back to the root group, then the group can go.
+        let procs = std::fs::read_to_string(self.0.join("cgroup.procs")).unwrap_or_default();
+        for pid in procs.lines() {
+            let _ = std::fs::write("/sys/fs/cgroup/cpu/cgroup.procs", pid);
+        }
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// Maximum requests/s when the proxy, not the client or the simulator, is the bottleneck: both
+/// proxies capped to the same share of a core (`CAP_PCT`, default 25%), back-to-back 64-chunk
+/// streams at concurrency 64. Skipped where cgroups cannot be written.
+fn capped(dir: &Path, rounds: usize, rows: &mut Vec<Value>) {
+    let pct: u32 = env_or("CAP_PCT", "25").parse().unwrap();
+    let stage = Stage::new(dir, 0.0, 0.0);
+    let Some(cap) = CpuCap::new(pct) else {
+        println!("capped phase skipped: cannot create a cpu cgroup");
+        return;
+    };
+    if !(cap.add(&stage.gw) && cap.add(&stage.nginx)) {
+        println!("capped phase skipped: cannot move the proxies into the cgroup");
+        return;
+    }
+    let a = args(&[
+        "--concurrency",
+        "64",
+        "--duration",
+        "10s",
+        "--requests",
+        "10000000",
+        "--max-tokens",
+        "64",
+    ]);
+    let warm = args(&[
+        "--concurrency",
+        "64",
+        "--requests",
+        "256",
+        "--max-tokens",
+        "4",
+    ]);
+    let per_round: Vec<_> = (0..rounds)
+        .map(|round| {
+            rotation(round)
+                .into_iter()
+                .map(|t| (t, run(&stage, dir, t, &a, Some(&warm))))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    latency_rows(
+        &format!("throughput c=64, proxy capped at {pct}% of a core"),
+        &per_round,
+        rows,
+    );
+    drop(stage);
+    drop(cap);
+}
+
 /// Holds `n` streams at once through `t` over HTTP/2 (100 connections); samples RSS while they
 /// are open.
 fn streams(dir: &Path, n: usize) -> Vec<Value> {
@@ -497,7 +586,7 @@ fn main() {
         .split(',')
         .map(|s| s.trim().parse().unwrap())
         .collect();
-    let phases = env_or("PHASES", "latency,rate,throughput,streams");
+    let phases = env_or("PHASES", "latency,rate,throughput,capped,streams");
     let n_streams: usize = env_or("STREAMS", "10000").parse().unwrap();
     let dir: PathBuf = std::env::temp_dir().join(format!("inferscope-e2e-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -507,7 +596,7 @@ fn main() {
     if phases.contains("latency") {
         let stage = Stage::new(&dir, 50.0, 20.0);
         for &c in &levels {
-            let requests = (c * 4).max(10);
+            let requests = (c * 4).max(20);
             let a = args(&[
                 "--concurrency",
                 &c.to_string(),
@@ -593,6 +682,9 @@ fn main() {
             })
             .collect();
         latency_rows("throughput c=64", &per_round, &mut rows);
+    }
+    if phases.contains("capped") {
+        capped(&dir, rounds, &mut rows);
     }
     if phases.contains("streams") {
         rows.extend(streams(&dir, n_streams));

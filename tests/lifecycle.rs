@@ -262,3 +262,37 @@ async fn embedded_default_measures_both_simulated_backends() {
     gw.shutdown();
     assert!(gw.wait().await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn access_log_lines_reach_the_file_while_the_gateway_runs() {
+    let sim = start_sim(exact(1.0, 1.0), 9).await;
+    let dir = temp_dir();
+    let gw = start_gateway(&[("sim", sim.addr)], &dir, "").await;
+    let lines = || {
+        std::fs::read_to_string(dir.join("access.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    for want in [1, 21] {
+        let n = if want == 1 { 1 } else { 20 };
+        for _ in 0..n {
+            let r = post(
+                gw.data_addr,
+                "/v1/chat/completions",
+                &chat(true, 2, ""),
+                &[],
+            )
+            .await;
+            assert_eq!(r.status, 200);
+        }
+        // Buffered, but flushed within `FLUSH_EVERY` (100 ms) without any shutdown.
+        let t0 = std::time::Instant::now();
+        while lines() < want && t0.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(lines(), want);
+    }
+    let log = stop_and_read_log(gw, &dir).await;
+    assert_eq!(log.len(), 21);
+}
