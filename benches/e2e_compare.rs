@@ -18,7 +18,7 @@
 //!    many completed.
 //!
 //! Run: `cargo bench --bench e2e_compare` (needs `nginx` and `taskset` on PATH; environment:
-//! `ROUNDS` (3), `LEVELS` (1,64,512), `STREAMS` (10000), `PHASES` (latency,rate,throughput,capped,streams), `CAP_PCT` (25),
+//! `ROUNDS` (3), `RATE_ROUNDS` (5, the open-loop phase), `LEVELS` (1,64,512), `STREAMS` (10000), `PHASES` (latency,rate,throughput,capped,streams), `CAP_PCT` (25),
 //! `TARGETS` of the streams phase (direct,inferscope,nginx), `PIN` (1)). Writes the table to stdout and everything to `target/e2e_compare.json`.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
@@ -374,21 +374,49 @@ struct Run {
     cpu_s: f64,
     rss_mib: f64,
     peak_rss_mib: f64,
+    /// inferscope only: p99 of its own `overhead_ms` (time from accepting the request to handing
+    /// it upstream, plus time spent observing chunks) over this run's access-log lines.
+    overhead_p99_ms: Option<f64>,
 }
 
-fn run(stage: &Stage, dir: &Path, t: Target, a: &[String], warm: Option<&[String]>) -> Run {
-    if let Some(w) = warm {
-        client(dir, stage.port(t, false), w);
-    }
+fn access_lines(dir: &Path) -> Vec<String> {
+    std::fs::read_to_string(dir.join("inferscope-access.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// `warmup` requests are sent at once before the measured ones, by the same client process (so
+/// its connections, and the proxy's upstream ones, are open when the measured run starts), and
+/// left out of the report; the proxy's CPU time includes them.
+fn run(stage: &Stage, dir: &Path, t: Target, a: &[String], warmup: usize) -> Run {
+    // The access log is flushed within 100 ms.
+    std::thread::sleep(Duration::from_millis(300));
+    let logged = access_lines(dir).len() + if t == Target::Inferscope { warmup } else { 0 };
     let cpu0 = stage.proxy(t).map_or(0.0, Proc::cpu_s);
-    let report = client(dir, stage.port(t, false), a);
+    let mut a = a.to_vec();
+    a.extend(args(&["--warmup", &warmup.to_string()]));
+    let report = client(dir, stage.port(t, false), &a);
     let cpu_s = stage.proxy(t).map_or(0.0, Proc::cpu_s) - cpu0;
     let (rss_mib, peak_rss_mib) = stage.proxy(t).map_or((0.0, 0.0), Proc::rss_mib);
+    let overhead_p99_ms = (t == Target::Inferscope).then(|| {
+        std::thread::sleep(Duration::from_millis(300));
+        let mut v: Vec<f64> = access_lines(dir)[logged..]
+            .iter()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok()?["overhead_ms"].as_f64())
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v.get(((v.len().max(1) - 1) as f64 * 0.99) as usize)
+            .copied()
+            .unwrap_or(f64::NAN)
+    });
     Run {
         report,
         cpu_s,
         rss_mib,
         peak_rss_mib,
+        overhead_p99_ms,
     }
 }
 
@@ -418,6 +446,16 @@ fn latency_rows(label: &str, rounds: &[Vec<(Target, Run)>], out: &mut Vec<Value>
             )
         };
         let requests = |r: &Run| f(&r.report["successful"]).max(1.0);
+        let rounds_of = |key: &str, q: &str| -> Vec<f64> {
+            rounds
+                .iter()
+                .map(|r| {
+                    let d =
+                        f(&get(r, t).report[key][q]) - f(&get(r, Target::Direct).report[key][q]);
+                    (d * 1000.0).round() / 1000.0
+                })
+                .collect()
+        };
         let row = json!({
             "phase": label,
             "proxy": t.name(),
@@ -425,6 +463,8 @@ fn latency_rows(label: &str, rounds: &[Vec<(Target, Run)>], out: &mut Vec<Value>
             "added_ttft_p99_ms": added("ttft_ms", "p99"),
             "added_gap_p50_ms": added("itl_ms", "median"),
             "added_gap_p99_ms": added("itl_ms", "p99"),
+            "added_ttft_p99_ms_per_round": rounds_of("ttft_ms", "p99"),
+            "own_overhead_p99_ms": median(rounds.iter().filter_map(|r| get(r, t).overhead_p99_ms).collect()),
             "direct_ttft_p50_ms": median(rounds.iter().map(|r| f(&get(r, Target::Direct).report["ttft_ms"]["median"])).collect()),
             "direct_ttft_p99_ms": median(rounds.iter().map(|r| f(&get(r, Target::Direct).report["ttft_ms"]["p99"])).collect()),
             "req_per_s": median(rounds.iter().map(|r| f(&get(r, t).report["request_throughput"])).collect()),
@@ -496,19 +536,11 @@ fn capped(dir: &Path, rounds: usize, rows: &mut Vec<Value>) {
         "--max-tokens",
         "64",
     ]);
-    let warm = args(&[
-        "--concurrency",
-        "64",
-        "--requests",
-        "256",
-        "--max-tokens",
-        "4",
-    ]);
     let per_round: Vec<_> = (0..rounds)
         .map(|round| {
             rotation(round)
                 .into_iter()
-                .map(|t| (t, run(&stage, dir, t, &a, Some(&warm))))
+                .map(|t| (t, run(&stage, dir, t, &a, 64)))
                 .collect::<Vec<_>>()
         })
         .collect();
@@ -605,20 +637,12 @@ fn main() {
                 "--max-tokens",
                 "64",
             ]);
-            let warm = args(&[
-                "--concurrency",
-                &c.to_string(),
-                "--requests",
-                &c.to_string(),
-                "--max-tokens",
-                "4",
-            ]);
             let mut per_round = Vec::new();
             for round in 0..rounds {
                 per_round.push(
                     rotation(round)
                         .into_iter()
-                        .map(|t| (t, run(&stage, &dir, t, &a, Some(&warm))))
+                        .map(|t| (t, run(&stage, &dir, t, &a, c)))
                         .collect::<Vec<_>>(),
                 );
             }
@@ -635,19 +659,13 @@ fn main() {
             "--max-tokens",
             "16",
         ]);
-        let warm = args(&[
-            "--concurrency",
-            "64",
-            "--requests",
-            "256",
-            "--max-tokens",
-            "4",
-        ]);
-        let per_round: Vec<_> = (0..rounds)
+        // Warm-up: as many connections as the run keeps busy (~370 streams).
+        let rate_rounds: usize = env_or("RATE_ROUNDS", "5").parse().unwrap();
+        let per_round: Vec<_> = (0..rate_rounds)
             .map(|round| {
                 rotation(round)
                     .into_iter()
-                    .map(|t| (t, run(&stage, &dir, t, &a, Some(&warm))))
+                    .map(|t| (t, run(&stage, &dir, t, &a, 512)))
                     .collect::<Vec<_>>()
             })
             .collect();
@@ -665,19 +683,11 @@ fn main() {
             "--max-tokens",
             "64",
         ]);
-        let warm = args(&[
-            "--concurrency",
-            "64",
-            "--requests",
-            "256",
-            "--max-tokens",
-            "4",
-        ]);
         let per_round: Vec<_> = (0..rounds)
             .map(|round| {
                 rotation(round)
                     .into_iter()
-                    .map(|t| (t, run(&stage, &dir, t, &a, Some(&warm))))
+                    .map(|t| (t, run(&stage, &dir, t, &a, 64)))
                     .collect::<Vec<_>>()
             })
             .collect();

@@ -55,6 +55,7 @@ async fn level(streams: usize) {
         seed: 1,
         progress: false,
         http2_connections: None,
+        warmup: 0,
     };
     // Warm-up wave (excluded below): opens the upstream connections, so the measured requests see
     // the steady state of a running gateway.

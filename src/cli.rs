@@ -142,6 +142,10 @@ enum Cmd {
         /// connection per request in flight): holds many thousands of streams on a few sockets.
         #[arg(long)]
         http2_connections: Option<usize>,
+        /// Send this many requests at once first, left out of the report (opens the connections
+        /// the run will use).
+        #[arg(long, default_value_t = 0)]
+        warmup: usize,
     },
     /// Report from an access log: TTFT, TPOT, tokens/s, P99, error rate per group, and each group
     /// compared with a control (median and p99 change with 95% intervals, Mann-Whitney p).
@@ -391,6 +395,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             compare_gateway,
             seed,
             http2_connections,
+            warmup,
         } => {
             use crate::loadgen::{self, Arrivals, BenchOptions};
             let prompts = match &dataset {
@@ -441,6 +446,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 seed,
                 progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
                 http2_connections,
+                warmup,
             };
             if !sweep.is_empty() {
                 let mut rows = Vec::new();

@@ -23,6 +23,7 @@ fn options(url: String, arrivals: Arrivals, requests: usize) -> BenchOptions {
         seed: 3,
         progress: false,
         http2_connections: None,
+        warmup: 0,
     }
 }
 
@@ -115,4 +116,25 @@ async fn http2_connections_multiplex_many_streams_through_the_gateway() {
         "every request arrived over HTTP/2: {:?}",
         log.first()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warmup_requests_are_sent_but_left_out_of_the_report() {
+    let sim = start_sim(exact(2.0, 1.0), 5).await;
+    let dir = temp_dir();
+    let gw = start_gateway(&[("sim", sim.addr)], &dir, "").await;
+    let mut o = options(
+        format!("http://{}", gw.data_addr),
+        Arrivals::Concurrency(2),
+        6,
+    );
+    o.warmup = 4;
+    let (samples, wall) = loadgen::run(&o).await;
+    let r = loadgen::summarize(&samples, wall, &o.slo);
+    assert_eq!(
+        (r["requests"].as_u64(), r["failed"].as_u64()),
+        (Some(6), Some(0))
+    );
+    let log = stop_and_read_log(gw, &dir).await;
+    assert_eq!(log.len(), 10, "4 warm-up requests reached the gateway too");
 }

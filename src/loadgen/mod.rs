@@ -68,6 +68,10 @@ pub struct BenchOptions {
     /// knowledge (h2c) over `k` connections, requests spread evenly, so many thousands of streams
     /// need only `k` sockets.
     pub http2_connections: Option<usize>,
+    /// Requests sent all at once before the measured run and left out of it: they open the
+    /// connections the run will use (on both sides of a gateway), so the run measures a warm
+    /// steady state rather than connection set-up.
+    pub warmup: usize,
 }
 
 /// One request as the client saw it.
@@ -241,6 +245,20 @@ pub async fn run(o: &BenchOptions) -> (Vec<Sample>, Duration) {
     let o = Arc::new(o.clone());
     let samples = Arc::new(Mutex::new(Vec::with_capacity(o.requests)));
     let issued = Arc::new(AtomicUsize::new(0));
+    if o.warmup > 0 {
+        let warm: Vec<_> = (0..o.warmup)
+            .map(|i| {
+                let client = clients[i % clients.len()].clone();
+                let o = Arc::clone(&o);
+                tokio::spawn(async move {
+                    one(&client, &o, &o.prompts[i % o.prompts.len()]).await;
+                })
+            })
+            .collect();
+        for w in warm {
+            let _ = w.await;
+        }
+    }
     let start = Instant::now();
     let deadline = o.duration.map(|d| start + d);
     let more = {
