@@ -209,18 +209,28 @@ impl UpstreamClient {
     fn checkout(&self, key: &Authority) -> Option<Driver> {
         let mut pool = self.pool.lock();
         let list = pool.get_mut(key)?;
+        // Alive but not yet asking for a request (the end of its last response is still being
+        // processed): kept, not closed; it goes back after the search.
+        let mut busy = Vec::new();
+        let mut found = None;
         // Most recently used first: its socket and buffers are the warmest.
         while let Some(mut idle) = list.pop() {
-            if still_usable(&mut idle, self.idle_timeout) && idle.sender.is_ready() {
-                return Some(Driver {
+            if !still_usable(&mut idle, self.idle_timeout) {
+                continue;
+            }
+            if idle.sender.is_ready() {
+                found = Some(Driver {
                     sender: idle.sender,
                     conn: Some(idle.conn),
                     key: key.clone(),
                     pool: Arc::downgrade(&self.pool),
                 });
+                break;
             }
+            busy.push(idle);
         }
-        None
+        list.extend(busy);
+        found
     }
 
     async fn connect(&self, key: &Authority) -> Result<Driver, UpstreamError> {
