@@ -420,6 +420,38 @@ fn run(stage: &Stage, dir: &Path, t: Target, a: &[String], warmup: usize) -> Run
     }
 }
 
+/// `rounds` rounds of one run per target, the targets' order rotated each round.
+fn measure(
+    stage: &Stage,
+    dir: &Path,
+    a: &[String],
+    warmup: usize,
+    rounds: usize,
+) -> Vec<Vec<(Target, Run)>> {
+    (0..rounds)
+        .map(|round| {
+            rotation(round)
+                .into_iter()
+                .map(|t| (t, run(stage, dir, t, a, warmup)))
+                .collect()
+        })
+        .collect()
+}
+
+/// Closed loop at 64 for 10 s, 64-token streams (against a simulator that does not wait).
+fn back_to_back() -> Vec<String> {
+    args(&[
+        "--concurrency",
+        "64",
+        "--duration",
+        "10s",
+        "--requests",
+        "10000000",
+        "--max-tokens",
+        "64",
+    ])
+}
+
 fn rotation(round: usize) -> Vec<Target> {
     let all = [Target::Direct, Target::Inferscope, Target::Nginx];
     (0..3).map(|i| all[(round + i) % 3]).collect()
@@ -526,24 +558,7 @@ fn capped(dir: &Path, rounds: usize, rows: &mut Vec<Value>) {
         println!("capped phase skipped: cannot move the proxies into the cgroup");
         return;
     }
-    let a = args(&[
-        "--concurrency",
-        "64",
-        "--duration",
-        "10s",
-        "--requests",
-        "10000000",
-        "--max-tokens",
-        "64",
-    ]);
-    let per_round: Vec<_> = (0..rounds)
-        .map(|round| {
-            rotation(round)
-                .into_iter()
-                .map(|t| (t, run(&stage, dir, t, &a, 64)))
-                .collect::<Vec<_>>()
-        })
-        .collect();
+    let per_round = measure(&stage, dir, &back_to_back(), 64, rounds);
     latency_rows(
         &format!("throughput c=64, proxy capped at {pct}% of a core"),
         &per_round,
@@ -637,15 +652,7 @@ fn main() {
                 "--max-tokens",
                 "64",
             ]);
-            let mut per_round = Vec::new();
-            for round in 0..rounds {
-                per_round.push(
-                    rotation(round)
-                        .into_iter()
-                        .map(|t| (t, run(&stage, &dir, t, &a, c)))
-                        .collect::<Vec<_>>(),
-                );
-            }
+            let per_round = measure(&stage, &dir, &a, c, rounds);
             latency_rows(&format!("latency c={c}"), &per_round, &mut rows);
         }
     }
@@ -661,36 +668,12 @@ fn main() {
         ]);
         // Warm-up: as many connections as the run keeps busy (~370 streams).
         let rate_rounds: usize = env_or("RATE_ROUNDS", "5").parse().unwrap();
-        let per_round: Vec<_> = (0..rate_rounds)
-            .map(|round| {
-                rotation(round)
-                    .into_iter()
-                    .map(|t| (t, run(&stage, &dir, t, &a, 512)))
-                    .collect::<Vec<_>>()
-            })
-            .collect();
+        let per_round = measure(&stage, &dir, &a, 512, rate_rounds);
         latency_rows("open loop 1000 req/s", &per_round, &mut rows);
     }
     if phases.contains("throughput") {
         let stage = Stage::new(&dir, 0.0, 0.0);
-        let a = args(&[
-            "--concurrency",
-            "64",
-            "--duration",
-            "10s",
-            "--requests",
-            "10000000",
-            "--max-tokens",
-            "64",
-        ]);
-        let per_round: Vec<_> = (0..rounds)
-            .map(|round| {
-                rotation(round)
-                    .into_iter()
-                    .map(|t| (t, run(&stage, &dir, t, &a, 64)))
-                    .collect::<Vec<_>>()
-            })
-            .collect();
+        let per_round = measure(&stage, &dir, &back_to_back(), 64, rounds);
         latency_rows("throughput c=64", &per_round, &mut rows);
     }
     if phases.contains("capped") {
