@@ -149,11 +149,6 @@ impl UpstreamClient {
         }
     }
 
-    /// Idle connections in the pool (all backends).
-    pub fn idle_connections(&self) -> usize {
-        self.pool.lock().values().map(Vec::len).sum()
-    }
-
     /// Sends `req` (absolute `http://` URI) and waits for the response head. The response body
     /// drives the connection; read to its end, the connection goes back to the pool.
     pub async fn request(
@@ -196,7 +191,7 @@ impl UpstreamClient {
                     }))
                 }
                 // A pooled connection that closed before it took the request: the backend never
-                // saw it, so it goes again on a new connection.
+                // saw it, so it goes again on another connection (pooled or new).
                 Err(mut e) if reused => match e.take_message() {
                     Some(back) => req = back,
                     None => return Err(UpstreamError::Http(e.into_error())),
