@@ -14,7 +14,7 @@
 //! 4. the same throughput run with each proxy capped to `CAP_PCT`% of one core (cgroup v1 CPU
 //!    quota), so the proxy is the bottleneck: requests/s on the same share of a core;
 //! 5. concurrent streams: `STREAMS` (default 10,000) streams held at once, 16 chunks 1 s apart,
-//!    over HTTP/2 from the client (100 connections) and HTTP/1.1 upstream: peak proxy RSS and how
+//!    over HTTP/2 from the client (100 streams per connection) and HTTP/1.1 upstream: peak proxy RSS and how
 //!    many completed.
 //!
 //! Run: `cargo bench --bench e2e_compare` (needs `nginx` and `taskset` on PATH; environment:
@@ -568,7 +568,7 @@ fn capped(dir: &Path, rounds: usize, rows: &mut Vec<Value>) {
     drop(cap);
 }
 
-/// Holds `n` streams at once through `t` over HTTP/2 (100 connections); samples RSS while they
+/// Holds `n` streams at once through `t` over HTTP/2 (100 streams per connection); samples RSS while they
 /// are open.
 fn streams(dir: &Path, n: usize) -> Vec<Value> {
     let mut rows = Vec::new();
@@ -582,6 +582,8 @@ fn streams(dir: &Path, n: usize) -> Vec<Value> {
         let port = stage.port(t, true);
         let dir2 = dir.to_path_buf();
         let n_s = n.to_string();
+        // 100 streams per connection: under nginx's `http2_max_concurrent_streams` (128).
+        let conns = n.div_ceil(100).to_string();
         let client = std::thread::spawn(move || {
             client(
                 &dir2,
@@ -594,7 +596,7 @@ fn streams(dir: &Path, n: usize) -> Vec<Value> {
                     "--max-tokens",
                     "16",
                     "--http2-connections",
-                    "100",
+                    &conns,
                 ]),
             )
         });
