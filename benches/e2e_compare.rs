@@ -172,16 +172,22 @@ fn sim(dir: &Path, name: &str, ttft_ms: f64, tpot_ms: f64) -> (Proc, u16) {
         ),
     )
     .unwrap();
-    let child = pinned(1, BIN)
-        .args(["sim", "--listen", &format!("127.0.0.1:{port}")])
+    let mut cmd = pinned(1, BIN);
+    cmd.args(["sim", "--listen", &format!("127.0.0.1:{port}")])
         .arg("--profile")
-        .arg(&profile)
+        .arg(&profile);
+    (start(cmd, port), port)
+}
+
+/// Starts `cmd` with its output discarded and waits until it listens on `port`.
+fn start(mut cmd: Command, port: u16) -> Proc {
+    let child = cmd
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
     wait_port(port);
-    (Proc { child }, port)
+    Proc { child }
 }
 
 fn inferscope(dir: &Path, upstream: u16) -> (Proc, u16) {
@@ -198,19 +204,14 @@ fn inferscope(dir: &Path, upstream: u16) -> (Proc, u16) {
         ),
     )
     .unwrap();
-    let child = pinned(0, BIN)
-        .arg("serve")
+    let mut cmd = pinned(0, BIN);
+    cmd.arg("serve")
         .arg("--config")
         .arg(&cfg)
         // One core, one worker: the same share nginx gets with one worker process.
         .env("TOKIO_WORKER_THREADS", "1")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_port(port);
-    (Proc { child }, port)
+        .env("RUST_LOG", "warn");
+    (start(cmd, port), port)
 }
 
 /// nginx with one worker on core 0; HTTP/1.1 on `port`, HTTP/2 with prior knowledge on `h2`.
