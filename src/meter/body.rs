@@ -30,6 +30,9 @@ pin_project! {
         held: Option<Bytes>,
         queue: VecDeque<Bytes>,
         upstream_done: bool,
+        // How the body ended when that is decided before the last bytes are handed on (a body
+        // error or a timeout with frames still queued): the record is written once they are.
+        ending: Option<End>,
         // Deadlines (first token, idle, total): one timer, re-armed per frame, never reallocated.
         timer: Option<Pin<Box<Sleep>>>,
         last_frame: Instant,
@@ -37,24 +40,42 @@ pin_project! {
 
     impl<B> PinnedDrop for MeteredBody<B> {
         fn drop(this: Pin<&mut Self>) {
-            if let Some(meter) = this.project().meter.take() {
-                meter.finish(End::Dropped);
+            let this = this.project();
+            if let Some(meter) = this.meter.take() {
+                let handed_all = this.queue.is_empty() && this.held.is_none();
+                let end = match this.ending.take() {
+                    Some(end) => end,
+                    // Clients may close as soon as they have everything they need, without
+                    // reading the end of the body (Python clients stop at `[DONE]`; a client
+                    // that got a `content-length: 0` head reads nothing). The response was
+                    // whole when every byte was handed on and the upstream body had ended, or
+                    // when its terminal event was.
+                    None if handed_all && (*this.upstream_done || meter.terminal_seen()) => {
+                        End::Complete
+                    }
+                    None => End::Dropped,
+                };
+                meter.finish(end);
             }
         }
     }
 }
 
-impl<B> MeteredBody<B> {
+impl<B: Body> MeteredBody<B> {
     /// Wraps `inner`, feeding its frames to `meter`.
     pub fn new(inner: B, meter: Meter) -> Self {
         let now = Instant::now();
+        // An empty body (`content-length: 0`) has ended already: servers write its head and
+        // drop it without polling, and that is a complete response.
+        let upstream_done = inner.is_end_stream();
         let timer = next_deadline(&meter, now).map(|at| Box::pin(tokio::time::sleep_until(at)));
         Self {
             inner,
             meter: Some(meter),
             held: None,
             queue: VecDeque::new(),
-            upstream_done: false,
+            upstream_done,
+            ending: None,
             timer,
             last_frame: now,
         }
@@ -119,7 +140,7 @@ where
             }
             if *this.upstream_done {
                 if let Some(m) = this.meter.take() {
-                    m.finish(End::Complete);
+                    m.finish(this.ending.take().unwrap_or(End::Complete));
                 }
                 return Poll::Ready(None);
             }
@@ -138,17 +159,12 @@ where
                             // End the client's stream cleanly with what arrived; the upstream
                             // body is dropped with this body, which closes its connection.
                             *this.upstream_done = true;
+                            *this.ending = Some(End::TimedOut(kind));
                             if let Some(h) = this.held.take() {
                                 this.queue.push_back(h);
                             }
-                            if let Some(m) = this.meter.take() {
-                                m.finish(End::TimedOut(kind));
-                            }
                             *this.timer = None;
-                            return match this.queue.pop_front() {
-                                Some(b) => Poll::Ready(Some(Ok(Frame::data(b)))),
-                                None => Poll::Ready(None),
-                            };
+                            continue;
                         }
                         None => {
                             if let Some(at) = next_deadline(m, *this.last_frame) {
@@ -173,11 +189,9 @@ where
                     // arrived (never a fabricated `[DONE]`), and record it as truncated.
                     tracing::debug!(error = %DisplayErr(&e), "upstream body failed");
                     *this.upstream_done = true;
+                    *this.ending = Some(End::BodyError);
                     if let Some(h) = this.held.take() {
                         this.queue.push_back(h);
-                    }
-                    if let Some(m) = this.meter.take() {
-                        m.finish(End::BodyError);
                     }
                 }
                 Some(Ok(frame)) => {

@@ -232,6 +232,11 @@ impl Meter {
         self.progress.t_tok1.is_some()
     }
 
+    /// True once the stream's terminal event (`[DONE]`) has been observed.
+    pub fn terminal_seen(&self) -> bool {
+        self.progress.done
+    }
+
     /// True while the usage-only chunk still has to be removed from the stream.
     pub fn stripping(&self) -> bool {
         self.progress.strip_usage

@@ -111,7 +111,8 @@ async fn respond(
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     match (req.method(), path.as_str()) {
-        (&Method::GET, "/health") => full(StatusCode::OK, "text/plain", "ok"),
+        // As vLLM answers it: 200 with an empty body (`content-length: 0`).
+        (&Method::GET, "/health") => Response::new(Either::Left(Full::new(Bytes::new()))),
         (&Method::GET, "/v1/models") => {
             let body = json!({"object": "list", "data": [{
                 "id": state.opts.model, "object": "model", "owned_by": state.opts.profile.name,
