@@ -162,9 +162,7 @@ async fn write_loop(
     let _ = out.flush().await;
 }
 
-fn ms(d: Duration) -> f64 {
-    (d.as_micros() as f64) / 1000.0
-}
+use crate::stats::quantile::{duration_ms as ms, us_to_ms};
 
 #[derive(Serialize)]
 struct RetryLine<'a> {
@@ -179,6 +177,16 @@ struct ItlSummary {
     p99: f64,
     max: f64,
     count: usize,
+}
+
+/// Every inter-token gap of the request, in order, in whole microseconds: what `/stats` records,
+/// so offline reports compute ITL from the same samples.
+struct ItlGaps<'a>(&'a [crate::meter::ItlSample]);
+
+impl Serialize for ItlGaps<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(crate::meter::ItlSample::gap_us))
+    }
 }
 
 /// The access-log line (DESIGN §4): field names are a contract.
@@ -204,6 +212,7 @@ struct LogLine<'a> {
     upstream_ttft_ms: Option<f64>,
     overhead_ms: Option<f64>,
     itl_ms: Option<ItlSummary>,
+    itl_us: ItlGaps<'a>,
     input_tokens: Option<u64>,
     output_tokens: Option<u64>,
     tokens_source: Option<&'static str>,
@@ -234,15 +243,11 @@ fn protocol(v: http::Version) -> &'static str {
 impl<'a> From<&'a RequestRecord> for LogLine<'a> {
     fn from(r: &'a RequestRecord) -> Self {
         let m = &r.meta;
-        let itl = (!r.itl.is_empty()).then(|| {
-            let v = r.itl_sorted();
-            let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
-            ItlSummary {
-                p50: ms(at(0.5)),
-                p99: ms(at(0.99)),
-                max: ms(v[v.len() - 1]),
-                count: v.len(),
-            }
+        let itl = r.itl_summary().map(|s| ItlSummary {
+            p50: us_to_ms(s.p50_us),
+            p99: us_to_ms(s.p99_us),
+            max: us_to_ms(s.max_us),
+            count: s.count,
         });
         LogLine {
             ts: rfc3339(m.ts),
@@ -265,6 +270,7 @@ impl<'a> From<&'a RequestRecord> for LogLine<'a> {
             upstream_ttft_ms: r.upstream_ttft.map(ms),
             overhead_ms: r.overhead.map(ms),
             itl_ms: itl,
+            itl_us: ItlGaps(&r.itl),
             input_tokens: r.input_tokens,
             output_tokens: r.output_tokens,
             tokens_source: r.tokens_source.map(|t| t.as_str()),

@@ -158,9 +158,13 @@ enum Cmd {
         /// The group the others are compared with (e.g. the control variant).
         #[arg(long)]
         control: Option<String>,
-        /// No verdict until both groups have this many samples of a metric.
+        /// No verdict until both groups have this many samples of a metric (the fixed horizon:
+        /// the experiment's `min_samples`, which a log does not carry).
         #[arg(long, default_value_t = 200)]
         min_samples: usize,
+        /// Print JSON (per group: labels, counts, p50/p90/p99 of every metric; comparisons).
+        #[arg(long)]
+        json: bool,
     },
     /// Quality check of an experiment: run a dataset through the gateway once per variant and
     /// compare accuracy (or, with --generate N, print a quiz dataset the simulator can answer).
@@ -210,6 +214,7 @@ pub fn main() -> ExitCode {
         by,
         control,
         min_samples,
+        json,
     } = &cli.cmd
     {
         let opts = crate::experiment::ReportOptions {
@@ -217,6 +222,7 @@ pub fn main() -> ExitCode {
             by: by.clone(),
             control: control.clone(),
             min_samples: *min_samples,
+            json: *json,
         };
         return match crate::experiment::report(&opts) {
             Ok(text) => {

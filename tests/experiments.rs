@@ -158,7 +158,22 @@ async fn the_faster_variant_is_found_live_and_offline() {
     );
     let text = String::from_utf8(out.stdout).unwrap();
     println!("{text}");
-    assert!(text.contains("| int8 | demo | int8 | int8 |"), "{text}");
+    // Grouped by variant: the variant is the first column, and only there.
+    assert!(
+        text.contains("| variant | model | backend | requests |"),
+        "{text}"
+    );
+    let row: Vec<&str> = text
+        .lines()
+        .find(|l| l.starts_with("| int8 |"))
+        .unwrap()
+        .split(" | ")
+        .collect();
+    assert_eq!(row[1..3], ["demo", "int8"], "{text}");
+    assert!(
+        row[3].parse::<u64>().is_ok(),
+        "requests follow the labels: {text}"
+    );
     assert!(
         text.lines()
             .any(|l| l.starts_with("- int8 TPOT \u{2212}") && l.ends_with(", significant")),

@@ -61,7 +61,11 @@ async fn a_client_closing_after_done_before_the_terminator_is_ok() {
     }
     // Everything up to `[DONE]` at once; the chunked terminator 50 ms later, as uvicorn-based
     // servers can send it.
-    let backend = start_raw(vec![first, b"0\r\n\r\n".to_vec()], Duration::from_millis(50)).await;
+    let backend = start_raw(
+        vec![first, b"0\r\n\r\n".to_vec()],
+        Duration::from_millis(50),
+    )
+    .await;
     let dir = temp_dir();
     let gw = start_gateway(&[("raw", backend)], &dir, "").await;
     let asked = chat(true, 2, r#","stream_options":{"include_usage":true}"#);
@@ -86,7 +90,10 @@ async fn a_client_closing_after_done_before_the_terminator_is_ok() {
         assert_eq!(line["status"], 200);
         assert_eq!(line["finish_reason"], "stop");
         assert_eq!(line["output_tokens"], 2);
-        assert_eq!(line["bytes_out"], total, "every event was handed on: {line}");
+        assert_eq!(
+            line["bytes_out"], total,
+            "every event was handed on: {line}"
+        );
         // E2E ends when the client had it all, not when the terminator came (50 ms later).
         assert!(ms(line, "e2e_ms") < Duration::from_millis(45), "{line}");
     }

@@ -63,13 +63,10 @@ impl Comparison {
     }
 }
 
-/// The `q` quantile of sorted data (nearest rank).
+/// The `q` quantile of sorted data by the one rank rule (`stats::quantile`), unrounded: the
+/// estimators and their bootstrap work on the exact samples. NaN when empty.
 pub fn quantile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len()) - 1;
-    sorted[i]
+    crate::stats::quantile::at_rank(sorted, q).unwrap_or(f64::NAN)
 }
 
 fn subsample(x: &[f64], rng: &mut Rng) -> Vec<f64> {

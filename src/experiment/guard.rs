@@ -59,7 +59,7 @@ fn quantile(mut v: Vec<f64>, q: f64) -> Option<f64> {
         return None;
     }
     v.sort_unstable_by(f64::total_cmp);
-    Some(super::compare::quantile(&v, q))
+    crate::stats::quantile::of_sorted_ms(&v, q)
 }
 
 impl Guardrails {
@@ -113,7 +113,7 @@ impl Guardrails {
             return Vec::new();
         }
         let now = Instant::now();
-        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        let ms = crate::stats::quantile::duration_ms;
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let w = s.windows.entry(Arc::clone(v)).or_default();
         w.push_back(Sample {

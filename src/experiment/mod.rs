@@ -105,7 +105,7 @@ impl Arm {
         }
         self.output_tokens += r.output_tokens.unwrap_or(0);
         self.output_seconds += r.e2e.as_secs_f64();
-        let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
+        let ms = crate::stats::quantile::duration_ms;
         let [ttft, ttfc, tpot, itl, e2e] = &mut self.samples;
         if let Some(d) = r.ttft {
             ttft.push(ms(d));
@@ -225,7 +225,7 @@ pub fn summarize(
             for (metric, r) in COMPARED.iter().zip(&a.samples) {
                 let mut s = r.values().to_vec();
                 s.sort_unstable_by(f64::total_cmp);
-                let q = |p: f64| (compare::quantile(&s, p) * 1000.0).round() / 1000.0;
+                let q = |p: f64| crate::stats::quantile::of_sorted_ms(&s, p);
                 let v = if s.is_empty() {
                     Value::Null
                 } else {

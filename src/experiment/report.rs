@@ -21,6 +21,9 @@ pub struct ReportOptions {
     pub control: Option<String>,
     /// Fixed horizon for verdicts.
     pub min_samples: usize,
+    /// JSON instead of a table: per group the labels, counts and every metric's p50/p90/p99,
+    /// and the comparisons (the `/experiments` shape).
+    pub json: bool,
 }
 
 fn outcome(s: &str) -> Option<Outcome> {
@@ -50,8 +53,12 @@ impl Arm {
                 self.samples[i].push(x);
             }
         }
-        if let Some(p50) = v["itl_ms"]["p50"].as_f64() {
-            self.samples[3].push(p50); // per-request median gap: the log keeps summaries only
+        // Every gap, as `/stats` records them (logs written before `itl_us` existed have only
+        // per-request summaries: their ITL is left out rather than estimated).
+        for gap in v["itl_us"].as_array().into_iter().flatten() {
+            if let Some(us) = gap.as_u64() {
+                self.samples[3].push(crate::stats::quantile::us_to_ms(us));
+            }
         }
     }
 }
@@ -97,41 +104,81 @@ pub fn report(o: &ReportOptions) -> Result<String, String> {
     if arms.is_empty() {
         return Err(format!("{}: no access-log lines", o.file.display()));
     }
+    if let Some(control) = &o.control {
+        if !arms.contains_key(control.as_str()) {
+            return Err(format!("--control {control}: no such {} in the log", o.by));
+        }
+    }
+    // The label columns other than the grouping one (which is the first column already).
+    let label_cols: Vec<(usize, &str)> = ["model", "backend", "variant"]
+        .into_iter()
+        .enumerate()
+        .filter(|(_, l)| *l != o.by)
+        .collect();
+    let join = |s: &BTreeSet<String>| s.iter().cloned().collect::<Vec<_>>();
+    if o.json {
+        let mut doc = summarize(
+            "report",
+            o.control.as_deref().unwrap_or(""),
+            &arms,
+            o.min_samples,
+        );
+        if let Some(groups) = doc["variants"].as_array_mut() {
+            for g in groups {
+                let key = g["variant"].as_str().unwrap_or("").to_string();
+                let Some(l) = labels.get(key.as_str()) else {
+                    continue;
+                };
+                g[o.by.as_str()] = key.into();
+                for (j, name) in &label_cols {
+                    g[*name] = join(&l[*j]).into();
+                }
+            }
+        }
+        let mut m = serde_json::Map::new();
+        m.insert("by".into(), o.by.clone().into());
+        m.insert("groups".into(), doc["variants"].take());
+        m.insert("comparisons".into(), doc["comparisons"].take());
+        m.insert("method".into(), doc["method"].take());
+        m.insert("skipped_lines".into(), bad.into());
+        return Ok(format!("{:#}\n", Value::Object(m)));
+    }
     let mut out = String::new();
-    let _ = writeln!(out, "| {} | model | backend | variant | requests | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms | E2E p99 ms | tokens/s | error rate |", o.by);
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let mut head = format!("| {} |", o.by);
+    for (_, name) in &label_cols {
+        head.push_str(&format!(" {name} |"));
+    }
+    head.push_str(" requests | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms | ITL p50 ms | ITL p99 ms | E2E p99 ms | tokens/s | error rate |");
+    let _ = writeln!(out, "{head}");
+    let _ = writeln!(out, "|{}", "---|".repeat(label_cols.len() + 11));
     for (k, a) in &arms {
         let q = |i: usize, p: f64| {
             let mut s = a.samples[i].values().to_vec();
             s.sort_unstable_by(f64::total_cmp);
-            if s.is_empty() {
-                "-".to_string()
-            } else {
-                format!("{:.1}", super::compare::quantile(&s, p))
-            }
+            crate::stats::quantile::of_sorted_ms(&s, p)
+                .map_or_else(|| "-".to_string(), |v| format!("{v:.2}"))
         };
-        let join = |s: &BTreeSet<String>| s.iter().cloned().collect::<Vec<_>>().join(", ");
         let l = &labels[k];
+        let mut row = format!("| {k} |");
+        for (j, _) in &label_cols {
+            row.push_str(&format!(" {} |", join(&l[*j]).join(", ")));
+        }
         let _ = writeln!(
             out,
-            "| {k} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.2}% |",
-            join(&l[0]),
-            join(&l[1]),
-            join(&l[2]),
+            "{row} {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.2}% |",
             a.requests,
             q(0, 0.5),
             q(0, 0.99),
             q(2, 0.5),
             q(2, 0.99),
+            q(3, 0.5),
+            q(3, 0.99),
             q(4, 0.99),
             a.tokens_per_s(),
             a.error_rate() * 100.0
         );
     }
     if let Some(control) = &o.control {
-        if !arms.contains_key(control.as_str()) {
-            return Err(format!("--control {control}: no such {} in the log", o.by));
-        }
         let s = summarize("report", control, &arms, o.min_samples);
         let _ = writeln!(
             out,

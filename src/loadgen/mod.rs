@@ -12,8 +12,8 @@ mod dataset;
 pub use dataset::{load_prompts, synthetic_prompts};
 
 use crate::dialect;
-use crate::experiment::compare::quantile;
 use crate::sse::SseScanner;
+use crate::stats::quantile;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -343,11 +343,13 @@ fn dist(v: &mut [f64]) -> Value {
     }
     v.sort_unstable_by(f64::total_cmp);
     let r = |x: f64| (x * 1000.0).round() / 1000.0;
+    // Percentiles by the gateway's one rule, so client-side and `/stats` numbers compare.
+    let q = |p: f64| quantile::of_sorted_ms(v, p);
     json!({
         "mean": r(v.iter().sum::<f64>() / v.len() as f64),
-        "median": r(quantile(v, 0.5)),
-        "p90": r(quantile(v, 0.9)),
-        "p99": r(quantile(v, 0.99)),
+        "median": q(0.5),
+        "p90": q(0.9),
+        "p99": q(0.99),
     })
 }
 

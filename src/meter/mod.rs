@@ -8,6 +8,6 @@ mod record;
 pub use body::MeteredBody;
 pub use progress::{Deadlines, End, Framing, Guards, Meter, MeterOptions, Permit, StripPlan};
 pub use record::{
-    Attempt, ItlSample, Outcome, RequestMeta, RequestParams, RequestRecord, ResponseInfo,
-    TokensSource,
+    Attempt, ItlSample, ItlSummary, Outcome, RequestMeta, RequestParams, RequestRecord,
+    ResponseInfo, TokensSource,
 };

@@ -105,6 +105,25 @@ impl ItlSample {
     pub fn gap(&self) -> Duration {
         Duration::from_micros(u64::from(self.gap_us))
     }
+
+    /// Gap since the previous output event, in whole microseconds.
+    pub fn gap_us(&self) -> u64 {
+        u64::from(self.gap_us)
+    }
+}
+
+/// One request's inter-token gaps summarized by the one percentile rule (`stats::quantile`):
+/// what `/stats` would report for these gaps alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ItlSummary {
+    /// Median gap, µs.
+    pub p50_us: u64,
+    /// 99th percentile gap, µs.
+    pub p99_us: u64,
+    /// Largest gap, µs (rounded as the histograms round it).
+    pub max_us: u64,
+    /// Number of gaps.
+    pub count: usize,
 }
 
 /// What the request asked for, as far as telemetry reports it.
@@ -318,10 +337,16 @@ impl RequestRecord {
         self.meta.t0 + self.e2e
     }
 
-    /// ITL gaps in ascending order (for summaries).
-    pub fn itl_sorted(&self) -> Vec<Duration> {
-        let mut v: Vec<Duration> = self.itl.iter().map(ItlSample::gap).collect();
+    /// The ITL summary the access log and spans carry (`None` without gaps).
+    pub fn itl_summary(&self) -> Option<ItlSummary> {
+        use crate::stats::quantile;
+        let mut v: Vec<u64> = self.itl.iter().map(ItlSample::gap_us).collect();
         v.sort_unstable();
-        v
+        Some(ItlSummary {
+            p50_us: quantile::of_sorted_us(&v, 0.5)?,
+            p99_us: quantile::of_sorted_us(&v, 0.99)?,
+            max_us: quantile::of_sorted_us(&v, 1.0)?,
+            count: v.len(),
+        })
     }
 }

@@ -1,13 +1,11 @@
 //! `Tally`: the counters and HdrHistograms (µs, 3 significant digits) of one group over one span
 //! of time, mergeable so rollups and windows are built by adding tallies.
 
+use super::quantile::{self, MAX_US};
 use crate::meter::{Outcome, RequestRecord};
 use hdrhistogram::Histogram;
 use serde_json::{json, Map, Value};
 use std::time::Duration;
-
-/// Largest recordable value: one hour in microseconds (larger values saturate).
-const MAX_US: u64 = 3_600_000_000;
 
 /// A histogram created on first use (groups that never stream hold no TTFT histogram), plus the
 /// exact sum for Prometheus `_sum`.
@@ -23,9 +21,14 @@ pub struct Hist {
 impl Hist {
     /// Records one duration.
     pub fn record(&mut self, d: Duration) {
-        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        let us = quantile::duration_us(d);
         if self.h.is_none() {
-            self.h = Histogram::new_with_bounds(1, MAX_US, if self.coarse { 2 } else { 3 }).ok();
+            let digits = if self.coarse {
+                quantile::WINDOW_DIGITS
+            } else {
+                quantile::DIGITS
+            };
+            self.h = Histogram::new_with_bounds(1, MAX_US, digits).ok();
         }
         if let Some(h) = &mut self.h {
             h.saturating_record(us.min(MAX_US));
@@ -66,12 +69,13 @@ impl Hist {
         h.count_between(0, le_us)
     }
 
-    /// `{p50 p90 p95 p99 p999 mean max count}` in milliseconds (null when empty).
+    /// `{p50 p90 p95 p99 p999 mean max count}` in milliseconds (null when empty); quantiles by
+    /// the one rule (`stats::quantile`).
     pub fn summary_ms(&self) -> Value {
         let Some(h) = self.h.as_ref().filter(|h| !h.is_empty()) else {
             return Value::Null;
         };
-        let ms = |us: u64| us as f64 / 1000.0;
+        let ms = quantile::us_to_ms;
         json!({
             "p50": ms(h.value_at_quantile(0.50)),
             "p90": ms(h.value_at_quantile(0.90)),

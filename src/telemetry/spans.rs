@@ -257,13 +257,12 @@ pub fn build(
             a.push(KeyValue::new(k, secs(v)));
         }
     }
-    if !rec.itl.is_empty() {
-        let v = rec.itl_sorted();
-        let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
-        a.push(KeyValue::new(n::IS_ITL_P50, secs(at(0.5))));
-        a.push(KeyValue::new(n::IS_ITL_P99, secs(at(0.99))));
-        a.push(KeyValue::new(n::IS_ITL_MAX, secs(v[v.len() - 1])));
-        a.push(KeyValue::new(n::IS_ITL_COUNT, v.len() as i64));
+    if let Some(itl) = rec.itl_summary() {
+        let s = |us: u64| secs(Duration::from_micros(us));
+        a.push(KeyValue::new(n::IS_ITL_P50, s(itl.p50_us)));
+        a.push(KeyValue::new(n::IS_ITL_P99, s(itl.p99_us)));
+        a.push(KeyValue::new(n::IS_ITL_MAX, s(itl.max_us)));
+        a.push(KeyValue::new(n::IS_ITL_COUNT, itl.count as i64));
     }
     if let Some(e) = &err {
         a.push(KeyValue::new(n::ERROR_TYPE, e.clone()));
