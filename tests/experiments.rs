@@ -138,8 +138,8 @@ async fn the_faster_variant_is_found_live_and_offline() {
     assert_eq!(log.len(), 160);
 
     // The same comparison offline, from the access log.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_inferscope"))
-        .args([
+    let out = run_cli(
+        &[
             "report",
             "--by",
             "variant",
@@ -147,14 +147,8 @@ async fn the_faster_variant_is_found_live_and_offline() {
             "fp16",
             "--min-samples",
             "30",
-        ])
-        .arg(dir.join("access.jsonl"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
+        &dir.join("access.jsonl"),
     );
     let text = String::from_utf8(out.stdout).unwrap();
     println!("{text}");

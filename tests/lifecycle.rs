@@ -20,6 +20,8 @@ async fn client_disconnect_cancels_upstream_and_is_recorded() {
         .send_until("POST", "/v1/chat/completions", &chat(true, 200, ""), &[], 3)
         .await;
     assert_eq!(r.frames.len(), 3);
+    let received = r.body().len();
+    drop(r);
     c.abort();
     // The simulator notices at once that its client (the gateway) went away.
     assert!(
@@ -35,6 +37,12 @@ async fn client_disconnect_cancels_upstream_and_is_recorded() {
     let log = stop_and_read_log(gw, &dir).await;
     assert_eq!(log.len(), 1);
     assert_eq!(log[0]["outcome"], "client_cancelled");
+    assert_eq!(log[0]["error"], "client_disconnected");
+    let out = log[0]["bytes_out"].as_u64().unwrap() as usize;
+    assert!(
+        received <= out,
+        "bytes_out counts what was handed on: {out} < the {received} received"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -54,16 +54,16 @@ async fn run(users: usize) -> Seen {
     let (_, experiments) = admin_get(gw.admin_addr, "/experiments").await;
     let log = stop_and_read_log(gw, &dir).await;
     assert_eq!(log.len(), users);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_inferscope"))
-        .args(["report", "--json", "--by", "variant", "--control", "fp16"])
-        .args(["--min-samples", "1"])
-        .arg(dir.join("access.jsonl"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_cli(
+        &[
+            "report",
+            "--json",
+            "--control",
+            "fp16",
+            "--min-samples",
+            "1",
+        ],
+        &dir.join("access.jsonl"),
     );
     let mut spans = BTreeMap::new();
     for (_, s) in collected.spans() {

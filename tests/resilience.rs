@@ -260,15 +260,7 @@ async fn a_flapping_backend_is_ejected_and_recovers() {
         2,
         "ejected after two failures: no more traffic while ejected"
     );
-    let (_, stats) = admin_get(gw.admin_addr, "/stats").await;
-    let stats: serde_json::Value = serde_json::from_str(&stats).unwrap();
-    let b = stats["backends"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|b| b["backend"] == "flaky")
-        .unwrap()
-        .clone();
+    let b = backend_stats(gw.admin_addr, "flaky").await;
     assert_eq!(
         (b["ejected"].as_bool(), b["ejections_total"].as_u64()),
         (Some(true), Some(1))

@@ -246,6 +246,35 @@ pub async fn admin_get(addr: SocketAddr, path: &str) -> (u16, String) {
     (r.status, String::from_utf8(r.body()).unwrap())
 }
 
+/// The `/stats` entry of backend `name` (health, ejection, in-flight).
+pub async fn backend_stats(admin: SocketAddr, name: &str) -> Value {
+    let (_, stats) = admin_get(admin, "/stats").await;
+    let stats: Value = serde_json::from_str(&stats).unwrap();
+    stats["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["backend"] == name)
+        .unwrap_or_else(|| panic!("no backend {name} in {stats}"))
+        .clone()
+}
+
+/// Runs the `inferscope` binary with `args` and then `file`; panics with its stderr unless it
+/// succeeds.
+pub fn run_cli(args: &[&str], file: &std::path::Path) -> std::process::Output {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_inferscope"))
+        .args(args)
+        .arg(file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// A chat request body.
 pub fn chat(stream: bool, max_tokens: u32, extra: &str) -> String {
     format!(
