@@ -1,0 +1,313 @@
+//! The names users depend on, pinned: CLI commands and flags, config keys, access-log fields,
+//! `/stats` and `/experiments` keys, `/metrics` series and labels, OpenTelemetry span and metric
+//! names and attributes. Each is compared with a file under `tests/golden/`; a change that renames
+//! or drops one fails here. After an intended, documented change, regenerate with
+//! `UPDATE_GOLDEN=1 cargo test --test contracts` and review the diff.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use clap::CommandFactory;
+use common::otlp::*;
+use common::*;
+use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+fn golden_path(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(name)
+}
+
+/// Compares `lines` with the golden file `name` (or rewrites it under `UPDATE_GOLDEN=1`).
+fn golden(name: &str, lines: &BTreeSet<String>) {
+    let actual: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    let path = golden_path(name);
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, &actual).unwrap();
+        return;
+    }
+    let want = std::fs::read_to_string(&path).unwrap_or_default();
+    let want: BTreeSet<String> = want.lines().map(str::to_owned).collect();
+    let missing: Vec<&String> = want.difference(lines).collect();
+    let added: Vec<&String> = lines.difference(&want).collect();
+    assert!(
+        missing.is_empty() && added.is_empty(),
+        "{name} changed.\n  gone: {missing:?}\n  new:  {added:?}\n(intended? UPDATE_GOLDEN=1 cargo test --test contracts, and document it)"
+    );
+}
+
+/// Every key path of a JSON document (`a.b`, arrays as `a[]`), leaves and objects alike.
+fn key_paths(v: &Value, prefix: &str, out: &mut BTreeSet<String>) {
+    match v {
+        Value::Object(m) => {
+            for (k, x) in m {
+                // Map keys that are data (group names, outcomes by name) are not contracts
+                // unless they are one of a fixed set; callers pass such documents through `fixed`.
+                let p = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                out.insert(p.clone());
+                key_paths(x, &p, out);
+            }
+        }
+        Value::Array(a) => {
+            for x in a {
+                key_paths(x, &format!("{prefix}[]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+#[test]
+fn cli_commands_and_flags() {
+    let mut lines = BTreeSet::new();
+    let cmd = inferscope::cli::Cli::command();
+    for sub in cmd.get_subcommands() {
+        lines.insert(sub.get_name().to_string());
+        for a in sub.get_arguments() {
+            let name = match (a.get_long(), a.is_positional()) {
+                (Some(l), _) => format!("--{l}"),
+                (None, true) => format!("<{}>", a.get_id()),
+                (None, false) => continue,
+            };
+            lines.insert(format!("{} {name}", sub.get_name()));
+        }
+    }
+    golden("cli.txt", &lines);
+}
+
+#[test]
+fn cli_output_shapes() {
+    let mut lines = BTreeSet::new();
+    // `check`: one line naming the file and what it holds.
+    let default = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("config/default.yaml");
+    let out = run_cli(&["check"], &default);
+    let text = String::from_utf8(out.stdout).unwrap();
+    let shape = text.replace(&default.display().to_string(), "FILE");
+    lines.insert(format!("check: {}", shape.trim_end()));
+    // `bench`: the JSON report's keys (`--out`, and the rows of `--sweep`).
+    let samples = [inferscope::loadgen::Sample {
+        status: 200,
+        complete: true,
+        ttft: Some(10.0),
+        ttfc: Some(1.0),
+        tpot: Some(2.0),
+        itl: vec![2.0],
+        e2e: 12.0,
+        input_tokens: 3,
+        output_tokens: 2,
+    }];
+    let report = inferscope::loadgen::summarize(&samples, std::time::Duration::from_secs(1), &[]);
+    let mut keys = BTreeSet::new();
+    key_paths(&report, "", &mut keys);
+    lines.extend(keys.into_iter().map(|k| format!("bench json: {k}")));
+    golden("cli-output.txt", &lines);
+}
+
+#[test]
+fn every_config_key_still_parses() {
+    let path = golden_path("full-config.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let cfg = inferscope::config::parse(&text, "full-config.yaml").unwrap_or_else(|e| {
+        panic!("a documented config key no longer parses: {e}");
+    });
+    assert_eq!(cfg.backends.len(), 2);
+    assert_eq!(cfg.routes.len(), 2);
+    // The file sets every key: list them, so an added key is a deliberate addition here too.
+    let yaml: Value = serde_yaml::from_str(&text).unwrap();
+    let mut lines = BTreeSet::new();
+    key_paths(&yaml, "", &mut lines);
+    // Free-form maps (header names, resource attributes) are data, not keys.
+    lines.retain(|l| {
+        !(l.starts_with("telemetry.otlp.headers.") || l.starts_with("telemetry.resource."))
+    });
+    golden("config-keys.txt", &lines);
+}
+
+/// A gateway with an experiment (shadowed), a retried route and a route to nowhere, and an OTLP
+/// receiver; one request of each kind; everything it reported.
+struct Reported {
+    log: Vec<Value>,
+    stats: Value,
+    experiments: Value,
+    metrics: String,
+    collected: Collected,
+}
+
+async fn report_everything() -> Reported {
+    let a = start_sim(exact(2.0, 1.0), 1).await;
+    let b = start_sim(exact(2.0, 1.0), 2).await;
+    let (otlp, collected) = start_grpc().await;
+    let dir = temp_dir();
+    let dead = DEAD;
+    let yaml = format!(
+        "access_log: {{ path: {:?} }}\nbackends:\n  - {{ name: a, url: \"http://{}\", provider: vllm }}\n  - {{ name: b, url: \"http://{}\" }}\n  - {{ name: dead, url: \"http://{dead}\" }}\nroutes:\n  - name: chat\n    match: {{ model: demo }}\n    experiment:\n      name: x\n      sticky_key: \"header:x-user-id\"\n      min_samples: 1\n      guardrails: {{ rules: [{{ variant: b, metric: ttft_p99_ms, max: 10000 }}] }}\n      shadow: {{ variant: b, fraction: 1.0 }}\n      variants:\n        - {{ name: a, backends: [a], weight: 50, control: true }}\n        - {{ name: b, backends: [b], weight: 50 }}\n  - name: retried\n    match: {{ model: retried }}\n    backends: [dead, a]\n    balancer: round_robin\n    retry: {{ attempts: 1 }}\n  - name: nowhere\n    match: {{ path_prefix: /v1/models }}\n    backends: [dead]\ntelemetry:\n  otlp: {{ endpoint: \"http://{otlp}\", protocol: grpc, timeout: 5s }}\n  batch: {{ interval: 50ms }}\n  metrics_interval: 60s\n",
+        dir.join("access.jsonl"),
+        a.addr,
+        b.addr
+    );
+    let gw = start_yaml(&yaml).await;
+    for user in ["u1", "u2", "u3", "u4"] {
+        let r = post(
+            gw.data_addr,
+            "/v1/chat/completions",
+            &chat(true, 4, ""),
+            &[("x-user-id", user)],
+        )
+        .await;
+        assert_eq!(r.status, 200);
+    }
+    let plain = chat(false, 4, "");
+    assert_eq!(
+        post(gw.data_addr, "/v1/chat/completions", &plain, &[])
+            .await
+            .status,
+        200
+    );
+    let retried = r#"{"model":"retried","stream":true,"max_tokens":2,"messages":[]}"#;
+    for _ in 0..2 {
+        post(gw.data_addr, "/v1/chat/completions", retried, &[]).await;
+    }
+    let unrouted = r#"{"model":"none","messages":[]}"#;
+    assert_eq!(
+        post(gw.data_addr, "/v1/completions", unrouted, &[])
+            .await
+            .status,
+        404
+    );
+    let failed = Client::connect(gw.data_addr)
+        .await
+        .send("GET", "/v1/models", "", &[])
+        .await;
+    assert_eq!(failed.status, 502);
+    // Let the shadow copies finish (they are logged when they end).
+    for _ in 0..200 {
+        if b.truth().iter().filter(|t| t.completed).count() >= 5 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    let (_, stats) = admin_get(gw.admin_addr, "/stats").await;
+    let (_, experiments) = admin_get(gw.admin_addr, "/experiments").await;
+    let (_, metrics) = admin_get(gw.admin_addr, "/metrics").await;
+    let log = stop_and_read_log(gw, &dir).await;
+    Reported {
+        log,
+        stats: serde_json::from_str(&stats).unwrap(),
+        experiments: serde_json::from_str(&experiments).unwrap(),
+        metrics,
+        collected,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_stats_metrics_and_telemetry_names() {
+    let r = report_everything().await;
+
+    // Access log: the union of fields over an ok stream, a non-streamed answer, a retried
+    // request, a shadow copy, a gateway rejection and an unreachable backend.
+    let mut fields = BTreeSet::new();
+    for line in &r.log {
+        key_paths(line, "", &mut fields);
+    }
+    assert!(r.log.iter().any(|l| l["shadow"] == true), "a shadow line");
+    assert!(r.log.iter().any(|l| l["retries"].is_array()), "a retry");
+    golden("access-log-fields.txt", &fields);
+    let outcomes: BTreeSet<String> = r
+        .log
+        .iter()
+        .map(|l| l["outcome"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        outcomes,
+        ["backend_error", "ok", "rejected"].map(String::from).into()
+    );
+
+    // `report`: the table's header and the JSON's keys, from this log.
+    let path = temp_dir().join("access.jsonl");
+    let text: String = r.log.iter().map(|l| format!("{l}\n")).collect();
+    std::fs::write(&path, text).unwrap();
+    let mut report = BTreeSet::new();
+    let out = run_cli(&["report", "--control", "a", "--min-samples", "1"], &path);
+    let table = String::from_utf8(out.stdout).unwrap();
+    report.insert(format!("table: {}", table.lines().next().unwrap()));
+    let out = run_cli(
+        &["report", "--json", "--control", "a", "--min-samples", "1"],
+        &path,
+    );
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut keys = BTreeSet::new();
+    key_paths(&json, "", &mut keys);
+    report.extend(keys.into_iter().map(|k| format!("json: {k}")));
+    golden("report.txt", &report);
+
+    let mut stats = BTreeSet::new();
+    key_paths(&r.stats, "", &mut stats);
+    golden("stats-keys.txt", &stats);
+
+    let mut experiments = BTreeSet::new();
+    key_paths(&r.experiments, "", &mut experiments);
+    golden("experiments-keys.txt", &experiments);
+
+    // Prometheus: each series name with its label names.
+    let mut series = BTreeSet::new();
+    for line in r.metrics.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            series.insert(format!("TYPE {rest}"));
+            continue;
+        }
+        if line.starts_with('#') || line.is_empty() {
+            continue;
+        }
+        let name_end = line.find(['{', ' ']).unwrap();
+        let name = &line[..name_end];
+        let labels: Vec<&str> = match line[name_end..].strip_prefix('{') {
+            Some(rest) => {
+                let body = &rest[..rest.rfind('}').unwrap()];
+                body.split("\",")
+                    .map(|kv| kv.split('=').next().unwrap())
+                    .collect()
+            }
+            None => Vec::new(),
+        };
+        series.insert(format!("{name}{{{}}}", labels.join(",")));
+    }
+    golden("metrics-series.txt", &series);
+
+    // OpenTelemetry: span names by kind, attribute keys by kind, event names, metric names.
+    let mut otel = BTreeSet::new();
+    for (res, s) in r.collected.spans() {
+        let kind = match SpanKind::try_from(s.kind).unwrap() {
+            SpanKind::Server => "server",
+            SpanKind::Client => "client",
+            SpanKind::Internal => "internal",
+            other => panic!("unexpected span kind {other:?}"),
+        };
+        for kv in &s.attributes {
+            otel.insert(format!("{kind} attribute {}", kv.key));
+        }
+        for e in &s.events {
+            otel.insert(format!("{kind} event {}", e.name));
+        }
+        for kv in res {
+            otel.insert(format!("resource attribute {}", kv.key));
+        }
+    }
+    for req in r.collected.metrics.lock().unwrap().iter() {
+        for rm in &req.resource_metrics {
+            for sm in &rm.scope_metrics {
+                for m in &sm.metrics {
+                    otel.insert(format!("metric {}", m.name));
+                }
+            }
+        }
+    }
+    golden("otel-names.txt", &otel);
+}
