@@ -6,7 +6,7 @@ use crate::accesslog::AccessLog;
 use crate::admin::{self, AdminState};
 use crate::config::{sim_profile, Config};
 use crate::proxy::{
-    Gateway, GatewaySlot, Ids, InFlightLimitLayer, ProxyService, RequestIdLayer, TraceOptions,
+    Gateway, GatewaySlot, InFlightLimitLayer, ProxyService, RequestIdLayer, TraceOptions,
 };
 use crate::recorder::Recorder;
 use crate::route::Router;
@@ -14,6 +14,7 @@ use crate::server::{self, ServerOptions};
 use crate::sim::{self, SimHandle, SimOptions};
 use crate::stats::Stats;
 use crate::telemetry::{self, Telemetry};
+use crate::util::Ids;
 use anyhow::Context as _;
 use http::Uri;
 use hyper_util::service::TowerToHyperService;

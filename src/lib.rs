@@ -42,3 +42,4 @@ pub mod sim;
 pub mod sse;
 pub mod stats;
 pub mod telemetry;
+pub mod util;

@@ -60,7 +60,7 @@ async fn sticky_assignment_is_exact_and_survives_a_restart() {
     let int8 = seen[0].iter().filter(|v| *v == "int8").count();
     // Exact for these 40 keys: the assignment is a fixed hash of the key.
     let expected = (0..40)
-        .filter(|i| inferscope::route::fnv1a(format!("user-{i}").as_bytes()) % 2 == 1)
+        .filter(|i| inferscope::util::stable_hash(format!("user-{i}").as_bytes()) % 2 == 1)
         .count();
     assert_eq!(int8, expected);
 }

@@ -5,7 +5,8 @@
 
 use crate::recorder::Recorder;
 use crate::route::Router;
-use crate::stats::{render_prometheus, Scalar};
+use crate::stats::{write_prometheus, Scalar};
+use crate::util::prometheus::{Labels, Writer};
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
@@ -170,13 +171,14 @@ pub async fn handle(
                     },
                 ]);
             }
-            let mut text = render_prometheus(&rec.stats.snapshot(), &scalars);
-            backend_metrics(&router, &mut text);
-            guardrail_metrics(&router, &mut text);
+            let mut w = Writer::new();
+            write_prometheus(&mut w, &rec.stats.snapshot(), &scalars);
+            backend_metrics(&router, &mut w);
+            guardrail_metrics(&router, &mut w);
             reply(
                 StatusCode::OK,
                 "text/plain; version=0.0.4; charset=utf-8",
-                text,
+                w.finish(),
             )
         }
         _ => reply(
@@ -212,9 +214,8 @@ fn backend_json(router: &Router) -> serde_json::Value {
 }
 
 /// Per-backend health and load gauges, for `/metrics`.
-fn backend_metrics(router: &Router, out: &mut String) {
+fn backend_metrics(router: &Router, w: &mut Writer) {
     use crate::route::BackendStatus;
-    use std::fmt::Write;
     type Get = fn(&BackendStatus) -> f64;
     let all: Vec<BackendStatus> = router.backends().iter().map(|b| b.status()).collect();
     let series: [(&str, &str, &str, Get); 5] = [
@@ -249,11 +250,14 @@ fn backend_metrics(router: &Router, out: &mut String) {
             |s| s.ewma_ttft_ms / 1000.0,
         ),
     ];
+    let labels: Vec<Labels> = all
+        .iter()
+        .map(|s| Labels::new(&[("backend", &s.name)]))
+        .collect();
     for (name, kind, help, get) in series {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for s in &all {
-            let label = s.name.replace('\\', "\\\\").replace('"', "\\\"");
-            let _ = writeln!(out, "{name}{{backend=\"{label}\"}} {}", get(s));
+        w.family(name, kind, help);
+        for (s, l) in all.iter().zip(&labels) {
+            w.sample(name, l, get(s));
         }
     }
 }
@@ -402,32 +406,37 @@ async fn reset(state: &AdminState, req: Request<hyper::body::Incoming>) -> Respo
 }
 
 /// Guardrail state gauges, for `/metrics`.
-fn guardrail_metrics(router: &Router, out: &mut String) {
-    use std::fmt::Write;
-    let mut tripped = String::new();
-    let mut trips = String::new();
+fn guardrail_metrics(router: &Router, w: &mut Writer) {
+    let mut tripped = Vec::new();
+    let mut trips = Vec::new();
     for r in router.routes() {
         let crate::route::Target::Experiment(x) = &r.target else {
             continue;
         };
         let Some(g) = &x.guard else { continue };
         for v in x.split.names() {
-            let _ = writeln!(
-                tripped,
-                "inferscope_guardrail_tripped{{route=\"{}\",variant=\"{}\"}} {}",
-                r.name,
-                v,
-                u8::from(g.tripped(v))
-            );
+            let labels = Labels::new(&[("route", &r.name), ("variant", v)]);
+            tripped.push((labels, u8::from(g.tripped(v))));
         }
-        let _ = writeln!(
-            trips,
-            "inferscope_guardrail_trips_total{{route=\"{}\"}} {}",
-            r.name,
-            g.trips_total()
-        );
+        trips.push((Labels::new(&[("route", &r.name)]), g.trips_total()));
     }
-    if !tripped.is_empty() {
-        let _ = writeln!(out, "# HELP inferscope_guardrail_tripped 1 while the variant is rolled back to the control.\n# TYPE inferscope_guardrail_tripped gauge\n{tripped}# HELP inferscope_guardrail_trips_total Guardrail trips.\n# TYPE inferscope_guardrail_trips_total counter\n{trips}");
+    if tripped.is_empty() {
+        return;
+    }
+    w.family(
+        "inferscope_guardrail_tripped",
+        "gauge",
+        "1 while the variant is rolled back to the control.",
+    );
+    for (l, v) in &tripped {
+        w.sample("inferscope_guardrail_tripped", l, v);
+    }
+    w.family(
+        "inferscope_guardrail_trips_total",
+        "counter",
+        "Guardrail trips.",
+    );
+    for (l, v) in &trips {
+        w.sample("inferscope_guardrail_trips_total", l, v);
     }
 }

@@ -12,7 +12,7 @@
 //! Large arms are subsampled (seeded) to at most `MAX_SAMPLES` for the bootstrap and the
 //! Hodges–Lehmann estimate, which keeps a comparison under ~100 ms.
 
-use crate::sim::Rng;
+use crate::util::Rng;
 
 /// Resamples per bootstrap interval.
 pub const RESAMPLES: usize = 2000;

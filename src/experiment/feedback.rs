@@ -137,7 +137,7 @@ impl Feedback {
                 .ok_or(FeedbackError::UnknownRequest)?
         };
         self.store(&json!({
-            "ts": crate::accesslog::rfc3339(std::time::SystemTime::now()),
+            "ts": crate::util::time::rfc3339(std::time::SystemTime::now()),
             "request_id": p.request_id, "route": route.as_ref(), "variant": variant.as_ref(),
             "name": p.name, "value": p.value,
         }))?;

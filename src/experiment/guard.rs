@@ -252,7 +252,7 @@ impl Guardrails {
         let tripped: Vec<Value> = s
             .tripped
             .iter()
-            .map(|(v, t)| json!({"variant": v.as_ref(), "rule": t.rule, "value": t.value, "samples": t.n, "at": crate::accesslog::rfc3339(t.at)}))
+            .map(|(v, t)| json!({"variant": v.as_ref(), "rule": t.rule, "value": t.value, "samples": t.n, "at": crate::util::time::rfc3339(t.at)}))
             .collect();
         json!({
             "window_s": self.cfg.window.as_secs_f64(),

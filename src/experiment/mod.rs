@@ -17,7 +17,7 @@ pub use report::{report, ReportOptions};
 
 use crate::meter::{Outcome, RequestRecord};
 use crate::route::NONE;
-use crate::sim::Rng;
+use crate::util::Rng;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -167,7 +167,7 @@ impl Experiments {
         self.feedback.remember(&m.request_id, &m.route, &m.variant);
         let mut arms = self.arms.lock().unwrap_or_else(|p| p.into_inner());
         let route = arms.entry(Arc::clone(&m.route)).or_default();
-        let seed = crate::route::fnv1a(m.variant.as_bytes());
+        let seed = crate::util::stable_hash(m.variant.as_bytes());
         route
             .entry(Arc::clone(&m.variant))
             .or_insert_with(|| Arm::new(seed))
@@ -253,7 +253,7 @@ pub fn summarize(
                     }));
                     continue;
                 }
-                let seed = crate::route::fnv1a(format!("{name}/{v}/{metric}").as_bytes());
+                let seed = crate::util::stable_hash(format!("{name}/{v}/{metric}").as_bytes());
                 let Some(cmp) = compare::compare(c, t, seed) else {
                     continue;
                 };

@@ -92,7 +92,7 @@ pub fn report(o: &ReportOptions) -> Result<String, String> {
             continue;
         };
         let key: Arc<str> = v[o.by.as_str()].as_str().unwrap_or("-").into();
-        let seed = crate::route::fnv1a(key.as_bytes());
+        let seed = crate::util::stable_hash(key.as_bytes());
         arms.entry(Arc::clone(&key))
             .or_insert_with(|| Arm::new(seed))
             .record_line(&v);

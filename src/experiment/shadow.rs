@@ -68,8 +68,9 @@ impl Shadow {
     /// Decides whether this request is shadowed; returns the budget slot when it is.
     pub fn admit(&self) -> Option<OwnedSemaphorePermit> {
         let n = self.counter.fetch_add(1, Ordering::Relaxed);
-        let draw =
-            crate::route::fnv1a(&(self.salt ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)).to_le_bytes());
+        let draw = crate::util::stable_hash(
+            &(self.salt ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)).to_le_bytes(),
+        );
         if (draw as f64 / u64::MAX as f64) >= self.fraction {
             return None;
         }

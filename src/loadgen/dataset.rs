@@ -48,7 +48,7 @@ pub fn synthetic_prompts(n: usize, words: usize, seed: u64) -> Vec<String> {
         "explain", "the", "latency", "of", "a", "model", "server", "under", "load", "in", "plain",
         "words",
     ];
-    let mut rng = crate::sim::Rng::new(seed);
+    let mut rng = crate::util::Rng::new(seed);
     (0..n.max(1))
         .map(|_| {
             (0..words.max(1))

@@ -307,7 +307,7 @@ pub async fn run(o: &BenchOptions) -> (Vec<Sample>, Duration) {
             }
         }
         Arrivals::Poisson(rate) | Arrivals::Constant(rate) => {
-            let mut rng = crate::sim::Rng::new(o.seed);
+            let mut rng = crate::util::Rng::new(o.seed);
             let mut at = start;
             while let Some(i) = more() {
                 let gap = match o.arrivals {

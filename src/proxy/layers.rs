@@ -1,7 +1,7 @@
 //! The tower layers in front of `ProxyService`: request ids and the in-flight limit.
 
-use super::request::Ids;
 use crate::meter::Permit;
+use crate::util::Ids;
 use http::{HeaderValue, Request, Response};
 use pin_project_lite::pin_project;
 use std::future::Future;

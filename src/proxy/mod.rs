@@ -10,6 +10,6 @@ mod upstream;
 
 pub use error::{Blame, ProxyError};
 pub use layers::{Admission, InFlightLimitLayer, RequestId, RequestIdLayer, REQUEST_ID_HEADER};
-pub use request::{inspect, remove_hop_headers, Ids, Inspected};
+pub use request::{inspect, remove_hop_headers, Inspected};
 pub use service::{Gateway, GatewaySlot, ProxyBody, ProxyService, TraceOptions, VARIANT_HEADER};
 pub use upstream::{UpstreamBody, UpstreamClient, UpstreamError, UpstreamResponseBody};

@@ -5,8 +5,6 @@ use crate::meter::RequestParams;
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName};
 use serde_json::Value;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 /// What the gateway learned from an inference request body, and the body to forward.
 #[derive(Debug)]
@@ -147,46 +145,6 @@ pub fn remove_hop_headers(h: &mut HeaderMap) {
     }
 }
 
-/// Process-unique id source: a random prefix (so ids differ across restarts and replicas) and a
-/// counter.
-#[derive(Debug)]
-pub struct Ids {
-    prefix: u64,
-    counter: AtomicU64,
-    traces: AtomicU64,
-}
-
-impl Default for Ids {
-    fn default() -> Self {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        let seed = nanos ^ (u64::from(std::process::id()) << 32);
-        Self {
-            prefix: crate::route::fnv1a(&seed.to_le_bytes()),
-            counter: AtomicU64::new(0),
-            traces: AtomicU64::new(0),
-        }
-    }
-}
-
-impl Ids {
-    /// A new request id: 16 hex digits of prefix, then the counter.
-    pub fn request_id(&self) -> String {
-        format!(
-            "{:016x}-{}",
-            self.prefix,
-            self.counter.fetch_add(1, Ordering::Relaxed)
-        )
-    }
-
-    /// A new non-zero 64-bit id for traces and spans, unpredictable across processes.
-    pub fn span_id(&self) -> u64 {
-        let n = self.traces.fetch_add(1, Ordering::Relaxed);
-        crate::route::fnv1a(&(self.prefix ^ n.rotate_left(32)).to_le_bytes()) | 1
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,14 +177,6 @@ mod tests {
         assert!(!inspect(plain, true, None).strip_usage);
         assert!(!inspect(Bytes::from_static(b"not json"), true, None).strip_usage);
         assert!(!inspect(Bytes::from_static(br#"{"stream":true}"#), false, None).strip_usage);
-    }
-
-    #[test]
-    fn ids_are_distinct_and_non_zero() {
-        let ids = Ids::default();
-        let v: std::collections::HashSet<u64> = (0..1000).map(|_| ids.span_id()).collect();
-        assert_eq!(v.len(), 1000);
-        assert!(!v.contains(&0));
     }
 
     #[test]

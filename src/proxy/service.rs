@@ -5,7 +5,7 @@
 
 use super::error::ProxyError;
 use super::layers::{Admission, RequestId};
-use super::request::{inspect, remove_hop_headers, Ids};
+use super::request::{inspect, remove_hop_headers};
 use super::upstream::{UpstreamClient, UpstreamResponseBody};
 use crate::config::Limits;
 use crate::dialect::Endpoint;
@@ -17,6 +17,7 @@ use crate::recorder::Recorder;
 use crate::route::{Router, NONE};
 use crate::sse::{NdjsonScanner, SseScanner};
 use crate::telemetry::TraceContext;
+use crate::util::Ids;
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, Uri, Version};
 use http_body::Body as _;

@@ -12,10 +12,11 @@ mod budget;
 mod probe;
 mod split;
 
+use crate::util::stable_hash;
 pub use backend::{Backend, BackendGuard, BackendStatus, Busy};
 pub use budget::RetryBudget;
 pub use probe::spawn_probes;
-pub use split::{fnv1a, Split, Sticky};
+pub use split::{Split, Sticky};
 
 use crate::config::{Balancer, Config, RetryConfig, TimeoutsConfig};
 use http::{HeaderMap, HeaderValue, Uri};
@@ -79,7 +80,7 @@ impl Pool {
                 if total == 0 {
                     pool[(tick % n as u64) as usize]
                 } else {
-                    let mut pos = fnv1a(&tick.to_le_bytes()) % total;
+                    let mut pos = stable_hash(&tick.to_le_bytes()) % total;
                     let mut found = pool[n - 1];
                     for b in &pool {
                         if pos < u64::from(b.weight) {
@@ -96,7 +97,7 @@ impl Pool {
                     pool[0]
                 } else {
                     // Power of two choices: two distinct random candidates, the lower score wins.
-                    let h = fnv1a(&tick.to_le_bytes());
+                    let h = stable_hash(&tick.to_le_bytes());
                     let i = (h % n as u64) as usize;
                     let j = (i + 1 + ((h >> 32) % (n as u64 - 1)) as usize) % n;
                     let (a, b) = (pool[i], pool[j]);
@@ -254,8 +255,9 @@ impl Router {
             )
         };
         // Keyless experiment assignment is random, and differs between processes.
-        let salt =
-            fnv1a(format!("{:?}{}", std::time::SystemTime::now(), std::process::id()).as_bytes());
+        let salt = stable_hash(
+            format!("{:?}{}", std::time::SystemTime::now(), std::process::id()).as_bytes(),
+        );
         let routes = config
             .routes
             .iter()

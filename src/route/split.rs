@@ -1,6 +1,7 @@
 //! `Split`: chooses an experiment arm by weight — by a stable hash of a sticky key when the
 //! request has one (the same on every replica and across restarts), otherwise at random.
 
+use crate::util::stable_hash;
 use http::{HeaderMap, HeaderName};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -51,19 +52,6 @@ fn gcd(a: u64, b: u64) -> u64 {
     }
 }
 
-/// FNV-1a over `bytes`, then a SplitMix64 finalizer so every bit depends on every input bit. Fixed
-/// forever: changing it would move sticky users between variants.
-pub fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h = (h ^ (h >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    h = (h ^ (h >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    h ^ (h >> 31)
-}
-
 impl<T> Split<T> {
     /// Arms `(name, weight, value)`; `salt` makes the random assignment of keyless requests differ
     /// between processes. Weights must not all be 0.
@@ -100,10 +88,10 @@ impl<T> Split<T> {
             Sticky::BodyUser => user.map(str::as_bytes),
         };
         let pos = match key {
-            Some(k) => fnv1a(k) % self.total,
+            Some(k) => stable_hash(k) % self.total,
             None => {
                 let n = self.counter.fetch_add(1, Ordering::Relaxed);
-                fnv1a(&(self.salt ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)).to_le_bytes())
+                stable_hash(&(self.salt ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)).to_le_bytes())
                     % self.total
             }
         };
@@ -200,7 +188,7 @@ mod tests {
         // a change here means users would change variant.
         let c = counts(&s, 1000, |i| Some(format!("user-{i}")));
         assert_eq!(c, vec![504, 496]);
-        assert_eq!(fnv1a(b"user-42"), 0x7a15_96f0_e94b_5793);
+        assert_eq!(stable_hash(b"user-42"), 0x7a15_96f0_e94b_5793);
     }
 
     #[test]
@@ -210,12 +198,12 @@ mod tests {
         h.insert("authorization", HeaderValue::from_static("Bearer sk-abc"));
         assert_eq!(
             s.choose_indexed(&h, None).0,
-            (fnv1a(b"sk-abc") % 2) as usize
+            (stable_hash(b"sk-abc") % 2) as usize
         );
         let s = split(&[1, 1], Sticky::BodyUser);
         assert_eq!(
             s.choose_indexed(&HeaderMap::new(), Some("alice")).0,
-            (fnv1a(b"alice") % 2) as usize
+            (stable_hash(b"alice") % 2) as usize
         );
         assert_eq!(
             Sticky::parse(Some("header:x-team")),

@@ -11,8 +11,9 @@ mod handler;
 mod profile;
 pub mod quiz;
 
+pub use crate::util::Rng;
 pub use faults::Faults;
-pub use profile::{Profile, Rng};
+pub use profile::Profile;
 
 use crate::server::{self, ServerOptions};
 use std::future::Future;

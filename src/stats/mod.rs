@@ -7,7 +7,8 @@ pub mod quantile;
 mod tally;
 
 pub use prometheus::{
-    render as render_prometheus, Scalar, DURATION_BOUNDS, OVERHEAD_BOUNDS, TPOT_BOUNDS, TTFT_BOUNDS,
+    render as render_prometheus, write as write_prometheus, Scalar, DURATION_BOUNDS,
+    OVERHEAD_BOUNDS, TPOT_BOUNDS, TTFT_BOUNDS,
 };
 pub use tally::{Hist, Tally, METRICS};
 

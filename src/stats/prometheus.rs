@@ -4,9 +4,9 @@
 //! time-to-first-token/chunk histograms, TPOT boundaries for TPOT and ITL, the
 //! `gen_ai.server.request.duration` boundaries for end-to-end latency.
 
-use super::{Hist, Snapshot, Tally};
+use super::{Snapshot, Tally};
 use crate::meter::Outcome;
-use std::fmt::Write;
+use crate::util::prometheus::{Labels, Writer};
 
 /// `gen_ai.server.time_to_first_token` advisory boundaries (seconds).
 pub const TTFT_BOUNDS: &[f64] = &[
@@ -40,24 +40,28 @@ pub struct Scalar {
 
 /// Renders the snapshot and the gateway-wide scalars as Prometheus text format 0.0.4.
 pub fn render(snap: &Snapshot, scalars: &[Scalar]) -> String {
-    let mut out = String::with_capacity(8192);
-    let groups: Vec<(String, &Tally)> = snap
+    let mut w = Writer::new();
+    write(&mut w, snap, scalars);
+    w.finish()
+}
+
+/// Writes the snapshot's series and the scalars into `w`.
+pub fn write(w: &mut Writer, snap: &Snapshot, scalars: &[Scalar]) {
+    let groups: Vec<(Labels, &Tally)> = snap
         .groups
         .iter()
         .map(|(k, c, _)| {
-            let labels = format!(
-                "route=\"{}\",model=\"{}\",backend=\"{}\",variant=\"{}\"",
-                esc(&k.route),
-                esc(&k.model),
-                esc(&k.backend),
-                esc(&k.variant)
-            );
+            let labels = Labels::new(&[
+                ("route", &k.route),
+                ("model", &k.model),
+                ("backend", &k.backend),
+                ("variant", &k.variant),
+            ]);
             (labels, c)
         })
         .collect();
 
-    header(
-        &mut out,
+    w.family(
         "inferscope_requests_total",
         "counter",
         "Requests finished, by outcome.",
@@ -66,52 +70,38 @@ pub fn render(snap: &Snapshot, scalars: &[Scalar]) -> String {
         for o in Outcome::ALL {
             let n = t.outcomes[o.index()];
             if n > 0 {
-                let _ = writeln!(
-                    out,
-                    "inferscope_requests_total{{{labels},outcome=\"{}\"}} {n}",
-                    o.as_str()
+                w.sample_with(
+                    "inferscope_requests_total",
+                    labels,
+                    Some(("outcome", o.as_str())),
+                    n,
                 );
             }
         }
     }
-    header(
-        &mut out,
-        "inferscope_input_tokens_total",
-        "counter",
-        "Prompt tokens of finished requests.",
-    );
-    for (labels, t) in &groups {
-        let _ = writeln!(
-            out,
-            "inferscope_input_tokens_total{{{labels}}} {}",
-            t.input_tokens
-        );
-    }
-    header(
-        &mut out,
-        "inferscope_output_tokens_total",
-        "counter",
-        "Output tokens of finished requests.",
-    );
-    for (labels, t) in &groups {
-        let _ = writeln!(
-            out,
-            "inferscope_output_tokens_total{{{labels}}} {}",
-            t.output_tokens
-        );
-    }
-    header(
-        &mut out,
-        "inferscope_malformed_events_total",
-        "counter",
-        "Streamed events that were not the expected JSON (forwarded untouched).",
-    );
-    for (labels, t) in &groups {
-        let _ = writeln!(
-            out,
-            "inferscope_malformed_events_total{{{labels}}} {}",
-            t.malformed_events
-        );
+    type Count = fn(&Tally) -> u64;
+    let counters: [(&str, &str, Count); 3] = [
+        (
+            "inferscope_input_tokens_total",
+            "Prompt tokens of finished requests.",
+            |t| t.input_tokens,
+        ),
+        (
+            "inferscope_output_tokens_total",
+            "Output tokens of finished requests.",
+            |t| t.output_tokens,
+        ),
+        (
+            "inferscope_malformed_events_total",
+            "Streamed events that were not the expected JSON (forwarded untouched).",
+            |t| t.malformed_events,
+        ),
+    ];
+    for (name, help, get) in counters {
+        w.family(name, "counter", help);
+        for (labels, t) in &groups {
+            w.sample(name, labels, get(t));
+        }
     }
 
     let hists: [(&str, &str, usize, &[f64]); 6] = [
@@ -123,63 +113,23 @@ pub fn render(snap: &Snapshot, scalars: &[Scalar]) -> String {
         ("inferscope_gateway_overhead_seconds", "Time the gateway added: request handling before the upstream send plus frame observation.", 5, OVERHEAD_BOUNDS),
     ];
     for (name, help, idx, bounds) in hists {
-        header(&mut out, name, "histogram", help);
+        w.family(name, "histogram", help);
         for (labels, t) in &groups {
-            histogram(&mut out, name, labels, &t.hists[idx], bounds);
+            let h = &t.hists[idx];
+            if h.count() > 0 {
+                w.histogram(
+                    name,
+                    labels,
+                    bounds,
+                    |le| h.count_le(le),
+                    h.sum_seconds(),
+                    h.count(),
+                );
+            }
         }
     }
     for s in scalars {
-        header(&mut out, s.name, s.kind, s.help);
-        let _ = writeln!(out, "{} {}", s.name, s.value);
-    }
-    out
-}
-
-fn header(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-}
-
-fn histogram(out: &mut String, name: &str, labels: &str, h: &Hist, bounds: &[f64]) {
-    let count = h.count();
-    if count == 0 {
-        return;
-    }
-    for le in bounds {
-        let _ = writeln!(
-            out,
-            "{name}_bucket{{{labels},le=\"{le}\"}} {}",
-            h.count_le(*le)
-        );
-    }
-    let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {count}");
-    let _ = writeln!(out, "{name}_sum{{{labels}}} {}", h.sum_seconds());
-    let _ = writeln!(out, "{name}_count{{{labels}}} {count}");
-}
-
-/// Escapes a label value (backslash, quote, newline).
-fn esc(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    #[test]
-    fn buckets_are_cumulative_and_end_at_count() {
-        let mut h = Hist::default();
-        for ms in [3, 30, 300, 3000] {
-            h.record(Duration::from_millis(ms));
-        }
-        let mut out = String::new();
-        histogram(&mut out, "x", "a=\"b\"", &h, TTFT_BOUNDS);
-        assert!(out.contains("x_bucket{a=\"b\",le=\"0.005\"} 1\n"), "{out}");
-        assert!(out.contains("x_bucket{a=\"b\",le=\"0.04\"} 2\n"), "{out}");
-        assert!(out.contains("x_bucket{a=\"b\",le=\"0.5\"} 3\n"), "{out}");
-        assert!(out.contains("x_bucket{a=\"b\",le=\"+Inf\"} 4\n"), "{out}");
-        assert!(out.contains("x_sum{a=\"b\"} 3.333\n"), "{out}");
+        w.family(s.name, s.kind, s.help);
+        w.sample(s.name, &Labels::none(), s.value);
     }
 }

@@ -104,7 +104,7 @@ mod tests {
     #[test]
     fn exact_samples_give_what_a_histogram_of_them_gives() {
         // Any samples: exact path and histogram path agree at every quantile, to the bit.
-        let mut rng = crate::sim::Rng::new(7);
+        let mut rng = crate::util::Rng::new(7);
         for n in [1usize, 2, 3, 10, 99, 100, 101, 1000, 4321] {
             let mut v: Vec<u64> = (0..n)
                 .map(|_| rng.next_u64() % 2_000_000 + (rng.next_u64() % 3) * 10)

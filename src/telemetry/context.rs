@@ -143,7 +143,7 @@ mod tests {
     fn ratio_sampling_is_a_function_of_the_trace_id() {
         let n = 10_000u64;
         let sampled = (0..n)
-            .filter(|i| sample(u128::from(crate::route::fnv1a(&i.to_le_bytes())), 0.25))
+            .filter(|i| sample(u128::from(crate::util::stable_hash(&i.to_le_bytes())), 0.25))
             .count();
         assert!(
             (2300..=2700).contains(&sampled),

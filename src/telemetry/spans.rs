@@ -349,7 +349,7 @@ pub fn event(
     scope: &InstrumentationScope,
 ) -> SpanData {
     let now = std::time::SystemTime::now();
-    let ids = crate::route::fnv1a(&format!("{now:?}{name}").into_bytes());
+    let ids = crate::util::stable_hash(&format!("{now:?}{name}").into_bytes());
     let attributes: Vec<KeyValue> = attrs
         .into_iter()
         .map(|(k, v)| KeyValue::new(k, v))

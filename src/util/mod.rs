@@ -1,0 +1,13 @@
+//! Small shared pieces with no home of their own: stable hashing, a seeded RNG, request and span
+//! ids, time formatting, and the one Prometheus text writer. Nothing here depends on another
+//! module of the crate.
+
+pub mod hash;
+pub mod ids;
+pub mod prometheus;
+pub mod rng;
+pub mod time;
+
+pub use hash::stable_hash;
+pub use ids::Ids;
+pub use rng::Rng;
