@@ -120,7 +120,7 @@ fn every_config_key_still_parses() {
     assert_eq!(cfg.backends.len(), 2);
     assert_eq!(cfg.routes.len(), 2);
     // The file sets every key: list them, so an added key is a deliberate addition here too.
-    let yaml: Value = serde_yaml::from_str(&text).unwrap();
+    let yaml: Value = serde_yaml_ng::from_str(&text).unwrap();
     let mut lines = BTreeSet::new();
     key_paths(&yaml, "", &mut lines);
     // Free-form maps (header names, resource attributes) are data, not keys.

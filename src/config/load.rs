@@ -54,7 +54,7 @@ pub fn load(path: &Path) -> Result<Arc<Config>, ConfigError> {
 
 /// Parses and validates config `text`; `file` names it in errors.
 pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
-    let de = serde_yaml::Deserializer::from_str(text);
+    let de = serde_yaml_ng::Deserializer::from_str(text);
     let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
         let key = match e.path().to_string() {
             p if p == "." || p.is_empty() => "(top level)".to_string(),
@@ -63,12 +63,12 @@ pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
         let inner = e.into_inner();
         let loc = inner.location();
         let message = inner.to_string();
-        // serde_yaml appends " at line L column C"; the location is printed in front instead.
+        // the YAML parser appends " at line L column C"; the location is printed in front instead.
         let message = match message.find(" at line ") {
             Some(i) => message[..i].to_string(),
             None => message,
         };
-        // serde_yaml also prefixes its own path ("routes[0]: …"); the key is printed already.
+        // it also prefixes its own path ("routes[0]: …"); the key is printed already.
         let message = match message.split_once(": ") {
             Some((head, rest)) if !head.contains(' ') && key.starts_with(head) => rest.to_string(),
             _ => message,
@@ -213,7 +213,7 @@ pub fn sim_profile(name: &str) -> Result<Profile, String> {
     let text = std::fs::read_to_string(name)
         .map_err(|e| format!("profile `{name}` is neither fp16, int8 nor a readable file: {e}"))?;
     let p: Profile =
-        serde_yaml::from_str(&text).map_err(|e| format!("profile file `{name}`: {e}"))?;
+        serde_yaml_ng::from_str(&text).map_err(|e| format!("profile file `{name}`: {e}"))?;
     p.validate()
         .map_err(|e| format!("profile file `{name}`: {e}"))?;
     Ok(p)

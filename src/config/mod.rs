@@ -1,5 +1,5 @@
 //! Configuration: YAML schema (serde, unknown keys rejected), `load()` → `validate()` → immutable
-//! `Arc<Config>`, errors that name file, line and key, and the embedded default. serde_yaml is used
+//! `Arc<Config>`, errors that name file, line and key, and the embedded default. serde_yaml_ng (the maintained fork of serde_yaml) is used
 //! only here.
 
 mod load;
