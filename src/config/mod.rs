@@ -2,15 +2,17 @@
 //! `Arc<Config>`, errors that name file, line and key, and the embedded default. serde_yaml_ng (the maintained fork of serde_yaml) is used
 //! only here.
 
+mod duration;
 mod load;
 mod locate;
 mod schema;
 
+pub use duration::parse as parse_duration;
 pub use load::{load, parse, sim_profile, ConfigError};
 pub use schema::{
-    parse_duration, AccessLogConfig, AdminConfig, BackendConfig, BatchConfig, Config,
-    ExperimentConfig, Limits, MatchConfig, OtlpConfig, RouteConfig, SimBackend, TelemetryConfig,
-    TelemetryFormat, VariantConfig,
+    AccessLogConfig, AdminConfig, BackendConfig, BatchConfig, Config, ExperimentConfig, Limits,
+    MatchConfig, OtlpConfig, RouteConfig, SimBackend, TelemetryConfig, TelemetryFormat,
+    VariantConfig,
 };
 pub use schema::{
     Balancer, FeedbackConfig, GuardRule, GuardrailsConfig, OutlierConfig, ProbeConfig, RetryConfig,

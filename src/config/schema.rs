@@ -1,7 +1,9 @@
-//! The YAML schema. Key names are a contract (DESIGN §4); unknown keys are rejected; every default
-//! lives here.
+//! The YAML schema. Key names are a contract (docs/ARCHITECTURE.md §4, pinned by
+//! tests/contracts.rs); unknown keys are rejected; every default lives here, in the `Default` impls
+//! (structs whose keys are all optional take `#[serde(default)]` as a whole). Durations are
+//! humantime strings: `250ms`, `1.5s`, `2m`, `1h`, `1m 30s`.
 
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -11,7 +13,7 @@ use std::time::Duration;
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// Data-plane listen address.
-    #[serde(default = "default_listen")]
+    #[serde(default = "defaults::listen")]
     pub listen: SocketAddr,
     /// Admin plane.
     #[serde(default)]
@@ -35,27 +37,55 @@ pub struct Config {
     pub routes: Vec<RouteConfig>,
 }
 
-fn default_listen() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], 8080))
+/// Defaults of keys in structs that also have required keys (so cannot default as a whole).
+mod defaults {
+    use std::net::SocketAddr;
+    use std::time::Duration;
+
+    pub fn listen() -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], 8080))
+    }
+    pub fn log_queue() -> usize {
+        65_536
+    }
+    pub fn weight() -> u32 {
+        1
+    }
+    pub fn max_queue() -> usize {
+        128
+    }
+    pub fn queue_timeout() -> Duration {
+        Duration::from_secs(2)
+    }
+    pub fn allow_override() -> bool {
+        true
+    }
+    pub fn min_samples() -> usize {
+        200
+    }
+    pub fn shadow_concurrency() -> usize {
+        16
+    }
+    pub fn guard_window() -> Duration {
+        Duration::from_secs(60)
+    }
+    pub fn guard_samples() -> usize {
+        50
+    }
 }
 
 /// Admin listener.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct AdminConfig {
     /// Admin listen address (`/metrics`, `/stats`, `/healthz`, `/readyz`).
-    #[serde(default = "default_admin")]
     pub listen: SocketAddr,
-}
-
-fn default_admin() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], 9464))
 }
 
 impl Default for AdminConfig {
     fn default() -> Self {
         Self {
-            listen: default_admin(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
         }
     }
 }
@@ -67,12 +97,8 @@ pub struct AccessLogConfig {
     /// File to append JSON lines to; `-` is standard output.
     pub path: PathBuf,
     /// Records that may wait for the writer before new ones are dropped (and counted).
-    #[serde(default = "default_queue")]
+    #[serde(default = "defaults::log_queue")]
     pub queue: usize,
-}
-
-fn default_queue() -> usize {
-    65_536
 }
 
 /// Feedback storage.
@@ -85,53 +111,34 @@ pub struct FeedbackConfig {
 
 /// Limits and timeouts of the data plane.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct Limits {
     /// Largest JSON request body read from a known inference endpoint (413 above it).
-    #[serde(default = "default_body")]
     pub max_request_body_bytes: usize,
     /// Requests (including their streaming bodies) in flight at once; more get 503.
-    #[serde(default = "default_concurrency")]
     pub max_concurrent_requests: usize,
     /// An HTTP/1 request head must arrive within this.
-    #[serde(default = "d30s", deserialize_with = "duration")]
+    #[serde(with = "super::duration")]
     pub header_read_timeout: Duration,
     /// Connecting to a backend must succeed within this.
-    #[serde(default = "d5s", deserialize_with = "duration")]
+    #[serde(with = "super::duration")]
     pub connect_timeout: Duration,
     /// On SIGTERM/SIGINT, in-flight streams may take this long to finish.
-    #[serde(default = "d30s", deserialize_with = "duration")]
+    #[serde(with = "super::duration")]
     pub shutdown_grace: Duration,
     /// Longest SSE/NDJSON line the scanner keeps (longer ones are forwarded, not measured).
-    #[serde(default = "default_line")]
     pub max_event_bytes: usize,
-}
-
-fn default_body() -> usize {
-    16 << 20
-}
-fn default_concurrency() -> usize {
-    10_000
-}
-fn default_line() -> usize {
-    crate::sse::DEFAULT_MAX_LINE
-}
-fn d30s() -> Duration {
-    Duration::from_secs(30)
-}
-fn d5s() -> Duration {
-    Duration::from_secs(5)
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Self {
-            max_request_body_bytes: default_body(),
-            max_concurrent_requests: default_concurrency(),
-            header_read_timeout: d30s(),
-            connect_timeout: d5s(),
-            shutdown_grace: d30s(),
-            max_event_bytes: default_line(),
+            max_request_body_bytes: 16 << 20,
+            max_concurrent_requests: 10_000,
+            header_read_timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(5),
+            shutdown_grace: Duration::from_secs(30),
+            max_event_bytes: crate::sse::DEFAULT_MAX_LINE,
         }
     }
 }
@@ -155,16 +162,16 @@ pub struct BackendConfig {
     #[serde(default)]
     pub api_key_env: Option<String>,
     /// Relative share for the `weighted` balancer.
-    #[serde(default = "one_u32")]
+    #[serde(default = "defaults::weight")]
     pub weight: u32,
     /// Requests in flight to this backend at once; more wait in a queue (absent: unlimited).
     #[serde(default)]
     pub max_concurrency: Option<usize>,
     /// Requests that may wait for this backend; beyond it: 429 with `Retry-After`.
-    #[serde(default = "default_max_queue")]
+    #[serde(default = "defaults::max_queue")]
     pub max_queue: usize,
     /// Longest wait in the queue; beyond it: 503 with `Retry-After`.
-    #[serde(default = "d2s", deserialize_with = "duration")]
+    #[serde(default = "defaults::queue_timeout", with = "super::duration")]
     pub queue_timeout: Duration,
     /// Active health probe (absent: passive health only).
     #[serde(default)]
@@ -174,82 +181,57 @@ pub struct BackendConfig {
     pub outlier: OutlierConfig,
 }
 
-fn one_u32() -> u32 {
-    1
-}
-fn default_max_queue() -> usize {
-    128
-}
-fn d2s() -> Duration {
-    Duration::from_secs(2)
-}
-
 /// Active health probing of a backend.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct ProbeConfig {
     /// Path probed with GET (e.g. `/health` for vLLM, `/v1/models`).
-    #[serde(default = "default_probe_path")]
     pub path: String,
     /// Time between probes.
-    #[serde(default = "d5s", deserialize_with = "duration")]
+    #[serde(with = "super::duration")]
     pub interval: Duration,
     /// A probe slower than this fails.
-    #[serde(default = "d1s_probe", deserialize_with = "duration")]
+    #[serde(with = "super::duration")]
     pub timeout: Duration,
     /// Consecutive failures that mark the backend unhealthy.
-    #[serde(default = "three")]
     pub unhealthy_threshold: u32,
     /// Consecutive successes that mark it healthy again.
-    #[serde(default = "two")]
     pub healthy_threshold: u32,
 }
 
-fn default_probe_path() -> String {
-    "/health".into()
-}
-fn d1s_probe() -> Duration {
-    Duration::from_secs(1)
-}
-fn three() -> u32 {
-    3
-}
-fn two() -> u32 {
-    2
+impl Default for ProbeConfig {
+    fn default() -> Self {
+        Self {
+            path: "/health".into(),
+            interval: Duration::from_secs(5),
+            timeout: Duration::from_secs(1),
+            unhealthy_threshold: 3,
+            healthy_threshold: 2,
+        }
+    }
 }
 
 /// Passive outlier ejection: consecutive failures (5xx, connect errors, timeouts) eject the
 /// backend for `base_ejection × 2^(ejections so far)`, capped at `max_ejection`.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct OutlierConfig {
     /// Consecutive failures that eject (0 disables ejection).
-    #[serde(default = "five")]
     pub consecutive_failures: u32,
     /// First ejection's length.
-    #[serde(default = "d10s_outlier", deserialize_with = "duration")]
+    #[serde(with = "super::duration")]
     pub base_ejection: Duration,
     /// Longest ejection.
-    #[serde(default = "d300s", deserialize_with = "duration")]
+    #[serde(with = "super::duration")]
     pub max_ejection: Duration,
-}
-
-fn five() -> u32 {
-    5
-}
-fn d10s_outlier() -> Duration {
-    Duration::from_secs(10)
-}
-fn d300s() -> Duration {
-    Duration::from_secs(300)
 }
 
 impl Default for OutlierConfig {
     fn default() -> Self {
         Self {
-            consecutive_failures: five(),
-            base_ejection: d10s_outlier(),
-            max_ejection: d300s(),
+            consecutive_failures: 5,
+            base_ejection: Duration::from_secs(10),
+            max_ejection: Duration::from_secs(300),
         }
     }
 }
@@ -310,88 +292,62 @@ pub enum Balancer {
 /// Retry policy. Retries happen only before any response byte reached the client, only with a
 /// replayable request body, and never to a backend already tried.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct RetryConfig {
     /// Extra attempts after the first (0 disables retries).
-    #[serde(default = "two")]
     pub attempts: u32,
     /// Upstream statuses that are retried (connect errors and closed connections always are).
-    #[serde(default = "default_retry_statuses")]
     pub statuses: Vec<u16>,
     /// Retries may add at most this fraction of extra load over time …
-    #[serde(default = "default_budget_ratio")]
     pub budget_ratio: f64,
     /// … but at least this many retries per second are always allowed.
-    #[serde(default = "default_min_retries")]
     pub min_per_second: u32,
-}
-
-fn default_retry_statuses() -> Vec<u16> {
-    vec![502, 503, 504]
-}
-fn default_budget_ratio() -> f64 {
-    0.2
-}
-fn default_min_retries() -> u32 {
-    10
 }
 
 impl Default for RetryConfig {
     fn default() -> Self {
         Self {
-            attempts: two(),
-            statuses: default_retry_statuses(),
-            budget_ratio: default_budget_ratio(),
-            min_per_second: default_min_retries(),
+            attempts: 2,
+            statuses: vec![502, 503, 504],
+            budget_ratio: 0.2,
+            min_per_second: 10,
         }
     }
 }
 
 /// Response timeouts (each may be `0s` to disable).
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct TimeoutsConfig {
     /// No response head within this: 504. No first output token within this (from the request's
     /// arrival): the stream is ended, outcome `timeout`.
-    #[serde(default = "d120s", deserialize_with = "duration")]
+    #[serde(with = "super::duration")]
     pub first_token: Duration,
     /// No upstream bytes for this long once streaming: the stream is ended, outcome `timeout`.
-    #[serde(default = "d60s", deserialize_with = "duration")]
+    #[serde(with = "super::duration")]
     pub idle: Duration,
     /// The whole request must finish within this (0s: no limit).
-    #[serde(default = "d0s", deserialize_with = "duration")]
+    #[serde(with = "super::duration")]
     pub total: Duration,
-}
-
-fn d120s() -> Duration {
-    Duration::from_secs(120)
-}
-fn d60s() -> Duration {
-    Duration::from_secs(60)
-}
-fn d0s() -> Duration {
-    Duration::ZERO
 }
 
 impl Default for TimeoutsConfig {
     fn default() -> Self {
         Self {
-            first_token: d120s(),
-            idle: d60s(),
-            total: d0s(),
+            first_token: Duration::from_secs(120),
+            idle: Duration::from_secs(60),
+            total: Duration::ZERO,
         }
     }
 }
 
 /// Route matching; every given condition must hold. An empty match accepts everything.
 #[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct MatchConfig {
     /// The request body's `model`.
-    #[serde(default)]
     pub model: Option<String>,
     /// The request path starts with this.
-    #[serde(default)]
     pub path_prefix: Option<String>,
 }
 
@@ -406,10 +362,10 @@ pub struct ExperimentConfig {
     #[serde(default)]
     pub sticky_key: Option<String>,
     /// Honour the `x-inferscope-variant` request header (forcing a variant, e.g. for evals).
-    #[serde(default = "yes")]
+    #[serde(default = "defaults::allow_override")]
     pub allow_override: bool,
     /// Fixed horizon: no verdict until every variant has this many samples of a metric.
-    #[serde(default = "default_min_samples")]
+    #[serde(default = "defaults::min_samples")]
     pub min_samples: usize,
     /// SLOs that roll a variant back to the control when breached.
     #[serde(default)]
@@ -430,12 +386,8 @@ pub struct ShadowConfig {
     /// Fraction of the experiment's requests copied (0..=1).
     pub fraction: f64,
     /// Copies in flight at once; beyond it copies are not sent (and counted).
-    #[serde(default = "default_shadow_concurrency")]
+    #[serde(default = "defaults::shadow_concurrency")]
     pub max_concurrency: usize,
-}
-
-fn default_shadow_concurrency() -> usize {
-    16
 }
 
 /// Guardrails of an experiment.
@@ -443,17 +395,13 @@ fn default_shadow_concurrency() -> usize {
 #[serde(deny_unknown_fields)]
 pub struct GuardrailsConfig {
     /// Sliding window the rules are evaluated over.
-    #[serde(default = "d60s", deserialize_with = "duration")]
+    #[serde(default = "defaults::guard_window", with = "super::duration")]
     pub window: Duration,
     /// No rule is judged on fewer samples than this in the window.
-    #[serde(default = "default_guard_samples")]
+    #[serde(default = "defaults::guard_samples")]
     pub min_samples: usize,
     /// The SLOs.
     pub rules: Vec<GuardRule>,
-}
-
-fn default_guard_samples() -> usize {
-    50
 }
 
 /// One SLO: `metric` must stay at most `max` (and/or at least `min`).
@@ -503,50 +451,32 @@ pub struct VariantConfig {
 
 /// `telemetry:` — every key optional; unset ones fall back to `OTEL_*` variables, then defaults.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct TelemetryConfig {
     /// False turns telemetry off even when `OTEL_EXPORTER_OTLP_ENDPOINT` is set.
-    #[serde(default)]
     pub enabled: Option<bool>,
     /// The OTLP receiver.
-    #[serde(default)]
     pub otlp: OtlpConfig,
     /// `service.name` (else `OTEL_SERVICE_NAME`, else `inferscope`).
-    #[serde(default)]
     pub service_name: Option<String>,
     /// Extra resource attributes (merged over `OTEL_RESOURCE_ATTRIBUTES`).
-    #[serde(default)]
     pub resource: std::collections::BTreeMap<String, String>,
     /// Ratio of new traces sampled, 0..=1 (else `OTEL_TRACES_SAMPLER_ARG`, else 1). A client's
     /// `traceparent` decides for its own trace (parent-based).
-    #[serde(default)]
     pub sample_ratio: Option<f64>,
     /// Attribute set on spans.
-    #[serde(default)]
     pub format: TelemetryFormat,
     /// Record prompts and completions on spans (`gen_ai.input.messages`, `gen_ai.output.messages`).
-    #[serde(default)]
     pub capture_content: bool,
     /// Cap on each captured content attribute, in bytes.
-    #[serde(default = "default_content_cap")]
     pub max_content_bytes: usize,
     /// Batching of span export.
-    #[serde(default)]
     pub batch: BatchConfig,
     /// How often metrics are exported.
-    #[serde(default = "d10s", deserialize_with = "duration")]
+    #[serde(with = "super::duration")]
     pub metrics_interval: Duration,
     /// Export metrics too (off for trace-only receivers such as Jaeger and Langfuse).
-    #[serde(default = "yes")]
     pub export_metrics: bool,
-}
-
-fn yes() -> bool {
-    true
-}
-
-fn default_min_samples() -> usize {
-    200
 }
 
 impl Default for TelemetryConfig {
@@ -559,36 +489,26 @@ impl Default for TelemetryConfig {
             sample_ratio: None,
             format: TelemetryFormat::default(),
             capture_content: false,
-            max_content_bytes: default_content_cap(),
+            max_content_bytes: 16 * 1024,
             batch: BatchConfig::default(),
-            metrics_interval: d10s(),
+            metrics_interval: Duration::from_secs(10),
             export_metrics: true,
         }
     }
 }
 
-fn default_content_cap() -> usize {
-    16 * 1024
-}
-fn d10s() -> Duration {
-    Duration::from_secs(10)
-}
-
 /// OTLP receiver settings.
 #[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct OtlpConfig {
     /// Base endpoint, e.g. `http://127.0.0.1:4317` (gRPC) or `http://127.0.0.1:4318` (HTTP).
-    #[serde(default)]
     pub endpoint: Option<String>,
     /// `grpc` or `http/protobuf`.
-    #[serde(default)]
     pub protocol: Option<String>,
     /// Headers sent with every export (authentication for hosted receivers).
-    #[serde(default)]
     pub headers: std::collections::BTreeMap<String, String>,
     /// Export timeout.
-    #[serde(default, deserialize_with = "opt_duration")]
+    #[serde(with = "super::duration::option")]
     pub timeout: Option<Duration>,
 }
 
@@ -606,66 +526,25 @@ pub enum TelemetryFormat {
 
 /// Span batching.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct BatchConfig {
     /// Finished requests waiting for export; beyond it they are dropped (and counted).
-    #[serde(default = "default_queue_spans")]
     pub max_queue: usize,
     /// Requests per export call.
-    #[serde(default = "default_batch")]
     pub max_batch: usize,
     /// Longest wait before a partial batch is exported.
-    #[serde(default = "d1s", deserialize_with = "duration")]
+    #[serde(with = "super::duration")]
     pub interval: Duration,
-}
-
-fn default_queue_spans() -> usize {
-    8192
-}
-fn default_batch() -> usize {
-    512
-}
-fn d1s() -> Duration {
-    Duration::from_secs(1)
 }
 
 impl Default for BatchConfig {
     fn default() -> Self {
         Self {
-            max_queue: default_queue_spans(),
-            max_batch: default_batch(),
-            interval: d1s(),
+            max_queue: 8192,
+            max_batch: 512,
+            interval: Duration::from_secs(1),
         }
     }
-}
-
-fn opt_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-    duration(d).map(Some)
-}
-
-/// Parses `250ms`, `5s`, `2m`, `1h` (whole or decimal numbers).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .ok_or_else(|| format!("`{s}` needs a unit (ms, s, m, h)"))?;
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("`{s}` is not a duration"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "s" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => return Err(format!("`{s}`: unknown unit `{unit}` (use ms, s, m, h)")),
-    };
-    Duration::try_from_secs_f64(secs).map_err(|_| format!("`{s}` is out of range"))
-}
-
-fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-    let s = String::deserialize(d)?;
-    parse_duration(&s).map_err(serde::de::Error::custom)
 }
 
 #[cfg(test)]
@@ -673,11 +552,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn durations() {
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert!(parse_duration("5").is_err());
-        assert!(parse_duration("5 parsecs").is_err());
+    fn defaults_apply_per_key_and_per_section() {
+        let limits: Limits = serde_yaml_ng::from_str("connect_timeout: 1.5s").unwrap_or_default();
+        assert_eq!(limits.connect_timeout, Duration::from_millis(1500));
+        assert_eq!(limits.header_read_timeout, Duration::from_secs(30));
+        assert_eq!(limits.max_request_body_bytes, 16 << 20);
     }
 }
