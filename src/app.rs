@@ -54,12 +54,12 @@ pub struct ReloadCounters {
 #[derive(Debug)]
 pub struct Reloader {
     path: Option<std::path::PathBuf>,
-    current: std::sync::Mutex<Arc<Config>>,
+    current: parking_lot::Mutex<Arc<Config>>,
     sims: tokio::sync::Mutex<HashMap<String, (String, u64, SimHandle)>>,
     slot: Arc<GatewaySlot>,
     stop_sims: watch::Receiver<bool>,
     /// Modification time of the file as last loaded (so the watcher does not load it twice).
-    loaded_mtime: std::sync::Mutex<Option<std::time::SystemTime>>,
+    loaded_mtime: parking_lot::Mutex<Option<std::time::SystemTime>>,
     /// Outcomes.
     pub counters: Arc<ReloadCounters>,
 }
@@ -71,10 +71,10 @@ impl Reloader {
         let Some(path) = &self.path else {
             return Err("no config file to reload (running the embedded default)".into());
         };
-        *self.loaded_mtime.lock().unwrap_or_else(|p| p.into_inner()) = file_mtime(path);
+        *self.loaded_mtime.lock() = file_mtime(path);
         let result = async {
             let new = crate::config::load(path).map_err(|e| e.to_string())?;
-            let old = Arc::clone(&self.current.lock().unwrap_or_else(|p| p.into_inner()));
+            let old = Arc::clone(&self.current.lock());
             for (what, same) in [
                 ("listen", old.listen == new.listen),
                 ("admin", old.admin.listen == new.admin.listen),
@@ -106,7 +106,7 @@ impl Reloader {
             crate::route::spawn_probes(&new, router.backends());
             let gw = self.slot.load().with_router(router);
             self.slot.store(Arc::new(gw));
-            *self.current.lock().unwrap_or_else(|p| p.into_inner()) = new;
+            *self.current.lock() = new;
             Ok::<(), String>(())
         }
         .await;
@@ -276,11 +276,13 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
     let accepting = Arc::new(AtomicBool::new(true));
     let reloader = Arc::new(Reloader {
         path: overrides.config_path.clone(),
-        current: std::sync::Mutex::new(Arc::clone(&config)),
+        current: parking_lot::Mutex::new(Arc::clone(&config)),
         sims: tokio::sync::Mutex::new(sim_table),
         slot: Arc::clone(&slot),
         stop_sims: rest_rx.clone(),
-        loaded_mtime: std::sync::Mutex::new(overrides.config_path.as_deref().and_then(file_mtime)),
+        loaded_mtime: parking_lot::Mutex::new(
+            overrides.config_path.as_deref().and_then(file_mtime),
+        ),
         counters: Arc::default(),
     });
     if reloader.path.is_some() {
@@ -378,7 +380,7 @@ async fn watch_config(reloader: Arc<Reloader>, stop: watch::Receiver<bool>) {
                 let _ = reloader.reload().await;
             }
             _ = tick.tick() => {
-                let loaded = *reloader.loaded_mtime.lock().unwrap_or_else(|p| p.into_inner());
+                let loaded = *reloader.loaded_mtime.lock();
                 if file_mtime(&path) != loaded {
                     let _ = reloader.reload().await;
                 }

@@ -167,7 +167,7 @@ pub async fn run(o: &EvalOptions, items: &[EvalItem]) -> Vec<Score> {
     let items = Arc::new(items.to_vec());
     let mut scores = Vec::new();
     for variant in &o.variants {
-        let per_item = Arc::new(std::sync::Mutex::new(vec![(false, false); items.len()]));
+        let per_item = Arc::new(parking_lot::Mutex::new(vec![(false, false); items.len()]));
         let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let mut workers = Vec::new();
         for _ in 0..o.concurrency.max(1) {
@@ -188,14 +188,14 @@ pub async fn run(o: &EvalOptions, items: &[EvalItem]) -> Vec<Score> {
                         reply.as_deref().is_some_and(|r| correct(item, r)),
                         reply.is_none(),
                     );
-                    per_item.lock().unwrap_or_else(|p| p.into_inner())[i] = r;
+                    per_item.lock()[i] = r;
                 }
             }));
         }
         for w in workers {
             let _ = w.await;
         }
-        let results = per_item.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let results = per_item.lock().clone();
         let k = results.iter().filter(|r| r.0).count();
         scores.push(Score {
             variant: variant.clone(),

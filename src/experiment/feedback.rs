@@ -2,12 +2,13 @@
 //! the variant that served the request, appended to a JSONL file when one is configured, and
 //! aggregated per variant with a 95% confidence interval.
 
+use parking_lot::Mutex;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Finished requests remembered for joining feedback (oldest forgotten first).
 pub const REMEMBERED: usize = 200_000;
@@ -89,12 +90,12 @@ pub struct Feedback {
 impl Feedback {
     /// Appends accepted feedback to `path` as JSON lines.
     pub fn persist_to(&self, path: PathBuf) {
-        *self.file.lock().unwrap_or_else(|p| p.into_inner()) = Some((path, None));
+        *self.file.lock() = Some((path, None));
     }
 
     /// Remembers which variant served a finished request.
     pub fn remember(&self, request_id: &Arc<str>, route: &Arc<str>, variant: &Arc<str>) {
-        let mut i = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut i = self.inner.lock();
         if i.order.len() >= REMEMBERED {
             if let Some(old) = i.order.pop_front() {
                 i.by_request.remove(&old);
@@ -130,7 +131,7 @@ impl Feedback {
             ));
         }
         let (route, variant) = {
-            let i = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            let i = self.inner.lock();
             i.by_request
                 .get(p.request_id.as_str())
                 .cloned()
@@ -141,7 +142,7 @@ impl Feedback {
             "request_id": p.request_id, "route": route.as_ref(), "variant": variant.as_ref(),
             "name": p.name, "value": p.value,
         }))?;
-        let mut i = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut i = self.inner.lock();
         let key = (Arc::clone(&variant), p.name.clone());
         i.stats
             .entry(Arc::clone(&route))
@@ -153,7 +154,7 @@ impl Feedback {
     }
 
     fn store(&self, line: &Value) -> Result<(), FeedbackError> {
-        let mut f = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        let mut f = self.file.lock();
         let Some((path, file)) = f.as_mut() else {
             return Ok(());
         };
@@ -175,7 +176,7 @@ impl Feedback {
 
     /// Per variant and signal name: n, mean and 95% interval, for one route.
     pub fn summary(&self, route: &str) -> Value {
-        let i = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let i = self.inner.lock();
         let Some(stats) = i.stats.get(route) else {
             return json!([]);
         };

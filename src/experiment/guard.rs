@@ -5,9 +5,10 @@
 
 use crate::config::GuardrailsConfig;
 use crate::meter::{Outcome, RequestRecord};
+use parking_lot::Mutex;
 use serde_json::{json, Value};
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 
@@ -74,11 +75,7 @@ impl Guardrails {
 
     /// True when `variant` is rolled back.
     pub fn tripped(&self, variant: &str) -> bool {
-        self.state
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .tripped
-            .contains_key(variant)
+        self.state.lock().tripped.contains_key(variant)
     }
 
     /// The variant to serve instead of `variant` (itself unless rolled back).
@@ -97,7 +94,7 @@ impl Guardrails {
         if variant.as_ref() == self.control.as_ref() {
             return Vec::new();
         }
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.state.lock();
         s.feedback
             .entry(Arc::clone(variant))
             .or_default()
@@ -114,7 +111,7 @@ impl Guardrails {
         }
         let now = Instant::now();
         let ms = crate::stats::quantile::duration_ms;
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.state.lock();
         let w = s.windows.entry(Arc::clone(v)).or_default();
         w.push_back(Sample {
             at: now,
@@ -222,7 +219,7 @@ impl Guardrails {
     /// Un-trips `variant` (all variants when `None`) and clears its window. Returns the variants
     /// that were reset.
     pub fn reset(&self, variant: Option<&str>) -> Vec<String> {
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.state.lock();
         let names: Vec<Arc<str>> = s
             .tripped
             .keys()
@@ -240,15 +237,12 @@ impl Guardrails {
 
     /// Trips since start.
     pub fn trips_total(&self) -> u64 {
-        self.state
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .trips_total
+        self.state.lock().trips_total
     }
 
     /// The state, for `/experiments`.
     pub fn to_json(&self) -> Value {
-        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let s = self.state.lock();
         let tripped: Vec<Value> = s
             .tripped
             .iter()

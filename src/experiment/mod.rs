@@ -18,9 +18,10 @@ pub use report::{report, ReportOptions};
 use crate::meter::{Outcome, RequestRecord};
 use crate::route::NONE;
 use crate::util::Rng;
+use parking_lot::Mutex;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Samples kept per metric and variant (uniform reservoir over everything seen).
 pub const RESERVOIR: usize = 10_000;
@@ -165,7 +166,7 @@ impl Experiments {
             return;
         }
         self.feedback.remember(&m.request_id, &m.route, &m.variant);
-        let mut arms = self.arms.lock().unwrap_or_else(|p| p.into_inner());
+        let mut arms = self.arms.lock();
         let route = arms.entry(Arc::clone(&m.route)).or_default();
         let seed = crate::util::stable_hash(m.variant.as_bytes());
         route
@@ -176,12 +177,7 @@ impl Experiments {
 
     /// A copy of one route's arms.
     pub fn arms(&self, route: &str) -> BTreeMap<Arc<str>, Arm> {
-        self.arms
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(route)
-            .cloned()
-            .unwrap_or_default()
+        self.arms.lock().get(route).cloned().unwrap_or_default()
     }
 }
 

@@ -4,8 +4,9 @@
 //! concurrency budget (saturated → not sent, counted), so it can never slow or fail the primary.
 //! When both answers of a pair are in, their texts are compared: exact match and ROUGE-L.
 
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Largest text compared per side (characters beyond are ignored).
@@ -87,7 +88,7 @@ impl Shadow {
     }
 
     fn add(&self, a: &str, b: &str) {
-        let mut g = self.agreement.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.agreement.lock();
         g.pairs += 1;
         g.exact += u64::from(a == b);
         g.rouge_l_sum += rouge_l(a, b);
@@ -95,7 +96,7 @@ impl Shadow {
 
     /// Agreement so far.
     pub fn agreement(&self) -> Agreement {
-        *self.agreement.lock().unwrap_or_else(|p| p.into_inner())
+        *self.agreement.lock()
     }
 }
 
@@ -120,7 +121,7 @@ impl Pair {
 
     /// Offers one side's text (`None`: that side failed or had no text).
     pub fn offer(&self, is_shadow: bool, text: Option<String>) {
-        let mut s = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.slots.lock();
         if is_shadow {
             s.1 = Some(text);
         } else {

@@ -19,10 +19,11 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use parking_lot::Mutex;
 use serde_json::{json, Value};
 use std::fmt::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -275,7 +276,7 @@ pub async fn run(o: &BenchOptions) -> (Vec<Sample>, Duration) {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tick.tick().await;
-                let done = samples.lock().unwrap_or_else(|p| p.into_inner()).len();
+                let done = samples.lock().len();
                 let width = 30;
                 let filled = (done * width / o.requests.max(1)).min(width);
                 eprint!(
@@ -301,7 +302,7 @@ pub async fn run(o: &BenchOptions) -> (Vec<Sample>, Duration) {
                 tasks.push(tokio::spawn(async move {
                     while let Some(i) = more() {
                         let s = one(&client, &o, &o.prompts[i % o.prompts.len()]).await;
-                        samples.lock().unwrap_or_else(|p| p.into_inner()).push(s);
+                        samples.lock().push(s);
                     }
                 }));
             }
@@ -320,7 +321,7 @@ pub async fn run(o: &BenchOptions) -> (Vec<Sample>, Duration) {
                 let (o, samples) = (Arc::clone(&o), Arc::clone(&samples));
                 tasks.push(tokio::spawn(async move {
                     let s = one(&client, &o, &o.prompts[i % o.prompts.len()]).await;
-                    samples.lock().unwrap_or_else(|p| p.into_inner()).push(s);
+                    samples.lock().push(s);
                 }));
             }
         }
@@ -333,7 +334,7 @@ pub async fn run(o: &BenchOptions) -> (Vec<Sample>, Duration) {
         eprintln!();
     }
     let wall = start.elapsed();
-    let v = std::mem::take(&mut *samples.lock().unwrap_or_else(|p| p.into_inner()));
+    let v = std::mem::take(&mut *samples.lock());
     (v, wall)
 }
 

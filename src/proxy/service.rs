@@ -103,24 +103,25 @@ impl Gateway {
 }
 
 /// The current gateway, replaceable while requests run: each request takes the gateway current
-/// when it arrives and finishes on it, whatever happens to the slot meanwhile.
+/// when it arrives and finishes on it, whatever happens to the slot meanwhile. Reading it is one
+/// atomic load (`arc-swap`), no lock on the request path.
 #[derive(Debug)]
-pub struct GatewaySlot(std::sync::RwLock<Arc<Gateway>>);
+pub struct GatewaySlot(arc_swap::ArcSwap<Gateway>);
 
 impl GatewaySlot {
     /// A slot holding `gw`.
     pub fn new(gw: Arc<Gateway>) -> Self {
-        Self(std::sync::RwLock::new(gw))
+        Self(arc_swap::ArcSwap::new(gw))
     }
 
     /// The current gateway.
     pub fn load(&self) -> Arc<Gateway> {
-        Arc::clone(&self.0.read().unwrap_or_else(|p| p.into_inner()))
+        self.0.load_full()
     }
 
     /// Replaces the gateway for requests arriving from now on.
     pub fn store(&self, gw: Arc<Gateway>) {
-        *self.0.write().unwrap_or_else(|p| p.into_inner()) = gw;
+        self.0.store(gw);
     }
 }
 

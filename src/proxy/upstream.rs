@@ -24,10 +24,11 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, Connection, SendRequest};
 use hyper_util::rt::TokioIo;
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 use tokio::net::TcpStream;
@@ -100,8 +101,8 @@ struct Pool {
 }
 
 impl Pool {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Authority, Vec<Idle>>> {
-        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, HashMap<Authority, Vec<Idle>>> {
+        self.idle.lock()
     }
 }
 

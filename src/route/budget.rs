@@ -1,7 +1,7 @@
 //! Retry budget: retries may add at most `ratio` extra load over time, plus a floor of
 //! `min_per_second`, so a struggling fleet is not finished off by its own retries.
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 use tokio::time::Instant;
 
 /// A token bucket in thousandths of a token: each request deposits `ratio` tokens, each second
@@ -42,14 +42,14 @@ impl RetryBudget {
 
     /// A request arrived.
     pub fn deposit(&self) {
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.state.lock();
         self.refill(&mut s);
         s.0 = (s.0 + self.ratio_milli).min(self.cap_milli);
     }
 
     /// May one retry happen now? Takes a token if so.
     pub fn try_withdraw(&self) -> bool {
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.state.lock();
         self.refill(&mut s);
         if s.0 >= ONE {
             s.0 -= ONE;

@@ -87,11 +87,7 @@ pub(super) async fn handle(
     state: Arc<SimState>,
     req: http::Request<Incoming>,
 ) -> Option<Response<SimBody>> {
-    let faults = state
-        .faults
-        .read()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone();
+    let faults = state.faults.read().clone();
     if faults.refuse {
         return None;
     }
@@ -330,11 +326,7 @@ impl Drop for Active<'_> {
 
 fn finish(state: &SimState, truth: Truth) {
     if state.opts.record_truth {
-        state
-            .truth
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(truth);
+        state.truth.lock().push(truth);
     }
     state.finished.send_modify(|n| *n += 1);
 }

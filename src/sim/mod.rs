@@ -16,10 +16,11 @@ pub use faults::Faults;
 pub use profile::Profile;
 
 use crate::server::{self, ServerOptions};
+use parking_lot::Mutex;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -157,7 +158,7 @@ impl Truth {
 #[derive(Debug)]
 struct SimState {
     opts: SimOptions,
-    faults: std::sync::RwLock<Faults>,
+    faults: parking_lot::RwLock<Faults>,
     next_index: AtomicU64,
     active: AtomicUsize,
     truth: Mutex<Vec<Truth>>,
@@ -176,19 +177,14 @@ pub struct SimHandle {
 impl SimHandle {
     /// Ground truth of every request so far, in arrival order of completion.
     pub fn truth(&self) -> Vec<Truth> {
-        let mut v = self
-            .state
-            .truth
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let mut v = self.state.truth.lock().clone();
         v.sort_by_key(|t| t.index);
         v
     }
 
     /// Replaces the injected faults; requests arriving from now on see the new ones.
     pub fn set_faults(&self, f: Faults) {
-        *self.state.faults.write().unwrap_or_else(|p| p.into_inner()) = f;
+        *self.state.faults.write() = f;
     }
 
     /// Streams currently being generated.
@@ -215,7 +211,7 @@ pub fn spawn(
     let addr = listener.local_addr()?;
     let (finished, _) = watch::channel(0);
     let state = Arc::new(SimState {
-        faults: std::sync::RwLock::new(opts.profile.faults.clone()),
+        faults: parking_lot::RwLock::new(opts.profile.faults.clone()),
         opts,
         next_index: AtomicU64::new(0),
         active: AtomicUsize::new(0),

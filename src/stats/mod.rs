@@ -13,9 +13,10 @@ pub use prometheus::{
 pub use tally::{Hist, Tally, METRICS};
 
 use crate::meter::RequestRecord;
+use parking_lot::{Mutex, MutexGuard};
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use tokio::time::Instant;
 
 /// Length of the sliding window.
@@ -74,7 +75,7 @@ impl Stats {
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<GroupKey, Group>> {
-        self.groups.lock().unwrap_or_else(|p| p.into_inner())
+        self.groups.lock()
     }
 
     /// Adds one finished request to its group's cumulative tally and current window slot.

@@ -23,10 +23,11 @@ use opentelemetry_sdk::metrics::periodic_reader_with_async_runtime::PeriodicRead
 use opentelemetry_sdk::metrics::SdkMeterProvider;
 use opentelemetry_sdk::trace::{SpanData, SpanExporter as _};
 use opentelemetry_sdk::Resource;
+use parking_lot::Mutex;
 use std::fmt::Display;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -55,7 +56,7 @@ impl Counters {
             &self.span_export_failures
         };
         c.fetch_add(1, Ordering::Relaxed);
-        let mut last = self.last_log.lock().unwrap_or_else(|p| p.into_inner());
+        let mut last = self.last_log.lock();
         if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
             *last = Some(Instant::now());
             tracing::warn!(signal, error = %e, "OTLP export failed (logged at most once a minute; see inferscope_telemetry_export_failures_total)");
