@@ -50,6 +50,20 @@ pub struct ReloadCounters {
     pub failed: std::sync::atomic::AtomicU64,
 }
 
+/// Why a reload was not applied (the running config keeps serving).
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    /// The gateway runs the embedded default.
+    #[error("no config file to reload (running the embedded default)")]
+    NoFile,
+    /// The file is invalid.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// Backends or routes could not be built (a simulator did not start, a key is missing).
+    #[error("{0:#}")]
+    Build(anyhow::Error),
+}
+
 /// Re-reads the config file and swaps routes and backends in, keeping what cannot change live.
 #[derive(Debug)]
 pub struct Reloader {
@@ -67,13 +81,13 @@ pub struct Reloader {
 impl Reloader {
     /// Loads the file again; applies it when valid, else keeps the running config. In-flight
     /// requests finish on the gateway they started with.
-    pub async fn reload(&self) -> Result<(), String> {
+    pub async fn reload(&self) -> Result<(), ReloadError> {
         let Some(path) = &self.path else {
-            return Err("no config file to reload (running the embedded default)".into());
+            return Err(ReloadError::NoFile);
         };
         *self.loaded_mtime.lock() = file_mtime(path);
         let result = async {
-            let new = crate::config::load(path).map_err(|e| e.to_string())?;
+            let new = crate::config::load(path)?;
             let old = Arc::clone(&self.current.lock());
             for (what, same) in [
                 ("listen", old.listen == new.listen),
@@ -101,13 +115,13 @@ impl Reloader {
             let mut sims = self.sims.lock().await;
             let router = build_router(&new, &mut sims, &self.stop_sims)
                 .await
-                .map_err(|e| format!("{e:#}"))?;
+                .map_err(ReloadError::Build)?;
             let router = Arc::new(router);
             crate::route::spawn_probes(&new, router.backends());
             let gw = self.slot.load().with_router(router);
             self.slot.store(Arc::new(gw));
             *self.current.lock() = new;
-            Ok::<(), String>(())
+            Ok::<(), ReloadError>(())
         }
         .await;
         match &result {
@@ -144,7 +158,7 @@ async fn build_router(
                 let addr = match reuse {
                     Some((_, _, h)) => h.addr,
                     None => {
-                        let profile = sim_profile(&s.profile).map_err(anyhow::Error::msg)?;
+                        let profile = sim_profile(&s.profile)?;
                         let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
                         let mut opts = SimOptions::new(profile);
                         opts.seed = s.seed;
@@ -160,7 +174,7 @@ async fn build_router(
         };
         bases.insert(b.name.clone(), base);
     }
-    Router::new(config, &bases).map_err(anyhow::Error::msg)
+    Ok(Router::new(config, &bases)?)
 }
 
 /// A running gateway.
@@ -239,14 +253,14 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         None => AccessLog::disabled(),
     };
     let settings = telemetry::resolve(config.telemetry.as_ref(), |k| std::env::var(k).ok())
-        .map_err(|e| anyhow::anyhow!("telemetry: {e}"))?;
+        .context("telemetry")?;
     let trace = TraceOptions {
         enabled: settings.is_some(),
         sample_ratio: settings.as_ref().map_or(1.0, |s| s.sample_ratio),
         capture_content: settings.as_ref().and_then(|s| s.capture_content),
     };
     let telemetry = match settings {
-        Some(s) => Some(Telemetry::start(s, data_addr).map_err(anyhow::Error::msg)?),
+        Some(s) => Some(Telemetry::start(s, data_addr)?),
         None => None,
     };
     let recorder = Arc::new(Recorder::new(Stats::new(MAX_GROUPS), log, telemetry));

@@ -322,7 +322,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             slow_first_token_ms,
             malformed_rate,
         } => {
-            let mut p = sim_profile(&profile).map_err(anyhow::Error::msg)?;
+            let mut p = sim_profile(&profile)?;
             p.ttft_base_ms = ttft_ms.unwrap_or(p.ttft_base_ms);
             p.tpot_ms = tpot_ms.unwrap_or(p.tpot_ms);
             p.jitter = jitter.unwrap_or(p.jitter);
@@ -335,7 +335,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             f.stall_after_chunks = stall_after.or(f.stall_after_chunks);
             f.slow_first_token_ms = slow_first_token_ms.unwrap_or(f.slow_first_token_ms);
             f.malformed_rate = malformed_rate.unwrap_or(f.malformed_rate);
-            p.validate().map_err(anyhow::Error::msg)?;
+            p.validate()?;
             let listener = tokio::net::TcpListener::bind(listen)
                 .await
                 .with_context(|| format!("binding {listen}"))?;
@@ -371,7 +371,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             let text = std::fs::read_to_string(&path)
                 .with_context(|| format!("reading {}", path.display()))?;
             let items = crate::experiment::eval::load_dataset(&text)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+                .with_context(|| path.display().to_string())?;
             let opts = crate::experiment::eval::EvalOptions {
                 url,
                 model,
@@ -409,7 +409,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                     &std::fs::read_to_string(p)
                         .with_context(|| format!("reading {}", p.display()))?,
                 )
-                .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?,
+                .with_context(|| p.display().to_string())?,
                 None => loadgen::synthetic_prompts(requests.min(1000), input_words, seed),
             };
             let arrivals = match (rate, concurrency) {
@@ -440,13 +440,13 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 duration: duration
                     .map(|d| config::parse_duration(&d))
                     .transpose()
-                    .map_err(anyhow::Error::msg)?,
+                    .context("--duration")?,
                 stream: !no_stream,
                 max_tokens,
                 slo: slo
                     .map(|s| loadgen::parse_slo(&s))
                     .transpose()
-                    .map_err(anyhow::Error::msg)?
+                    .context("--slo")?
                     .unwrap_or_default(),
                 headers,
                 seed,

@@ -345,18 +345,14 @@ async fn feedback(
                 serde_json::json!({"variant": variant.as_ref()}).to_string(),
             )
         }
-        Err(FeedbackError::Invalid(m)) => error(
-            StatusCode::BAD_REQUEST,
-            &format!("expected {{request_id, name, value: number or boolean}}: {m}"),
-        ),
-        Err(FeedbackError::UnknownRequest) => error(
-            StatusCode::NOT_FOUND,
-            "no finished experiment request with that request_id",
-        ),
-        Err(FeedbackError::Storage(m)) => error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            &format!("feedback not stored: {m}"),
-        ),
+        Err(e) => {
+            let status = match e {
+                FeedbackError::Invalid(_) => StatusCode::BAD_REQUEST,
+                FeedbackError::UnknownRequest => StatusCode::NOT_FOUND,
+                FeedbackError::Storage(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            };
+            error(status, &e.to_string())
+        }
     }
 }
 

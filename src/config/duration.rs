@@ -8,18 +8,37 @@ use humantime::DurationError;
 use serde::{Deserialize, Deserializer};
 use std::time::Duration;
 
+/// A string that is not a duration.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadDuration {
+    /// A number with a unit humantime does not know (or none).
+    #[error("`{value}`: unknown unit `{unit}` (use ms, s, m, h)")]
+    UnknownUnit {
+        /// As given.
+        value: String,
+        /// The unit.
+        unit: String,
+    },
+    /// Not a number and unit.
+    #[error("`{0}` is not a duration (e.g. 250ms, 1.5s, 2m)")]
+    Malformed(String),
+    /// Too large.
+    #[error("`{0}` is out of range")]
+    OutOfRange(String),
+}
+
 /// Parses a duration as the config does.
-pub fn parse(s: &str) -> Result<Duration, String> {
+pub fn parse(s: &str) -> Result<Duration, BadDuration> {
     let s = s.trim();
     humantime::parse_duration(s).map_err(|e| match e {
-        DurationError::UnknownUnit { unit, .. } => {
-            format!("`{s}`: unknown unit `{unit}` (use ms, s, m, h)")
-        }
-        DurationError::NumberExpected(_) | DurationError::InvalidCharacter(_) => {
-            format!("`{s}` is not a duration (e.g. 250ms, 1.5s, 2m)")
-        }
-        DurationError::NumberOverflow => format!("`{s}` is out of range"),
-        DurationError::Empty => "empty duration (e.g. 250ms, 1.5s, 2m)".into(),
+        DurationError::UnknownUnit { unit, .. } => BadDuration::UnknownUnit {
+            value: s.into(),
+            unit,
+        },
+        DurationError::NumberOverflow => BadDuration::OutOfRange(s.into()),
+        DurationError::NumberExpected(_)
+        | DurationError::InvalidCharacter(_)
+        | DurationError::Empty => BadDuration::Malformed(s.into()),
     })
 }
 
@@ -54,7 +73,10 @@ mod tests {
         assert_eq!(parse("1m 30s"), Ok(Duration::from_secs(90)));
         assert_eq!(parse("0s"), Ok(Duration::ZERO));
         assert!(parse("5").is_err());
-        let e = parse("5 parsecs").err().unwrap_or_default();
+        let e = parse("5 parsecs")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         assert!(e.contains("unknown unit `parsecs`"), "{e}");
     }
 }

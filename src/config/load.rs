@@ -5,12 +5,12 @@ use super::locate::{locate, Seg};
 use super::schema::{BackendConfig, Config, RouteConfig};
 use crate::sim::Profile;
 use std::collections::HashSet;
-use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
 
-/// A configuration problem, located.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A configuration problem, located: `file:line:column: key: message`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}{}: {key}: {message}", location(*.line, *.column))]
 pub struct ConfigError {
     /// File name as given (or `<embedded default>`).
     pub file: String,
@@ -24,20 +24,14 @@ pub struct ConfigError {
     pub message: String,
 }
 
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.file)?;
-        if let Some(l) = self.line {
-            write!(f, ":{l}")?;
-            if let Some(c) = self.column {
-                write!(f, ":{c}")?;
-            }
-        }
-        write!(f, ": {}: {}", self.key, self.message)
+/// `:line:column`, `:line` or nothing.
+fn location(line: Option<usize>, column: Option<usize>) -> String {
+    match (line, column) {
+        (Some(l), Some(c)) => format!(":{l}:{c}"),
+        (Some(l), None) => format!(":{l}"),
+        _ => String::new(),
     }
 }
-
-impl std::error::Error for ConfigError {}
 
 /// Reads, parses and validates the config file at `path`.
 pub fn load(path: &Path) -> Result<Arc<Config>, ConfigError> {
@@ -149,7 +143,8 @@ pub fn validate(c: &Config) -> Result<(), Invalid> {
     }
     if let Some(t) = &c.telemetry {
         // The environment may still complete it at start; here only what the file says is judged.
-        crate::telemetry::resolve(Some(t), |_| None).map_err(|m| (vec![K("telemetry")], m))?;
+        crate::telemetry::resolve(Some(t), |_| None)
+            .map_err(|m| (vec![K("telemetry")], m.to_string()))?;
     }
     Ok(())
 }
@@ -181,7 +176,7 @@ fn validate_backend(b: &BackendConfig) -> Result<(), (&'static str, String)> {
             }
         }
         (None, Some(sim)) => {
-            sim_profile(&sim.profile).map_err(|m| ("sim", m))?;
+            sim_profile(&sim.profile).map_err(|m| ("sim", m.to_string()))?;
         }
     }
     if b.max_concurrency == Some(0) {
@@ -205,17 +200,52 @@ fn validate_backend(b: &BackendConfig) -> Result<(), (&'static str, String)> {
     Ok(())
 }
 
+/// A simulator profile that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    /// Neither a built-in name nor a readable file.
+    #[error("profile `{name}` is neither fp16, int8 nor a readable file: {error}")]
+    Unreadable {
+        /// As given.
+        name: String,
+        /// Why it could not be read.
+        error: std::io::Error,
+    },
+    /// Not a profile YAML.
+    #[error("profile file `{name}`: {error}")]
+    Parse {
+        /// File name.
+        name: String,
+        /// The YAML error.
+        error: serde_yaml_ng::Error,
+    },
+    /// Values out of range.
+    #[error("profile file `{name}`: {error}")]
+    Invalid {
+        /// File name.
+        name: String,
+        /// What is wrong.
+        error: crate::sim::InvalidProfile,
+    },
+}
+
 /// Resolves a simulator profile: a built-in name or a YAML file.
-pub fn sim_profile(name: &str) -> Result<Profile, String> {
+pub fn sim_profile(name: &str) -> Result<Profile, ProfileError> {
     if let Some(p) = Profile::named(name) {
         return Ok(p);
     }
-    let text = std::fs::read_to_string(name)
-        .map_err(|e| format!("profile `{name}` is neither fp16, int8 nor a readable file: {e}"))?;
-    let p: Profile =
-        serde_yaml_ng::from_str(&text).map_err(|e| format!("profile file `{name}`: {e}"))?;
-    p.validate()
-        .map_err(|e| format!("profile file `{name}`: {e}"))?;
+    let text = std::fs::read_to_string(name).map_err(|error| ProfileError::Unreadable {
+        name: name.into(),
+        error,
+    })?;
+    let p: Profile = serde_yaml_ng::from_str(&text).map_err(|error| ProfileError::Parse {
+        name: name.into(),
+        error,
+    })?;
+    p.validate().map_err(|error| ProfileError::Invalid {
+        name: name.into(),
+        error,
+    })?;
     Ok(p)
 }
 

@@ -7,8 +7,8 @@ mod load;
 mod locate;
 mod schema;
 
-pub use duration::parse as parse_duration;
-pub use load::{load, parse, sim_profile, ConfigError};
+pub use duration::{parse as parse_duration, BadDuration};
+pub use load::{load, parse, sim_profile, ConfigError, ProfileError};
 pub use schema::{
     AccessLogConfig, AdminConfig, BackendConfig, BatchConfig, Config, ExperimentConfig, Limits,
     MatchConfig, OtlpConfig, RouteConfig, SimBackend, TelemetryConfig, TelemetryFormat,

@@ -72,12 +72,22 @@ impl Score {
     }
 }
 
+/// A dataset line that is not an item.
+#[derive(Debug, thiserror::Error)]
+#[error("line {line}: {error}")]
+pub struct DatasetError {
+    /// 1-based line.
+    pub line: usize,
+    /// The JSON error.
+    pub error: serde_json::Error,
+}
+
 /// Parses a JSONL dataset.
-pub fn load_dataset(text: &str) -> Result<Vec<EvalItem>, String> {
+pub fn load_dataset(text: &str) -> Result<Vec<EvalItem>, DatasetError> {
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| serde_json::from_str(l).map_err(|e| format!("line {}: {e}", i + 1)))
+        .map(|(i, l)| serde_json::from_str(l).map_err(|error| DatasetError { line: i + 1, error }))
         .collect()
 }
 

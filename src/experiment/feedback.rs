@@ -14,13 +14,16 @@ use std::sync::Arc;
 pub const REMEMBERED: usize = 200_000;
 
 /// Why feedback was refused.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FeedbackError {
     /// Not `{request_id, name, value}` with a number or boolean value.
+    #[error("expected {{request_id, name, value: number or boolean}}: {0}")]
     Invalid(String),
     /// No finished experiment request with that id is remembered.
+    #[error("no finished experiment request with that request_id")]
     UnknownRequest,
     /// The feedback file could not be written.
+    #[error("feedback not stored: {0}")]
     Storage(String),
 }
 

@@ -13,7 +13,7 @@ pub mod shadow;
 
 pub use feedback::{Feedback, FeedbackError, FeedbackStats};
 pub use guard::{known_metric, Guardrails, Trip};
-pub use report::{report, ReportOptions};
+pub use report::{report, ReportError, ReportOptions};
 
 use crate::meter::{Outcome, RequestRecord};
 use crate::route::NONE;

@@ -63,16 +63,42 @@ impl Arm {
     }
 }
 
+/// Why no report could be made.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    /// Not one of the labels.
+    #[error("--by {0}: use variant, backend, model or route")]
+    BadGrouping(String),
+    /// The log could not be read.
+    #[error("{}: {error}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        error: std::io::Error,
+    },
+    /// The file holds no access-log lines.
+    #[error("{}: no access-log lines", .0.display())]
+    Empty(PathBuf),
+    /// `--control` names no group.
+    #[error("--control {control}: no such {by} in the log")]
+    NoControl {
+        /// The control given.
+        control: String,
+        /// The grouping label.
+        by: String,
+    },
+}
+
 /// Builds the report text, or says what is wrong with the file.
-pub fn report(o: &ReportOptions) -> Result<String, String> {
+pub fn report(o: &ReportOptions) -> Result<String, ReportError> {
     if !["variant", "backend", "model", "route"].contains(&o.by.as_str()) {
-        return Err(format!(
-            "--by {}: use variant, backend, model or route",
-            o.by
-        ));
+        return Err(ReportError::BadGrouping(o.by.clone()));
     }
-    let text =
-        std::fs::read_to_string(&o.file).map_err(|e| format!("{}: {e}", o.file.display()))?;
+    let text = std::fs::read_to_string(&o.file).map_err(|error| ReportError::Read {
+        path: o.file.clone(),
+        error,
+    })?;
     let mut arms: BTreeMap<Arc<str>, Arm> = BTreeMap::new();
     let mut labels: BTreeMap<Arc<str>, [BTreeSet<String>; 3]> = BTreeMap::new();
     let mut bad = 0;
@@ -102,11 +128,14 @@ pub fn report(o: &ReportOptions) -> Result<String, String> {
         }
     }
     if arms.is_empty() {
-        return Err(format!("{}: no access-log lines", o.file.display()));
+        return Err(ReportError::Empty(o.file.clone()));
     }
     if let Some(control) = &o.control {
         if !arms.contains_key(control.as_str()) {
-            return Err(format!("--control {control}: no such {} in the log", o.by));
+            return Err(ReportError::NoControl {
+                control: control.clone(),
+                by: o.by.clone(),
+            });
         }
     }
     // The label columns other than the grouping one (which is the first column already).

@@ -4,12 +4,33 @@
 
 use serde_json::Value;
 
+/// A prompt file that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum PromptsError {
+    /// Starts like a ShareGPT array but is not JSON.
+    #[error("not a ShareGPT JSON array: {0}")]
+    ShareGpt(serde_json::Error),
+    /// A JSON line that is not JSON.
+    #[error("line {line}: {error}")]
+    Line {
+        /// 1-based.
+        line: usize,
+        /// The JSON error.
+        error: serde_json::Error,
+    },
+    /// A JSON line that is neither a string nor has `prompt`.
+    #[error("line {0}: no \"prompt\"")]
+    NoPrompt(usize),
+    /// Nothing usable.
+    #[error("no prompts found")]
+    Empty,
+}
+
 /// Loads prompts from `text` (ShareGPT JSON array, or JSON lines).
-pub fn load_prompts(text: &str) -> Result<Vec<String>, String> {
+pub fn load_prompts(text: &str) -> Result<Vec<String>, PromptsError> {
     let trimmed = text.trim_start();
     let prompts: Vec<String> = if trimmed.starts_with('[') {
-        let v: Value =
-            serde_json::from_str(trimmed).map_err(|e| format!("not a ShareGPT JSON array: {e}"))?;
+        let v: Value = serde_json::from_str(trimmed).map_err(PromptsError::ShareGpt)?;
         v.as_array()
             .into_iter()
             .flatten()
@@ -31,13 +52,13 @@ pub fn load_prompts(text: &str) -> Result<Vec<String>, String> {
                 Ok(v) => v["prompt"]
                     .as_str()
                     .map(str::to_owned)
-                    .ok_or_else(|| format!("line {}: no \"prompt\"", i + 1)),
-                Err(e) => Err(format!("line {}: {e}", i + 1)),
+                    .ok_or(PromptsError::NoPrompt(i + 1)),
+                Err(error) => Err(PromptsError::Line { line: i + 1, error }),
             })
             .collect::<Result<_, _>>()?
     };
     if prompts.is_empty() {
-        return Err("no prompts found".into());
+        return Err(PromptsError::Empty);
     }
     Ok(prompts)
 }

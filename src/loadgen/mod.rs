@@ -9,7 +9,7 @@
 
 mod dataset;
 
-pub use dataset::{load_prompts, synthetic_prompts};
+pub use dataset::{load_prompts, synthetic_prompts, PromptsError};
 
 use crate::dialect;
 use crate::sse::SseScanner;
@@ -118,17 +118,31 @@ impl Sample {
     }
 }
 
+/// An SLO list that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SloError {
+    /// A part without `=`.
+    #[error("`{0}`: expected METRIC=DURATION")]
+    Syntax(String),
+    /// A metric other than ttft, tpot, itl, e2e.
+    #[error("`{0}`: SLO metrics are ttft, tpot, itl, e2e")]
+    UnknownMetric(String),
+    /// A bad duration.
+    #[error(transparent)]
+    Duration(#[from] crate::config::BadDuration),
+}
+
 /// Parses `ttft=200ms,tpot=30ms`.
-pub fn parse_slo(s: &str) -> Result<Vec<(String, Duration)>, String> {
+pub fn parse_slo(s: &str) -> Result<Vec<(String, Duration)>, SloError> {
     s.split(',')
         .filter(|p| !p.trim().is_empty())
         .map(|p| {
             let (k, v) = p
                 .split_once('=')
-                .ok_or_else(|| format!("`{p}`: expected METRIC=DURATION"))?;
+                .ok_or_else(|| SloError::Syntax(p.into()))?;
             let k = k.trim().to_lowercase();
             if !["ttft", "tpot", "itl", "e2e"].contains(&k.as_str()) {
-                return Err(format!("`{k}`: SLO metrics are ttft, tpot, itl, e2e"));
+                return Err(SloError::UnknownMetric(k));
             }
             Ok((k, crate::config::parse_duration(v)?))
         })

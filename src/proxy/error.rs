@@ -19,24 +19,33 @@ pub enum Blame {
     Gateway,
 }
 
-/// Everything the gateway itself can answer with instead of a backend response.
-#[derive(Debug)]
+/// Everything the gateway itself can answer with instead of a backend response. The `Display`
+/// text is the message clients get.
+#[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
     /// No route matches the request.
+    #[error("no route matches this request (check the model name and path)")]
     NoRoute,
     /// The JSON body of an inference request is larger than the limit.
+    #[error("request body is larger than the gateway's limit of {0} bytes")]
     BodyTooLarge(usize),
     /// The request body could not be read.
+    #[error("the request body could not be read")]
     BodyRead,
     /// Too many requests in flight.
+    #[error("the gateway is at its concurrency limit; retry later")]
     Overloaded,
     /// The backend could not be reached or failed before answering.
-    Upstream(super::upstream::UpstreamError),
+    #[error("{}", if .0.is_connect() { "the backend could not be reached" } else { "the backend failed before sending a response" })]
+    Upstream(#[source] super::upstream::UpstreamError),
     /// The upstream request could not be built.
+    #[error("the gateway could not build the upstream request")]
     BadUpstreamRequest,
     /// No response head from the backend before the first-token deadline.
+    #[error("the backend did not answer in time")]
     UpstreamTimeout,
     /// The backend's admission queue refused or timed out.
+    #[error("{}", match .0 { crate::route::Busy::QueueFull => "the backend's queue is full; retry later", crate::route::Busy::QueueTimeout => "waited too long for the backend; retry later" })]
     Busy(crate::route::Busy),
 }
 
@@ -95,31 +104,6 @@ impl ProxyError {
         }
     }
 
-    fn message(&self) -> String {
-        match self {
-            ProxyError::NoRoute => {
-                "no route matches this request (check the model name and path)".into()
-            }
-            ProxyError::BodyTooLarge(limit) => {
-                format!("request body is larger than the gateway's limit of {limit} bytes")
-            }
-            ProxyError::BodyRead => "the request body could not be read".into(),
-            ProxyError::Overloaded => "the gateway is at its concurrency limit; retry later".into(),
-            ProxyError::Upstream(e) if e.is_connect() => "the backend could not be reached".into(),
-            ProxyError::Upstream(_) => "the backend failed before sending a response".into(),
-            ProxyError::BadUpstreamRequest => {
-                "the gateway could not build the upstream request".into()
-            }
-            ProxyError::UpstreamTimeout => "the backend did not answer in time".into(),
-            ProxyError::Busy(crate::route::Busy::QueueFull) => {
-                "the backend's queue is full; retry later".into()
-            }
-            ProxyError::Busy(crate::route::Busy::QueueTimeout) => {
-                "waited too long for the backend; retry later".into()
-            }
-        }
-    }
-
     /// The one place an error becomes a response.
     pub fn into_response(self) -> Response<Full<Bytes>> {
         let typ = match self.blame() {
@@ -127,7 +111,8 @@ impl ProxyError {
             Blame::Upstream => "upstream_error",
             Blame::Gateway => "gateway_error",
         };
-        let body = json!({"error": {"message": self.message(), "type": typ, "code": self.kind()}});
+        let body =
+            json!({"error": {"message": self.to_string(), "type": typ, "code": self.kind()}});
         let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
         *r.status_mut() = self.status();
         let h = r.headers_mut();

@@ -40,13 +40,16 @@ pub type UpstreamBody = http_body_util::Either<http_body_util::Full<Bytes>, Inco
 type Conn = Connection<TokioIo<TcpStream>, UpstreamBody>;
 
 /// Why an upstream request failed before a response head arrived.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
     /// No connection could be made (refused, unreachable, DNS, connect timeout).
+    #[error("connect: {0}")]
     Connect(std::io::Error),
     /// The connection failed while sending the request or waiting for the response head.
-    Http(hyper::Error),
+    #[error(transparent)]
+    Http(#[from] hyper::Error),
     /// The request URI has no authority, or names a scheme other than `http`.
+    #[error("upstream URI needs http://host:port")]
     BadUri,
 }
 
@@ -56,18 +59,6 @@ impl UpstreamError {
         matches!(self, UpstreamError::Connect(_))
     }
 }
-
-impl std::fmt::Display for UpstreamError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            UpstreamError::Connect(e) => write!(f, "connect: {e}"),
-            UpstreamError::Http(e) => write!(f, "{e}"),
-            UpstreamError::BadUri => f.write_str("upstream URI needs http://host:port"),
-        }
-    }
-}
-
-impl std::error::Error for UpstreamError {}
 
 struct Idle {
     sender: SendRequest<UpstreamBody>,

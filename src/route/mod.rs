@@ -197,6 +197,30 @@ pub struct Selection {
     pub guard: Option<Arc<crate::experiment::Guardrails>>,
 }
 
+/// A config the router cannot be built from (beyond what `config::validate` checks).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RouterError {
+    /// A backend without a resolved address.
+    #[error("backend `{0}` has no address")]
+    NoAddress(String),
+    /// `api_key_env` names a variable that is not set.
+    #[error("backend `{backend}`: environment variable {var} is not set")]
+    KeyNotSet {
+        /// Backend name.
+        backend: String,
+        /// Variable name.
+        var: String,
+    },
+    /// The key cannot be sent in a header.
+    #[error("backend `{backend}`: {var} is not a valid header value")]
+    BadKey {
+        /// Backend name.
+        backend: String,
+        /// Variable name.
+        var: String,
+    },
+}
+
 /// All routes, in match order, and every backend.
 #[derive(Debug)]
 pub struct Router {
@@ -208,24 +232,25 @@ pub struct Router {
 impl Router {
     /// Builds the router from a validated config and each backend's resolved base URI (simulated
     /// backends get theirs when they start).
-    pub fn new(config: &Config, bases: &HashMap<String, Uri>) -> Result<Self, String> {
+    pub fn new(config: &Config, bases: &HashMap<String, Uri>) -> Result<Self, RouterError> {
         let mut by_name = HashMap::new();
         let mut all = Vec::new();
         for b in &config.backends {
             let base = bases
                 .get(&b.name)
                 .cloned()
-                .ok_or_else(|| format!("backend `{}` has no address", b.name))?;
+                .ok_or_else(|| RouterError::NoAddress(b.name.clone()))?;
             let authorization = match &b.api_key_env {
                 Some(var) => {
-                    let key = std::env::var(var).map_err(|_| {
-                        format!(
-                            "backend `{}`: environment variable {var} is not set",
-                            b.name
-                        )
+                    let key = std::env::var(var).map_err(|_| RouterError::KeyNotSet {
+                        backend: b.name.clone(),
+                        var: var.clone(),
                     })?;
                     let mut v = HeaderValue::try_from(format!("Bearer {key}")).map_err(|_| {
-                        format!("backend `{}`: {var} is not a valid header value", b.name)
+                        RouterError::BadKey {
+                            backend: b.name.clone(),
+                            var: var.clone(),
+                        }
                     })?;
                     v.set_sensitive(true);
                     Some(v)

@@ -33,21 +33,27 @@ pub struct Faults {
 
 impl Faults {
     /// Checks the values make sense.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), super::InvalidProfile> {
         for (name, v) in [
             ("error_rate", self.error_rate),
             ("malformed_rate", self.malformed_rate),
         ] {
             if !(0.0..=1.0).contains(&v) {
-                return Err(format!("{name} must be between 0 and 1"));
+                return Err(super::InvalidProfile(format!(
+                    "{name} must be between 0 and 1"
+                )));
             }
         }
         if !self.slow_first_token_ms.is_finite() || self.slow_first_token_ms < 0.0 {
-            return Err("slow_first_token_ms must be finite and non-negative".into());
+            return Err(super::InvalidProfile(
+                "slow_first_token_ms must be finite and non-negative".into(),
+            ));
         }
         if let Some(s) = self.error_status {
             if !(100..=599).contains(&s) {
-                return Err("error_status must be an HTTP status".into());
+                return Err(super::InvalidProfile(
+                    "error_status must be an HTTP status".into(),
+                ));
             }
         }
         Ok(())

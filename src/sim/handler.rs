@@ -25,16 +25,9 @@ const WORDS: [&str; 16] = [
 ];
 
 /// The `refuse` fault: returned as the service's error, so hyper drops the connection unanswered.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("connection refused by fault injection")]
 pub struct Refused;
-
-impl std::fmt::Display for Refused {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("connection refused by fault injection")
-    }
-}
-
-impl std::error::Error for Refused {}
 
 /// Body fed by an mpsc channel; dropping it tells the generator the client went away. An `Err`
 /// item aborts the connection mid-body (the `die_after_chunks` fault).

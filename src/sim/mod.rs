@@ -13,7 +13,7 @@ pub mod quiz;
 
 pub use crate::util::Rng;
 pub use faults::Faults;
-pub use profile::Profile;
+pub use profile::{InvalidProfile, Profile};
 
 use crate::server::{self, ServerOptions};
 use parking_lot::Mutex;

@@ -8,6 +8,11 @@
 use serde::Deserialize;
 use std::time::Duration;
 
+/// A simulator profile's values do not make sense (the message says which).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidProfile(pub String);
+
 /// A simulated backend's behaviour.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -112,7 +117,7 @@ impl Profile {
     }
 
     /// Checks the values make sense.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), InvalidProfile> {
         let finite = [
             self.ttft_base_ms,
             self.prefill_per_token_ms,
@@ -121,19 +126,25 @@ impl Profile {
             self.batch_slowdown,
         ];
         if finite.iter().any(|v| !v.is_finite() || *v < 0.0) {
-            return Err("timing values must be finite and non-negative".into());
+            return Err(InvalidProfile(
+                "timing values must be finite and non-negative".into(),
+            ));
         }
         if self.jitter >= 1.0 {
-            return Err("jitter must be below 1".into());
+            return Err(InvalidProfile("jitter must be below 1".into()));
         }
         if !(0.0..=1.0).contains(&self.answer_error_rate) {
-            return Err("answer_error_rate must be between 0 and 1".into());
+            return Err(InvalidProfile(
+                "answer_error_rate must be between 0 and 1".into(),
+            ));
         }
         if self.tokens_per_chunk == 0 {
-            return Err("tokens_per_chunk must be at least 1".into());
+            return Err(InvalidProfile("tokens_per_chunk must be at least 1".into()));
         }
         if self.min_output_tokens == 0 || self.min_output_tokens > self.max_output_tokens {
-            return Err("need 1 <= min_output_tokens <= max_output_tokens".into());
+            return Err(InvalidProfile(
+                "need 1 <= min_output_tokens <= max_output_tokens".into(),
+            ));
         }
         self.faults.validate()
     }

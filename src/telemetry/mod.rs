@@ -13,7 +13,7 @@ mod settings;
 mod spans;
 
 pub use context::{parse_traceparent, TraceContext};
-pub use settings::{parse_pairs, resolve, Protocol, Settings};
+pub use settings::{parse_pairs, resolve, Protocol, Settings, SettingsError};
 
 use crate::meter::RequestRecord;
 use opentelemetry::metrics::MeterProvider as _;
@@ -117,7 +117,15 @@ fn grpc_metadata(s: &Settings) -> opentelemetry_otlp::tonic_types::metadata::Met
     opentelemetry_otlp::tonic_types::metadata::MetadataMap::from_headers(h)
 }
 
-fn span_exporter(s: &Settings) -> Result<SpanExporter, String> {
+/// An OTLP exporter could not be built.
+#[derive(Debug, thiserror::Error)]
+#[error("building the OTLP {signal} exporter: {error}")]
+pub struct ExporterError {
+    signal: &'static str,
+    error: opentelemetry_otlp::ExporterBuildError,
+}
+
+fn span_exporter(s: &Settings) -> Result<SpanExporter, ExporterError> {
     let built = match s.protocol {
         Protocol::Grpc => SpanExporter::builder()
             .with_tonic()
@@ -133,14 +141,17 @@ fn span_exporter(s: &Settings) -> Result<SpanExporter, String> {
             .with_headers(s.headers.clone().into_iter().collect())
             .build(),
     };
-    built.map_err(|e| format!("building the OTLP span exporter: {e}"))
+    built.map_err(|error| ExporterError {
+        signal: "span",
+        error,
+    })
 }
 
 fn meter_provider(
     s: &Settings,
     interval: Duration,
     counters: &Arc<Counters>,
-) -> Result<SdkMeterProvider, String> {
+) -> Result<SdkMeterProvider, ExporterError> {
     let b = opentelemetry_otlp::MetricExporter::builder();
     let exporter = match s.protocol {
         Protocol::Grpc => b
@@ -157,7 +168,10 @@ fn meter_provider(
             .with_headers(s.headers.clone().into_iter().collect())
             .build(),
     }
-    .map_err(|e| format!("building the OTLP metric exporter: {e}"))?;
+    .map_err(|error| ExporterError {
+        signal: "metric",
+        error,
+    })?;
     let exporter = metrics::CountingExporter {
         inner: exporter,
         counters: Arc::clone(counters),
@@ -174,7 +188,7 @@ fn meter_provider(
 impl Telemetry {
     /// Starts the pipeline on the current tokio runtime. `listen` is the data-plane address
     /// reported on SERVER spans.
-    pub fn start(settings: Settings, listen: SocketAddr) -> Result<Self, String> {
+    pub fn start(settings: Settings, listen: SocketAddr) -> Result<Self, ExporterError> {
         let counters = Arc::new(Counters::default());
         let mut exporter = span_exporter(&settings)?;
         exporter.set_resource(&resource(&settings));

@@ -90,12 +90,43 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// What is wrong with the telemetry settings (config section and `OTEL_*` variables together).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SettingsError {
+    /// `enabled: true` without an endpoint.
+    #[error("telemetry is enabled but no otlp.endpoint (or OTEL_EXPORTER_OTLP_ENDPOINT) is set")]
+    NoEndpoint,
+    /// The endpoint is not a URI.
+    #[error("otlp endpoint `{endpoint}`: {reason}")]
+    BadEndpoint {
+        /// As given.
+        endpoint: String,
+        /// Why it does not parse.
+        reason: String,
+    },
+    /// The endpoint is not `http://`.
+    #[error("otlp endpoint `{0}` must be http:// (TLS exporters arrive with TLS support)")]
+    NotHttp(String),
+    /// Neither `grpc` nor `http/protobuf`.
+    #[error("otlp protocol `{0}`: use grpc or http/protobuf")]
+    BadProtocol(String),
+    /// A header name or value HTTP does not allow.
+    #[error("otlp header `{0}` is not a valid HTTP header")]
+    BadHeader(String),
+    /// Outside 0..=1.
+    #[error("sample_ratio {0} must be between 0 and 1")]
+    BadSampleRatio(f64),
+    /// A zero batch or queue size.
+    #[error("batch.max_queue and batch.max_batch must be greater than 0")]
+    EmptyBatch,
+}
+
 /// Resolves the effective settings from the config section and an environment lookup. `Ok(None)`
 /// means telemetry is off; `Err` names what is wrong.
 pub fn resolve(
     cfg: Option<&TelemetryConfig>,
     env: impl Fn(&str) -> Option<String>,
-) -> Result<Option<Settings>, String> {
+) -> Result<Option<Settings>, SettingsError> {
     let default = TelemetryConfig::default();
     let c = cfg.unwrap_or(&default);
     if c.enabled == Some(false)
@@ -106,20 +137,19 @@ pub fn resolve(
     let env_endpoint = env("OTEL_EXPORTER_OTLP_ENDPOINT");
     let Some(endpoint) = c.otlp.endpoint.clone().or(env_endpoint) else {
         if cfg.is_some() && c.enabled == Some(true) {
-            return Err(
-                "telemetry is enabled but no otlp.endpoint (or OTEL_EXPORTER_OTLP_ENDPOINT) is set"
-                    .into(),
-            );
+            return Err(SettingsError::NoEndpoint);
         }
         return Ok(None);
     };
-    let uri: http::Uri = endpoint
-        .parse()
-        .map_err(|e| format!("otlp endpoint `{endpoint}`: {e}"))?;
+    let uri: http::Uri =
+        endpoint
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| SettingsError::BadEndpoint {
+                endpoint: endpoint.clone(),
+                reason: e.to_string(),
+            })?;
     if uri.scheme_str() != Some("http") {
-        return Err(format!(
-            "otlp endpoint `{endpoint}` must be http:// (TLS exporters arrive with TLS support)"
-        ));
+        return Err(SettingsError::NotHttp(endpoint));
     }
     let protocol = match c
         .otlp
@@ -130,11 +160,7 @@ pub fn resolve(
     {
         None | Some("grpc") => Protocol::Grpc,
         Some("http/protobuf") => Protocol::HttpProtobuf,
-        Some(other) => {
-            return Err(format!(
-                "otlp protocol `{other}`: use grpc or http/protobuf"
-            ))
-        }
+        Some(other) => return Err(SettingsError::BadProtocol(other.to_string())),
     };
     let mut headers = env("OTEL_EXPORTER_OTLP_HEADERS")
         .map(|h| parse_pairs(&h))
@@ -144,7 +170,7 @@ pub fn resolve(
         if http::HeaderName::try_from(k.as_str()).is_err()
             || http::HeaderValue::try_from(v.as_str()).is_err()
         {
-            return Err(format!("otlp header `{k}` is not a valid HTTP header"));
+            return Err(SettingsError::BadHeader(k.clone()));
         }
     }
     let timeout = match c.otlp.timeout {
@@ -171,12 +197,10 @@ pub fn resolve(
             .unwrap_or(1.0),
     };
     if !(0.0..=1.0).contains(&sample_ratio) {
-        return Err(format!(
-            "sample_ratio {sample_ratio} must be between 0 and 1"
-        ));
+        return Err(SettingsError::BadSampleRatio(sample_ratio));
     }
     if c.batch.max_queue == 0 || c.batch.max_batch == 0 {
-        return Err("batch.max_queue and batch.max_batch must be greater than 0".into());
+        return Err(SettingsError::EmptyBatch);
     }
     Ok(Some(Settings {
         endpoint,
