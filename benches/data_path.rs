@@ -8,13 +8,15 @@ use bytes::Bytes;
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
 use http::Method;
 use inferscope::accesslog::AccessLog;
+use inferscope::dialect::Dialect;
 use inferscope::meter::{
-    End, Framing, Guards, ItlSample, Meter, MeterOptions, Outcome, RequestMeta, RequestRecord,
-    ResponseInfo,
+    End, Framing, Held, ItlSample, MeasureOptions, Meter, MeterSettings, Metering, Outcome,
+    RecordSink, RequestMeta, RequestRecord, ResponseInfo,
 };
 use inferscope::recorder::Recorder;
 use inferscope::sse::SseScanner;
 use inferscope::stats::Stats;
+use inferscope::util::Ids;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -37,19 +39,25 @@ fn meta() -> RequestMeta {
 }
 
 /// A meter for a classified SSE stream, as the proxy makes for chat completions.
-fn sse_meter(recorder: &Arc<Recorder>) -> Meter {
-    let opts = MeterOptions {
-        classify: true,
-        ..MeterOptions::default()
+fn sse_meter(metering: &Arc<Metering>) -> Meter {
+    let opts = MeasureOptions {
+        dialect: Some(Dialect::OpenAi),
+        ..MeasureOptions::default()
     };
     Meter::new(
         meta(),
         200,
         Framing::Sse(SseScanner::default()),
         opts,
-        Arc::clone(recorder),
-        Guards::default(),
+        Arc::clone(metering),
+        Held::default(),
     )
+}
+
+/// The gateway's sinks (stats, experiments; log and telemetry off) behind a metering.
+fn metering() -> Arc<Metering> {
+    let recorder = Arc::new(Recorder::new(Stats::new(64), AccessLog::disabled(), None));
+    Metering::new(recorder, Arc::new(Ids::default()), MeterSettings::default())
 }
 
 const CHUNKS: usize = 256;
@@ -61,7 +69,7 @@ fn per_chunk(c: &mut Criterion) {
         .unwrap();
     let _guard = rt.enter();
     let frames: Vec<Bytes> = (0..CHUNKS).map(chunk).collect();
-    let recorder = Arc::new(Recorder::new(Stats::new(64), AccessLog::disabled(), None));
+    let metering = metering();
 
     let mut g = c.benchmark_group("per_chunk");
     g.throughput(Throughput::Elements(CHUNKS as u64));
@@ -86,7 +94,7 @@ fn per_chunk(c: &mut Criterion) {
     });
     g.bench_function("scan_classify_meter", |b| {
         b.iter(|| {
-            let mut m = sse_meter(&recorder);
+            let mut m = sse_meter(&metering);
             let now = Instant::now();
             for f in &frames {
                 black_box(m.observe(f, now));
@@ -129,15 +137,13 @@ fn record_path(c: &mut Criterion) {
     let mut g = c.benchmark_group("per_request");
     g.bench_function("record_64_token_stream", |b| {
         b.iter(|| {
-            recorder.started();
-            recorder.record(black_box(record.clone()));
+            recorder.record(&Arc::new(black_box(record.clone())));
         })
     });
     g.bench_function("finish_meter_64_chunks", |b| {
         let frames: Vec<Bytes> = (0..64).map(chunk).collect();
-        let shared = Arc::new(Recorder::new(Stats::new(4), AccessLog::disabled(), None));
+        let shared = metering();
         b.iter(|| {
-            shared.started();
             let mut m = sse_meter(&shared);
             let now = Instant::now();
             for f in &frames {

@@ -162,7 +162,7 @@ async fn write_loop(
     let _ = out.flush().await;
 }
 
-use crate::stats::quantile::{duration_ms as ms, us_to_ms};
+use crate::util::quantile::{duration_ms as ms, us_to_ms};
 
 #[derive(Serialize)]
 struct RetryLine<'a> {

@@ -3,13 +3,12 @@
 //! accepting, drain in-flight streams, flush the access log, then stop admin and simulators).
 
 use crate::accesslog::AccessLog;
-use crate::admin::{self, AdminState};
+use crate::admin::{self, AdminState, ReloadCounters};
 use crate::config::{sim_profile, Config};
-use crate::proxy::{
-    Gateway, GatewaySlot, InFlightLimitLayer, ProxyService, RequestIdLayer, TraceOptions,
-};
+use crate::meter::{MeterLayer, MeterSettings, Metering, RecordSink};
+use crate::proxy::{Gateway, InFlightLimitLayer, ProxyService, TraceOptions};
 use crate::recorder::Recorder;
-use crate::route::Router;
+use crate::route::{Observer, Router, RouterSlot};
 use crate::server::{self, ServerOptions};
 use crate::sim::{self, SimHandle, SimOptions};
 use crate::stats::Stats;
@@ -41,15 +40,6 @@ pub struct Overrides {
     pub config_path: Option<std::path::PathBuf>,
 }
 
-/// Reload outcomes, shown in `/metrics`.
-#[derive(Debug, Default)]
-pub struct ReloadCounters {
-    /// Reloads applied.
-    pub ok: std::sync::atomic::AtomicU64,
-    /// Reloads rejected.
-    pub failed: std::sync::atomic::AtomicU64,
-}
-
 /// Why a reload was not applied (the running config keeps serving).
 #[derive(Debug, thiserror::Error)]
 pub enum ReloadError {
@@ -70,7 +60,7 @@ pub struct Reloader {
     path: Option<std::path::PathBuf>,
     current: parking_lot::Mutex<Arc<Config>>,
     sims: tokio::sync::Mutex<HashMap<String, (String, u64, SimHandle)>>,
-    slot: Arc<GatewaySlot>,
+    routes: Arc<RouterSlot>,
     stop_sims: watch::Receiver<bool>,
     /// Modification time of the file as last loaded (so the watcher does not load it twice).
     loaded_mtime: parking_lot::Mutex<Option<std::time::SystemTime>>,
@@ -118,8 +108,7 @@ impl Reloader {
                 .map_err(ReloadError::Build)?;
             let router = Arc::new(router);
             crate::route::spawn_probes(&new, router.backends());
-            let gw = self.slot.load().with_router(router);
-            self.slot.store(Arc::new(gw));
+            self.routes.store(router);
             *self.current.lock() = new;
             Ok::<(), ReloadError>(())
         }
@@ -256,8 +245,11 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         .context("telemetry")?;
     let trace = TraceOptions {
         enabled: settings.is_some(),
-        sample_ratio: settings.as_ref().map_or(1.0, |s| s.sample_ratio),
         capture_content: settings.as_ref().and_then(|s| s.capture_content),
+    };
+    let meter_settings = MeterSettings {
+        sample_ratio: settings.as_ref().map_or(1.0, |s| s.sample_ratio),
+        max_event_bytes: config.limits.max_event_bytes,
     };
     let telemetry = match settings {
         Some(s) => Some(Telemetry::start(s, data_addr)?),
@@ -267,24 +259,41 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
     if let Some(f) = &config.feedback {
         recorder.experiments.feedback.persist_to(f.path.clone());
     }
-    let ids = Arc::new(Ids::default());
-    let limits = config.limits.clone();
-    let slot = Arc::new(GatewaySlot::new(Arc::new(Gateway::new(
-        Arc::clone(&router),
+    // The routing side learns from records through its observer; a guardrail trip becomes an
+    // OpenTelemetry event (weakly: the recorder owns the observer).
+    let routes = Arc::new(RouterSlot::new(router));
+    let weak = Arc::downgrade(&recorder);
+    let observer = Arc::new(Observer::new(
+        Arc::clone(&routes),
+        Box::new(move |route, variant, trip| {
+            if let Some(r) = weak.upgrade() {
+                r.guardrail_tripped(route, variant, trip);
+            }
+        }),
+    ));
+    recorder.observe_with(vec![Arc::clone(&observer) as Arc<dyn RecordSink>]);
+    let metering = Metering::new(
         Arc::clone(&recorder),
+        Arc::new(Ids::default()),
+        meter_settings,
+    );
+    let limits = config.limits.clone();
+    let gateway = Arc::new(Gateway::new(
+        Arc::clone(&routes),
+        Arc::clone(&metering),
         limits.clone(),
-        Arc::clone(&ids),
         trace,
-    ))));
+    ));
 
     // The data-plane stack, outermost first. (The HTTP/1 header-read timeout is enforced by the
     // connection itself, see `ServerOptions::header_read_timeout`.)
     let stack = tower::ServiceBuilder::new()
-        // Every response, gateway-made ones included, carries x-inferscope-request-id.
-        .layer(RequestIdLayer::new(ids))
-        // Caps requests in flight, counted until their body ends; over it the proxy answers 503.
+        // Measures and records every request, those refused inside included; every response
+        // carries x-inferscope-request-id.
+        .layer(MeterLayer::with_metering(Arc::clone(&metering)))
+        // Caps requests in flight, counted until their body ends; over it: 503, `rejected`.
         .layer(InFlightLimitLayer::new(limits.max_concurrent_requests))
-        .service(ProxyService::new(Arc::clone(&slot)));
+        .service(ProxyService::new(gateway));
     let data_service = TowerToHyperService::new(stack);
 
     let accepting = Arc::new(AtomicBool::new(true));
@@ -292,7 +301,7 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         path: overrides.config_path.clone(),
         current: parking_lot::Mutex::new(Arc::clone(&config)),
         sims: tokio::sync::Mutex::new(sim_table),
-        slot: Arc::clone(&slot),
+        routes: Arc::clone(&routes),
         stop_sims: rest_rx.clone(),
         loaded_mtime: parking_lot::Mutex::new(
             overrides.config_path.as_deref().and_then(file_mtime),
@@ -304,7 +313,9 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
     }
     let admin_state = Arc::new(AdminState {
         recorder: Arc::clone(&recorder),
-        gateway: Arc::clone(&slot),
+        metering: Arc::clone(&metering),
+        routes: Arc::clone(&routes),
+        observer,
         reloads: Arc::clone(&reloader.counters),
         accepting: Arc::clone(&accepting),
     });

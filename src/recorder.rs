@@ -1,29 +1,16 @@
-//! `Recorder`: where finished `RequestRecord`s go — the stats histograms (updated in place, once per
-//! request, under a short lock) and the access-log channel (never awaited; drops are counted).
+//! `Recorder`: the gateway's sinks for finished records — the stats histograms (updated in place,
+//! once per request, under a short lock), per-variant experiment data, the routing side's
+//! observers, OpenTelemetry and the access log (both queued, never awaited; drops are counted). It
+//! is one `RecordSink` to the meter, and gives the admin plane typed access to each part.
 
 use crate::accesslog::AccessLog;
-use crate::meter::{Outcome, RequestRecord};
+use crate::experiment::Experiments;
+use crate::meter::{RecordSink, RequestRecord};
 use crate::stats::Stats;
 use crate::telemetry::Telemetry;
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
-/// Passive health and latency feedback to the backend that served the last attempt.
-fn feed_back(rec: &RequestRecord) {
-    let Some(b) = &rec.meta.upstream else { return };
-    match rec.outcome {
-        Outcome::Ok => b.observe_success(rec.ttft, rec.tpot),
-        // The backend failed, broke the stream, or stalled.
-        Outcome::BackendError | Outcome::Truncated | Outcome::Timeout => b.observe_failure(),
-        // Neither proves anything about the backend.
-        Outcome::ClientError
-        | Outcome::ClientCancelled
-        | Outcome::Rejected
-        | Outcome::GatewayError => {}
-    }
-}
-
-/// Receives every request's record, exactly once each.
+/// Receives every request's record, exactly once each, and fans it out.
 #[derive(Debug)]
 pub struct Recorder {
     /// Latency and token statistics.
@@ -32,9 +19,11 @@ pub struct Recorder {
     pub log: AccessLog,
     /// OpenTelemetry export (absent when off).
     pub telemetry: Option<Telemetry>,
-    /// Per-variant samples of A/B experiments.
-    pub experiments: crate::experiment::Experiments,
-    in_flight: AtomicI64,
+    /// Per-variant samples of A/B experiments, and feedback.
+    pub experiments: Experiments,
+    /// The routing side's observers (backend health, guardrails, shadow agreement), set once
+    /// the router exists.
+    observers: OnceLock<Vec<Arc<dyn RecordSink>>>,
 }
 
 impl Recorder {
@@ -44,19 +33,9 @@ impl Recorder {
             stats,
             log,
             telemetry,
-            experiments: crate::experiment::Experiments::default(),
-            in_flight: AtomicI64::new(0),
+            experiments: Experiments::default(),
+            observers: OnceLock::new(),
         }
-    }
-
-    /// A request started (its record will arrive later).
-    pub fn started(&self) {
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Requests started and not yet recorded.
-    pub fn in_flight(&self) -> i64 {
-        self.in_flight.load(Ordering::Relaxed)
     }
 
     /// A guardrail rolled `variant` back: exported as an OpenTelemetry event when telemetry is on
@@ -75,28 +54,22 @@ impl Recorder {
         }
     }
 
-    /// Takes one finished request.
-    pub fn record(&self, rec: RequestRecord) {
-        self.in_flight.fetch_sub(1, Ordering::Relaxed);
-        feed_back(&rec);
-        self.stats.record(&rec);
-        self.experiments.record(&rec);
-        if let Some(g) = &rec.meta.guard {
-            for (variant, trip) in g.observe(&rec) {
-                self.guardrail_tripped(&rec.meta.route, &variant, &trip);
-            }
+    /// Adds the observers every record is also given to (once; later calls are ignored).
+    pub fn observe_with(&self, observers: Vec<Arc<dyn RecordSink>>) {
+        let _ = self.observers.set(observers);
+    }
+}
+
+impl RecordSink for Recorder {
+    fn record(&self, rec: &Arc<RequestRecord>) {
+        for o in self.observers.get().into_iter().flatten() {
+            o.record(rec);
         }
-        if let Some(pair) = &rec.meta.shadow_pair {
-            let ok = rec.outcome == Outcome::Ok;
-            pair.offer(
-                rec.meta.is_shadow,
-                rec.response.output_content.clone().filter(|_| ok),
-            );
-        }
-        let rec = Arc::new(rec);
+        self.stats.record(rec);
+        self.experiments.record(rec);
         if let Some(t) = &self.telemetry {
-            t.submit(Arc::clone(&rec));
+            t.submit(Arc::clone(rec));
         }
-        self.log.send(rec);
+        self.log.send(Arc::clone(rec));
     }
 }

@@ -4,10 +4,14 @@
 
 use bytes::Bytes;
 use inferscope::accesslog::AccessLog;
-use inferscope::meter::{Framing, Guards, Meter, MeterOptions, RequestMeta};
+use inferscope::dialect::Dialect;
+use inferscope::meter::{
+    Framing, Held, MeasureOptions, Meter, MeterSettings, Metering, RequestMeta,
+};
 use inferscope::recorder::Recorder;
 use inferscope::sse::SseScanner;
 use inferscope::stats::Stats;
+use inferscope::util::Ids;
 use std::sync::Arc;
 use tokio::time::Instant;
 
@@ -34,16 +38,17 @@ fn observing_content_chunks_does_not_allocate() {
         m
     };
     let recorder = Arc::new(Recorder::new(Stats::new(4), AccessLog::disabled(), None));
+    let metering = Metering::new(recorder, Arc::new(Ids::default()), MeterSettings::default());
     let mut m = Meter::new(
         meta,
         200,
         Framing::Sse(SseScanner::default()),
-        MeterOptions {
-            classify: true,
-            ..MeterOptions::default()
+        MeasureOptions {
+            dialect: Some(Dialect::OpenAi),
+            ..MeasureOptions::default()
         },
-        recorder,
-        Guards::default(),
+        metering,
+        Held::default(),
     );
     // Warm-up: the scanner's carry buffer reaches its working size once.
     m.observe(&chunk(0, true), Instant::now());

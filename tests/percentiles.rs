@@ -115,7 +115,7 @@ async fn one_request_gives_one_itl_p50_and_p99_on_every_path() {
         .collect();
     assert_eq!(gaps.len(), 23);
     gaps.sort_unstable();
-    let rule = |q: f64| inferscope::stats::quantile::of_sorted_us(&gaps, q).unwrap() as f64 / 1e3;
+    let rule = |q: f64| inferscope::util::quantile::of_sorted_us(&gaps, q).unwrap() as f64 / 1e3;
     assert_eq!(logged["p50"].as_f64(), Some(rule(0.5)), "{line}");
     assert_eq!(logged["p99"].as_f64(), Some(rule(0.99)), "{line}");
     // Nearest rank of 23 samples: p50 is the 12th, p99 the 23rd (the largest).

@@ -14,15 +14,28 @@ use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+/// Reload outcomes, shown in `/metrics`.
+#[derive(Debug, Default)]
+pub struct ReloadCounters {
+    /// Reloads applied.
+    pub ok: std::sync::atomic::AtomicU64,
+    /// Reloads rejected.
+    pub failed: std::sync::atomic::AtomicU64,
+}
+
 /// What the admin endpoints read.
 #[derive(Debug)]
 pub struct AdminState {
     /// Stats and counters.
     pub recorder: Arc<Recorder>,
-    /// The current gateway (its router, for readiness and backend health).
-    pub gateway: Arc<crate::proxy::GatewaySlot>,
+    /// Requests in flight (the data plane's metering).
+    pub metering: Arc<crate::meter::Metering>,
+    /// The current router (readiness, backend health, experiments).
+    pub routes: Arc<crate::route::RouterSlot>,
+    /// Where feedback reaches the guardrails.
+    pub observer: Arc<crate::route::Observer>,
     /// Config reloads that succeeded and failed.
-    pub reloads: Arc<crate::app::ReloadCounters>,
+    pub reloads: Arc<ReloadCounters>,
     /// False once draining has begun.
     pub accepting: Arc<AtomicBool>,
 }
@@ -55,7 +68,7 @@ pub async fn handle(
             "method not allowed\n",
         ));
     }
-    let router = Arc::clone(&state.gateway.load().router);
+    let router = state.routes.load();
     let r = match req.uri().path() {
         "/healthz" => reply(StatusCode::OK, "text/plain", "ok\n"),
         "/experiments" => {
@@ -83,7 +96,7 @@ pub async fn handle(
         "/stats" => {
             let mut v = state.recorder.stats.snapshot().to_json();
             if let serde_json::Value::Object(m) = &mut v {
-                m.insert("in_flight".into(), state.recorder.in_flight().into());
+                m.insert("in_flight".into(), state.metering.in_flight().into());
                 m.insert(
                     "access_log_dropped".into(),
                     state.recorder.log.dropped().into(),
@@ -99,7 +112,7 @@ pub async fn handle(
                     name: "inferscope_in_flight_requests",
                     kind: "gauge",
                     help: "Requests started and not yet finished.",
-                    value: rec.in_flight() as f64,
+                    value: state.metering.in_flight() as f64,
                 },
                 Scalar {
                     name: "inferscope_access_log_dropped_total",
@@ -334,11 +347,7 @@ async fn feedback(
     match state.recorder.experiments.feedback.post(&body.to_bytes()) {
         Ok((route, variant, name, value)) => {
             // Feedback-based guardrail rules see the signal at once.
-            if let Some(g) = state.gateway.load().router.guardrails(&route) {
-                for (v, trip) in g.observe_feedback(&variant, &name, value) {
-                    state.recorder.guardrail_tripped(&route, &v, &trip);
-                }
-            }
+            state.observer.feedback(&route, &variant, &name, value);
             reply(
                 StatusCode::OK,
                 "application/json",
@@ -385,7 +394,7 @@ async fn reset(state: &AdminState, req: Request<hyper::body::Incoming>) -> Respo
             "expected {\"route\": NAME, \"variant\": NAME (optional)}",
         );
     };
-    match state.gateway.load().router.guardrails(&b.route) {
+    match state.routes.load().guardrails(&b.route) {
         Some(g) => {
             let reset = g.reset(b.variant.as_deref());
             reply(

@@ -143,7 +143,7 @@ pub fn validate(c: &Config) -> Result<(), Invalid> {
     }
     if let Some(t) = &c.telemetry {
         // The environment may still complete it at start; here only what the file says is judged.
-        crate::telemetry::resolve(Some(t), |_| None)
+        super::telemetry::resolve(Some(t), |_| None)
             .map_err(|m| (vec![K("telemetry")], m.to_string()))?;
     }
     Ok(())
@@ -328,7 +328,7 @@ fn validate_route(r: &RouteConfig, backends: &HashSet<&str>) -> Result<(), Inval
             if let Some(g) = &x.guardrails {
                 for (j, rule) in g.rules.iter().enumerate() {
                     let at = vec![K("experiment"), K("guardrails"), K("rules"), I(j)];
-                    if !crate::experiment::known_metric(&rule.metric) {
+                    if !super::schema::known_guard_metric(&rule.metric) {
                         return err(at, format!("metric `{}`: use ttft_p99_ms, tpot_p50_ms, e2e_p90_ms (p50/p90/p95/p99) or error_rate", rule.metric));
                     }
                     if rule.max.is_none() && rule.min.is_none() {

@@ -6,6 +6,7 @@ mod duration;
 mod load;
 mod locate;
 mod schema;
+pub mod telemetry;
 
 pub use duration::{parse as parse_duration, BadDuration};
 pub use load::{load, parse, sim_profile, ConfigError, ProfileError};
@@ -17,6 +18,9 @@ pub use schema::{
 pub use schema::{
     Balancer, FeedbackConfig, GuardRule, GuardrailsConfig, OutlierConfig, ProbeConfig, RetryConfig,
     ShadowConfig, TimeoutsConfig,
+};
+pub use telemetry::{
+    resolve as resolve_telemetry, Protocol, Settings as TelemetrySettings, SettingsError,
 };
 
 /// The embedded default (also shipped as `config/default.yaml`): two in-process simulated

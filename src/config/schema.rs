@@ -421,6 +421,21 @@ pub struct GuardRule {
     pub min: Option<f64>,
 }
 
+/// True when `metric` names something the guardrails understand (`feedback:NAME` included).
+pub fn known_guard_metric(metric: &str) -> bool {
+    if metric == "error_rate"
+        || metric
+            .strip_prefix("feedback:")
+            .is_some_and(|n| !n.is_empty())
+    {
+        return true;
+    }
+    let Some((name, q)) = metric.strip_suffix("_ms").and_then(|r| r.rsplit_once("_p")) else {
+        return false;
+    };
+    ["ttft", "tpot", "e2e"].contains(&name) && ["50", "90", "95", "99"].contains(&q)
+}
+
 impl GuardRule {
     /// The rule as text, e.g. `int8 ttft_p99_ms <= 500`.
     pub fn describe(&self) -> String {

@@ -9,6 +9,30 @@ mod openai;
 
 pub use openai::{append_content, classify};
 
+/// A wire format whose events the meter classifies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// OpenAI chat completions and legacy completions (what vLLM, SGLang, TGI's OpenAI layer and
+    /// hosted OpenAI-compatible APIs speak).
+    OpenAi,
+}
+
+impl Dialect {
+    /// What one event (or one whole non-streaming body) of this dialect means for measurement.
+    pub fn classify(self, data: &[u8]) -> Observation<'_> {
+        match self {
+            Dialect::OpenAi => openai::classify(data),
+        }
+    }
+
+    /// Appends the output text an event (or body) carries to `out`, up to `cap` bytes in all.
+    pub fn append_content(self, data: &[u8], out: &mut String, cap: usize) {
+        match self {
+            Dialect::OpenAi => openai::append_content(data, out, cap),
+        }
+    }
+}
+
 /// The known inference endpoints whose JSON request body the gateway reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
@@ -47,6 +71,12 @@ impl Endpoint {
     /// requests accept `stream_options.include_usage`.
     pub fn is_openai(self) -> bool {
         matches!(self, Self::ChatCompletions | Self::Completions)
+    }
+
+    /// The dialect the meter classifies this endpoint's events by (`None`: timed only, every
+    /// event counts as output).
+    pub fn dialect(self) -> Option<Dialect> {
+        self.is_openai().then_some(Dialect::OpenAi)
     }
 
     /// Name used for `gen_ai.operation.name`-style labels.

@@ -66,7 +66,7 @@ impl Comparison {
 /// The `q` quantile of sorted data by the one rank rule (`stats::quantile`), unrounded: the
 /// estimators and their bootstrap work on the exact samples. NaN when empty.
 pub fn quantile(sorted: &[f64], q: f64) -> f64 {
-    crate::stats::quantile::at_rank(sorted, q).unwrap_or(f64::NAN)
+    crate::util::quantile::at_rank(sorted, q).unwrap_or(f64::NAN)
 }
 
 fn subsample(x: &[f64], rng: &mut Rng) -> Vec<f64> {

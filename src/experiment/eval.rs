@@ -146,7 +146,7 @@ async fn ask(
         o.url.trim_end_matches('/')
     ))
     .header("content-type", "application/json")
-    .header(crate::route::VARIANT_OVERRIDE, variant)
+    .header(super::VARIANT_HEADER, variant)
     .body(Full::new(Bytes::from(body.to_string())))
     .ok()?;
     let resp = client.request(req).await.ok()?;
@@ -155,7 +155,7 @@ async fn ask(
     }
     let served = resp
         .headers()
-        .get(crate::route::VARIANT_OVERRIDE)
+        .get(super::VARIANT_HEADER)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     let bytes = resp.into_body().collect().await.ok()?.to_bytes();

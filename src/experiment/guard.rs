@@ -60,7 +60,7 @@ fn quantile(mut v: Vec<f64>, q: f64) -> Option<f64> {
         return None;
     }
     v.sort_unstable_by(f64::total_cmp);
-    crate::stats::quantile::of_sorted_ms(&v, q)
+    crate::util::quantile::of_sorted_ms(&v, q)
 }
 
 impl Guardrails {
@@ -110,7 +110,7 @@ impl Guardrails {
             return Vec::new();
         }
         let now = Instant::now();
-        let ms = crate::stats::quantile::duration_ms;
+        let ms = crate::util::quantile::duration_ms;
         let mut s = self.state.lock();
         let w = s.windows.entry(Arc::clone(v)).or_default();
         w.push_back(Sample {
@@ -274,19 +274,4 @@ fn measure(metric: &str, w: &VecDeque<Sample>) -> Option<f64> {
         _ => return None,
     };
     quantile(values, q)
-}
-
-/// True when `metric` names something the guardrails understand (`feedback:NAME` included).
-pub fn known_metric(metric: &str) -> bool {
-    if metric == "error_rate"
-        || metric
-            .strip_prefix("feedback:")
-            .is_some_and(|n| !n.is_empty())
-    {
-        return true;
-    }
-    let Some((name, q)) = metric.strip_suffix("_ms").and_then(|r| r.rsplit_once("_p")) else {
-        return false;
-    };
-    ["ttft", "tpot", "e2e"].contains(&name) && ["50", "90", "95", "99"].contains(&q)
 }

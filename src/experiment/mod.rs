@@ -12,16 +12,20 @@ mod report;
 pub mod shadow;
 
 pub use feedback::{Feedback, FeedbackError, FeedbackStats};
-pub use guard::{known_metric, Guardrails, Trip};
+pub use guard::{Guardrails, Trip};
 pub use report::{report, ReportError, ReportOptions};
 
+use crate::meter::NONE;
 use crate::meter::{Outcome, RequestRecord};
-use crate::route::NONE;
 use crate::util::Rng;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+
+/// Request header forcing an experiment's variant (where the experiment allows it), and response
+/// header naming the variant that served.
+pub const VARIANT_HEADER: &str = "x-inferscope-variant";
 
 /// Samples kept per metric and variant (uniform reservoir over everything seen).
 pub const RESERVOIR: usize = 10_000;
@@ -106,7 +110,7 @@ impl Arm {
         }
         self.output_tokens += r.output_tokens.unwrap_or(0);
         self.output_seconds += r.e2e.as_secs_f64();
-        let ms = crate::stats::quantile::duration_ms;
+        let ms = crate::util::quantile::duration_ms;
         let [ttft, ttfc, tpot, itl, e2e] = &mut self.samples;
         if let Some(d) = r.ttft {
             ttft.push(ms(d));
@@ -221,7 +225,7 @@ pub fn summarize(
             for (metric, r) in COMPARED.iter().zip(&a.samples) {
                 let mut s = r.values().to_vec();
                 s.sort_unstable_by(f64::total_cmp);
-                let q = |p: f64| crate::stats::quantile::of_sorted_ms(&s, p);
+                let q = |p: f64| crate::util::quantile::of_sorted_ms(&s, p);
                 let v = if s.is_empty() {
                     Value::Null
                 } else {

@@ -57,7 +57,7 @@ impl Arm {
         // per-request summaries: their ITL is left out rather than estimated).
         for gap in v["itl_us"].as_array().into_iter().flatten() {
             if let Some(us) = gap.as_u64() {
-                self.samples[3].push(crate::stats::quantile::us_to_ms(us));
+                self.samples[3].push(crate::util::quantile::us_to_ms(us));
             }
         }
     }
@@ -184,7 +184,7 @@ pub fn report(o: &ReportOptions) -> Result<String, ReportError> {
         let q = |i: usize, p: f64| {
             let mut s = a.samples[i].values().to_vec();
             s.sort_unstable_by(f64::total_cmp);
-            crate::stats::quantile::of_sorted_ms(&s, p)
+            crate::util::quantile::of_sorted_ms(&s, p)
                 .map_or_else(|| "-".to_string(), |v| format!("{v:.2}"))
         };
         let l = &labels[k];

@@ -2,15 +2,20 @@
 //! variant. The client only ever sees the primary's bytes; the shadow response is read to the end
 //! and measured (its records carry the variant label `NAME:shadow`) but discarded, under its own
 //! concurrency budget (saturated → not sent, counted), so it can never slow or fail the primary.
-//! When both answers of a pair are in, their texts are compared: exact match and ROUGE-L.
+//! When both answers of a pair are in, their texts are compared: exact match and ROUGE-L. A pair
+//! is joined by an id both records carry (`RequestMeta::shadow_pair`).
 
 use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Largest text compared per side (characters beyond are ignored).
 pub const MAX_COMPARED: usize = 64 * 1024;
+
+/// Pairs waiting for their second answer at most; beyond it new ones are not compared (counted).
+const MAX_PENDING: usize = 4096;
 
 /// A route's shadow policy and counters.
 #[derive(Debug)]
@@ -29,7 +34,12 @@ pub struct Shadow {
     pub dropped: AtomicU64,
     /// Copies sent.
     pub sent: AtomicU64,
+    /// Pairs left uncompared because too many were waiting for their second answer.
+    pub unpaired: AtomicU64,
     agreement: Mutex<Agreement>,
+    next_pair: AtomicU64,
+    /// First answers waiting for their pair's second: (is the copy, its text).
+    pending: Mutex<HashMap<u64, (bool, Option<String>)>>,
 }
 
 /// Output agreement between primary and shadow answers.
@@ -62,12 +72,16 @@ impl Shadow {
             salt,
             dropped: AtomicU64::new(0),
             sent: AtomicU64::new(0),
+            unpaired: AtomicU64::new(0),
             agreement: Mutex::new(Agreement::default()),
+            next_pair: AtomicU64::new(1),
+            pending: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Decides whether this request is shadowed; returns the budget slot when it is.
-    pub fn admit(&self) -> Option<OwnedSemaphorePermit> {
+    /// Decides whether this request is shadowed; when it is, returns the budget slot (held by the
+    /// copy until it ends) and the id joining the two answers.
+    pub fn admit(&self) -> Option<(OwnedSemaphorePermit, u64)> {
         let n = self.counter.fetch_add(1, Ordering::Relaxed);
         let draw = crate::util::stable_hash(
             &(self.salt ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)).to_le_bytes(),
@@ -78,7 +92,7 @@ impl Shadow {
         match Arc::clone(&self.permits).try_acquire_owned() {
             Ok(p) => {
                 self.sent.fetch_add(1, Ordering::Relaxed);
-                Some(p)
+                Some((p, self.next_pair.fetch_add(1, Ordering::Relaxed)))
             }
             Err(_) => {
                 self.dropped.fetch_add(1, Ordering::Relaxed);
@@ -94,42 +108,30 @@ impl Shadow {
         g.rouge_l_sum += rouge_l(a, b);
     }
 
+    /// One answer of pair `pair` (`text` is `None` when that side failed or had no text): the
+    /// second to arrive compares them.
+    pub fn offer(&self, pair: u64, is_copy: bool, text: Option<String>) {
+        let mut pending = self.pending.lock();
+        match pending.remove(&pair) {
+            Some((first_is_copy, first)) if first_is_copy != is_copy => {
+                drop(pending);
+                if let (Some(a), Some(b)) = (first, text) {
+                    self.add(&a, &b);
+                }
+            }
+            // The same side twice cannot happen; keep the newer.
+            Some(_) | None if pending.len() < MAX_PENDING => {
+                pending.insert(pair, (is_copy, text));
+            }
+            Some(_) | None => {
+                self.unpaired.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// Agreement so far.
     pub fn agreement(&self) -> Agreement {
         *self.agreement.lock()
-    }
-}
-
-/// One side of a pair: not arrived yet (`None`), or arrived with its text if it had one.
-type Side = Option<Option<String>>;
-
-/// Joins a primary answer with its shadow's; the second to arrive compares them.
-#[derive(Debug)]
-pub struct Pair {
-    shadow: Arc<Shadow>,
-    slots: Mutex<(Side, Side)>,
-}
-
-impl Pair {
-    /// A pair for one shadowed request.
-    pub fn new(shadow: Arc<Shadow>) -> Arc<Self> {
-        Arc::new(Self {
-            shadow,
-            slots: Mutex::new((None, None)),
-        })
-    }
-
-    /// Offers one side's text (`None`: that side failed or had no text).
-    pub fn offer(&self, is_shadow: bool, text: Option<String>) {
-        let mut s = self.slots.lock();
-        if is_shadow {
-            s.1 = Some(text);
-        } else {
-            s.0 = Some(text);
-        }
-        if let (Some(Some(a)), Some(Some(b))) = (&s.0, &s.1) {
-            self.shadow.add(a, b);
-        }
     }
 }
 
@@ -184,6 +186,13 @@ mod tests {
         let tight = Shadow::new("int8", 1, 1.0, 1, 7);
         let held = tight.admit();
         assert!(held.is_some() && tight.admit().is_none());
+        // Answers are joined by pair id, in either order.
+        let (_, pair) = held.unwrap_or_else(|| panic!("admitted"));
+        tight.offer(pair, true, Some("a b".into()));
+        tight.offer(pair + 1, false, Some("x".into()));
+        tight.offer(pair, false, Some("a b".into()));
+        assert_eq!(tight.agreement().pairs, 1);
+        assert_eq!(tight.agreement().exact, 1);
         assert_eq!(tight.dropped.load(Ordering::Relaxed), 1);
     }
 }

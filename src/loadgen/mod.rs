@@ -13,7 +13,7 @@ pub use dataset::{load_prompts, synthetic_prompts, PromptsError};
 
 use crate::dialect;
 use crate::sse::SseScanner;
-use crate::stats::quantile;
+use crate::util::quantile;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;

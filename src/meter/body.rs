@@ -8,7 +8,7 @@
 //! its end arrives — at most one event's bytes, for at most the time the backend takes to finish
 //! writing it.
 
-use super::progress::{End, Meter, StripPlan};
+use super::measure::{End, Meter, StripPlan};
 use crate::sse::OpenBlock;
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
@@ -62,6 +62,20 @@ pin_project! {
 }
 
 impl<B: Body> MeteredBody<B> {
+    /// Wraps `inner` without measuring it (a response metered already).
+    pub fn unmetered(inner: B) -> Self {
+        Self {
+            inner,
+            meter: None,
+            held: None,
+            queue: VecDeque::new(),
+            upstream_done: false,
+            ending: None,
+            timer: None,
+            last_frame: Instant::now(),
+        }
+    }
+
     /// Wraps `inner`, feeding its frames to `meter`.
     pub fn new(inner: B, meter: Meter) -> Self {
         let now = Instant::now();

@@ -1,13 +1,33 @@
-//! Per-request measurement: the body wrapper that timestamps every upstream frame where the bytes
-//! are, and the one `RequestRecord` each request produces.
+//! Measuring requests where the bytes are, for any tower HTTP service.
+//!
+//! - [`MeterLayer`]: a tower `Layer` that measures every request through the service it wraps —
+//!   TTFT, TTFC, TPOT, ITL, E2E, tokens, outcome — and hands each finished [`RequestRecord`] to a
+//!   [`RecordSink`]. The gateway itself is built this way; so can any other service be.
+//! - [`Annotations`]: the one way a service inside the layer enriches its request's record (route,
+//!   backend, variant, attempts, upstream send time…), tells the layer how to read the response
+//!   (dialect, injected usage chunk, deadlines), keeps something alive until the response body ends
+//!   (concurrency permits), or marks a response as its own refusal.
+//! - [`MeteredBody`]: the response-body wrapper that timestamps each frame in `poll_frame`,
+//!   forwards the same `Bytes` at once, and finalizes the record exactly once — at the end of the
+//!   body, on an error, or when dropped.
+//! - [`RequestRecord`]: plain data — labels, timings, counts, outcome — with no handles to live
+//!   objects, so every consumer (stats, access log, OpenTelemetry, experiments, routing feedback)
+//!   is just a sink.
 
 mod body;
-mod progress;
+mod layer;
+mod measure;
 mod record;
+pub mod trace;
 
 pub use body::MeteredBody;
-pub use progress::{Deadlines, End, Framing, Guards, Meter, MeterOptions, Permit, StripPlan};
+pub use layer::{
+    Annotations, Held, MeterFuture, MeterLayer, MeterService, MeterSettings, Metering, RecordSink,
+    REQUEST_ID_HEADER,
+};
+pub use measure::{Deadlines, End, Framing, MeasureOptions, Meter, StripPlan};
 pub use record::{
     Attempt, ItlSample, ItlSummary, Outcome, RequestMeta, RequestParams, RequestRecord,
-    ResponseInfo, TokensSource,
+    ResponseInfo, TokensSource, Upstream, NONE,
 };
+pub use trace::TraceContext;

@@ -1,11 +1,14 @@
-//! `RequestRecord`: everything measured about one request, produced exactly once.
+//! `RequestRecord`: everything measured about one request, produced exactly once. Plain data:
+//! labels, timings, counts — no handles to live objects.
 
+use super::trace::TraceContext;
 use crate::dialect::FinishReason;
-use crate::route::Backend;
-use crate::telemetry::TraceContext;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
+
+/// Label used where a dimension does not apply (no route matched, no variant, no model…).
+pub const NONE: &str = "-";
 
 /// How a request ended (DESIGN §3, plus `client_error` for a backend's 4xx answer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -173,6 +176,17 @@ pub struct Attempt {
     pub error: &'static str,
 }
 
+/// The upstream server that answered, as telemetry reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upstream {
+    /// Provider label (`vllm`, `openai`…), for `gen_ai.provider.name`.
+    pub provider: Arc<str>,
+    /// Host of its base URL.
+    pub address: Option<Arc<str>>,
+    /// Port of its base URL.
+    pub port: Option<u16>,
+}
+
 /// What is known about a request before its response body flows: who, where, when.
 #[derive(Debug, Clone)]
 pub struct RequestMeta {
@@ -188,14 +202,13 @@ pub struct RequestMeta {
     pub trace: TraceContext,
     /// Request parameters telemetry reports.
     pub params: RequestParams,
-    /// The chosen backend, once routed (the last one tried).
-    pub upstream: Option<Arc<Backend>>,
+    /// The upstream server of the last attempt, once routed.
+    pub upstream: Option<Upstream>,
     /// Earlier attempts that failed and were retried elsewhere.
     pub attempts: Vec<Attempt>,
-    /// Guardrails of the experiment that assigned the variant (fed with the result).
-    pub guard: Option<Arc<crate::experiment::Guardrails>>,
-    /// This request's answer is compared with its shadow's (or its primary's).
-    pub shadow_pair: Option<Arc<crate::experiment::shadow::Pair>>,
+    /// This request's answer is compared with its shadow copy's (or, for a copy, its
+    /// primary's): the pair's id, shared by both records.
+    pub shadow_pair: Option<u64>,
     /// This is a shadow copy (its response went nowhere).
     pub is_shadow: bool,
     /// Route name (`-` when none matched).
@@ -225,7 +238,7 @@ pub struct RequestMeta {
 impl RequestMeta {
     /// A request accepted now, with every label `-` until it is known.
     pub fn new(method: http::Method, path: &str) -> Self {
-        let none: Arc<str> = Arc::from(crate::route::NONE);
+        let none: Arc<str> = Arc::from(NONE);
         Self {
             ts: SystemTime::now(),
             t0: Instant::now(),
@@ -235,7 +248,6 @@ impl RequestMeta {
             params: RequestParams::default(),
             upstream: None,
             attempts: Vec::new(),
-            guard: None,
             shadow_pair: None,
             is_shadow: false,
             route: Arc::clone(&none),
@@ -339,7 +351,7 @@ impl RequestRecord {
 
     /// The ITL summary the access log and spans carry (`None` without gaps).
     pub fn itl_summary(&self) -> Option<ItlSummary> {
-        use crate::stats::quantile;
+        use crate::util::quantile;
         let mut v: Vec<u64> = self.itl.iter().map(ItlSample::gap_us).collect();
         v.sort_unstable();
         Some(ItlSummary {

@@ -1,15 +1,23 @@
-//! The proxy: `ProxyService` (the innermost tower service), its layers, request rewriting and the
-//! pooled upstream client (`upstream`).
+//! The proxy: `ProxyService` (the innermost tower service) and the per-request context that
+//! carries a request through its phases (`phases`), the in-flight limit layer, request
+//! preparation, the pooled upstream client and the gateway's own error answers.
+//!
+//! The data-plane stack, outermost first: `meter::MeterLayer` (records every request, refused
+//! ones included) → `InFlightLimitLayer` (refuses above the limit; holds its permit until the
+//! response body ends) → `ProxyService`.
 
 mod error;
-mod layers;
+mod limit;
+mod phases;
 mod request;
 mod service;
-mod shadow;
 mod upstream;
 
 pub use error::{Blame, ProxyError};
-pub use layers::{Admission, InFlightLimitLayer, RequestId, RequestIdLayer, REQUEST_ID_HEADER};
-pub use request::{inspect, remove_hop_headers, Inspected};
-pub use service::{Gateway, GatewaySlot, ProxyBody, ProxyService, TraceOptions, VARIANT_HEADER};
-pub use upstream::{UpstreamBody, UpstreamClient, UpstreamError, UpstreamResponseBody};
+pub use limit::{InFlightLimit, InFlightLimitLayer};
+pub use request::{prepare_body, remove_hop_headers, Prepared};
+pub use service::{Gateway, ProxyBody, ProxyFuture, ProxyService, TraceOptions, VARIANT_HEADER};
+pub use upstream::{UpstreamClient, UpstreamError, UpstreamRequestBody, UpstreamResponseBody};
+
+/// Header marking shadow copies to the backend.
+pub const SHADOW_HEADER: &str = "x-inferscope-shadow";

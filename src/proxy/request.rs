@@ -1,5 +1,5 @@
-//! Request-side helpers: reading the bounded JSON body of inference endpoints, the
-//! `stream_options.include_usage` injection, hop-by-hop header removal, and ids.
+//! Request-side helpers: what the gateway reads from an inference request's JSON body (and the
+//! `stream_options.include_usage` it adds), and hop-by-hop header removal.
 
 use crate::meter::RequestParams;
 use bytes::{Bytes, BytesMut};
@@ -8,7 +8,7 @@ use serde_json::Value;
 
 /// What the gateway learned from an inference request body, and the body to forward.
 #[derive(Debug)]
-pub struct Inspected {
+pub struct Prepared {
     /// `model`, when the body names one.
     pub model: Option<String>,
     /// `stream: true`.
@@ -23,11 +23,13 @@ pub struct Inspected {
     pub params: RequestParams,
 }
 
-/// Reads what measurement needs from a JSON request body and, for a streaming OpenAI request that
-/// does not ask for usage, asks for it. A body that is not a JSON object is forwarded untouched.
-/// With `capture` (content capture opted in), the input messages are kept, up to that many bytes.
-pub fn inspect(body: Bytes, openai: bool, capture: Option<usize>) -> Inspected {
-    let mut out = Inspected {
+/// Prepares an inference request body for forwarding: reads what measurement and routing need
+/// (`model`, `stream`, `user`, parameters) and, for a streaming OpenAI request that does not ask
+/// for usage, rewrites the body to ask for it (the response's extra usage chunk is then cut out
+/// again). A body that is not a JSON object is forwarded untouched. With `capture` (content
+/// capture opted in), the input messages are kept, up to that many bytes.
+pub fn prepare_body(body: Bytes, openai: bool, capture: Option<usize>) -> Prepared {
+    let mut out = Prepared {
         model: None,
         user: None,
         stream: false,
@@ -152,20 +154,20 @@ mod tests {
     #[test]
     fn injects_usage_only_when_missing_and_keeps_bytes() {
         let body = Bytes::from_static(br#"{"model": "m", "stream": true, "messages": []}"#);
-        let i = inspect(body, true, None);
+        let i = prepare_body(body, true, None);
         assert!(i.strip_usage && i.stream);
         assert_eq!(i.model.as_deref(), Some("m"));
         assert_eq!(&i.body[..], &br#"{"model": "m", "stream": true, "messages": [],"stream_options":{"include_usage":true}}"#[..]);
 
         let asked =
             Bytes::from_static(br#"{"stream":true,"stream_options":{"include_usage":true}}"#);
-        let i = inspect(asked.clone(), true, None);
+        let i = prepare_body(asked.clone(), true, None);
         assert!(!i.strip_usage);
         assert_eq!(i.body, asked);
 
         let off =
             Bytes::from_static(br#"{"stream":true,"stream_options":{"include_usage":false}}"#);
-        let i = inspect(off, true, None);
+        let i = prepare_body(off, true, None);
         assert!(i.strip_usage);
         let v: Value = serde_json::from_slice(&i.body).unwrap_or_default();
         assert_eq!(
@@ -174,26 +176,29 @@ mod tests {
         );
 
         let plain = Bytes::from_static(br#"{"stream":false}"#);
-        assert!(!inspect(plain, true, None).strip_usage);
-        assert!(!inspect(Bytes::from_static(b"not json"), true, None).strip_usage);
-        assert!(!inspect(Bytes::from_static(br#"{"stream":true}"#), false, None).strip_usage);
+        assert!(!prepare_body(plain, true, None).strip_usage);
+        assert!(!prepare_body(Bytes::from_static(b"not json"), true, None).strip_usage);
+        assert!(!prepare_body(Bytes::from_static(br#"{"stream":true}"#), false, None).strip_usage);
     }
 
     #[test]
     fn input_messages_follow_the_genai_shape_and_cap() {
         let body = Bytes::from_static(br#"{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"hi"}]}]}"#);
-        let i = inspect(body.clone(), true, Some(1000));
+        let i = prepare_body(body.clone(), true, Some(1000));
         let v: Value = serde_json::from_str(i.params.input_content.as_deref().unwrap_or(""))
             .unwrap_or_default();
         assert_eq!(v[0]["role"], "system");
         assert_eq!(v[1]["parts"][0]["content"], "hi");
         assert_eq!(
-            inspect(body.clone(), true, Some(10))
+            prepare_body(body.clone(), true, Some(10))
                 .params
                 .input_content
                 .map(|s| s.len()),
             Some(10)
         );
-        assert!(inspect(body, true, None).params.input_content.is_none());
+        assert!(prepare_body(body, true, None)
+            .params
+            .input_content
+            .is_none());
     }
 }

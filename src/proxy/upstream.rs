@@ -35,9 +35,9 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 /// Body sent upstream.
-pub type UpstreamBody = http_body_util::Either<http_body_util::Full<Bytes>, Incoming>;
+pub type UpstreamRequestBody = http_body_util::Either<http_body_util::Full<Bytes>, Incoming>;
 
-type Conn = Connection<TokioIo<TcpStream>, UpstreamBody>;
+type Conn = Connection<TokioIo<TcpStream>, UpstreamRequestBody>;
 
 /// Why an upstream request failed before a response head arrived.
 #[derive(Debug, thiserror::Error)]
@@ -61,14 +61,14 @@ impl UpstreamError {
 }
 
 struct Idle {
-    sender: SendRequest<UpstreamBody>,
+    sender: SendRequest<UpstreamRequestBody>,
     conn: Conn,
     since: Instant,
 }
 
 /// A live connection checked out of the pool (or new).
 struct Driver {
-    sender: SendRequest<UpstreamBody>,
+    sender: SendRequest<UpstreamRequestBody>,
     /// `None` once the connection future finished (closed or failed).
     conn: Option<Conn>,
     key: Authority,
@@ -145,7 +145,7 @@ impl UpstreamClient {
     /// drives the connection; read to its end, the connection goes back to the pool.
     pub async fn request(
         &self,
-        mut req: Request<UpstreamBody>,
+        mut req: Request<UpstreamRequestBody>,
     ) -> Result<Response<UpstreamResponseBody>, UpstreamError> {
         let uri = req.uri().clone();
         if uri.scheme_str().is_some_and(|s| s != "http") {

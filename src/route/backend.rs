@@ -53,6 +53,8 @@ pub struct Backend {
     pub authorization: Option<HeaderValue>,
     /// Share for the weighted balancer.
     pub weight: u32,
+    /// What records say about it (provider, host, port).
+    pub info: crate::meter::Upstream,
     limiter: Option<Limiter>,
     outlier: OutlierConfig,
     in_flight: AtomicUsize,
@@ -115,12 +117,19 @@ impl Backend {
         queue_timeout: Duration,
         outlier: OutlierConfig,
     ) -> Self {
+        let provider: Arc<str> = provider.into();
+        let info = crate::meter::Upstream {
+            provider: Arc::clone(&provider),
+            address: base.host().map(Arc::from),
+            port: base.port_u16(),
+        };
         Self {
             name: name.into(),
             base,
-            provider: provider.into(),
+            provider,
             authorization,
             weight,
+            info,
             limiter: max_concurrency.map(|n| Limiter {
                 permits: Arc::new(Semaphore::new(n)),
                 max_queue,

@@ -5,27 +5,62 @@
 //! The split is deterministic: with a sticky key the variant is a stable hash of the key (the same
 //! on every replica and across restarts, no shared state); without one, requests are spread by a
 //! strided counter that gives each variant exactly its weight in every cycle of `total` requests,
-//! interleaved. Shadow traffic and guardrails are later work.
+//! interleaved. An experiment's guardrails can roll a variant back to the control; its shadow
+//! policy sends copies to a shadow variant.
+//!
+//! Routing learns from finished requests through `Observer`, a `RecordSink`: backend health and
+//! latency, guardrails and shadow agreement are fed from the records, looked up by name in the
+//! current router — nothing on the measuring side calls into routing.
 
 mod backend;
-mod budget;
+mod observer;
 mod probe;
 mod split;
 
-use crate::util::stable_hash;
+pub use crate::meter::NONE;
 pub use backend::{Backend, BackendGuard, BackendStatus, Busy};
-pub use budget::RetryBudget;
+pub use observer::{Observer, TripReporter};
 pub use probe::spawn_probes;
 pub use split::{Split, Sticky};
 
 use crate::config::{Balancer, Config, RetryConfig, TimeoutsConfig};
+use crate::util::stable_hash;
 use http::{HeaderMap, HeaderValue, Uri};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use tower::retry::budget::TpsBudget;
 
-/// Label used where a dimension does not apply (no variant, no model…).
-pub const NONE: &str = "-";
+/// Retries may add `budget_ratio` of the requests of the last `RETRY_WINDOW`, plus
+/// `min_per_second` over it (tower's `TpsBudget`: a sliding window of ten slots).
+pub const RETRY_WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The retry budget a route's retry policy describes.
+pub fn retry_budget(r: &RetryConfig) -> TpsBudget {
+    TpsBudget::new(RETRY_WINDOW, r.min_per_second, r.budget_ratio as f32)
+}
+
+/// The router currently serving, replaced whole on a config reload: each request routes on the
+/// router current when it arrived; reading it is one atomic load.
+#[derive(Debug)]
+pub struct RouterSlot(arc_swap::ArcSwap<Router>);
+
+impl RouterSlot {
+    /// A slot holding `router`.
+    pub fn new(router: Arc<Router>) -> Self {
+        Self(arc_swap::ArcSwap::new(router))
+    }
+
+    /// The current router.
+    pub fn load(&self) -> Arc<Router> {
+        self.0.load_full()
+    }
+
+    /// Replaces the router for requests arriving from now on.
+    pub fn store(&self, router: Arc<Router>) {
+        self.0.store(router);
+    }
+}
 
 /// A set of interchangeable backends.
 #[derive(Debug)]
@@ -133,7 +168,7 @@ pub struct Experiment {
 }
 
 /// Request header that forces a variant (when the experiment allows it).
-pub const VARIANT_OVERRIDE: &str = "x-inferscope-variant";
+pub use crate::experiment::VARIANT_HEADER as VARIANT_OVERRIDE;
 
 /// Where a route sends traffic.
 #[derive(Debug)]
@@ -158,7 +193,7 @@ pub struct Route {
     /// Retry policy.
     pub retry: RetryConfig,
     /// Retry budget shared by the route's requests.
-    pub budget: RetryBudget,
+    pub budget: TpsBudget,
     /// Response timeouts.
     pub timeouts: TimeoutsConfig,
 }
@@ -193,8 +228,6 @@ pub struct Selection {
     pub variant_index: Option<usize>,
     /// Experiment variant name, or `-`.
     pub variant: Arc<str>,
-    /// The experiment's guardrails, to feed with the result.
-    pub guard: Option<Arc<crate::experiment::Guardrails>>,
 }
 
 /// A config the router cannot be built from (beyond what `config::validate` checks).
@@ -226,6 +259,7 @@ pub enum RouterError {
 pub struct Router {
     routes: Vec<Arc<Route>>,
     backends: Vec<Arc<Backend>>,
+    by_name: HashMap<Arc<str>, Arc<Backend>>,
     none: Arc<str>,
 }
 
@@ -268,14 +302,14 @@ impl Router {
                 b.queue_timeout,
                 b.outlier.clone(),
             ));
-            by_name.insert(b.name.clone(), Arc::clone(&backend));
+            by_name.insert(Arc::clone(&backend.name), Arc::clone(&backend));
             all.push(backend);
         }
         let pool = |names: &[String]| {
             Pool::new(
                 names
                     .iter()
-                    .filter_map(|n| by_name.get(n).cloned())
+                    .filter_map(|n| by_name.get(n.as_str()).cloned())
                     .collect(),
             )
         };
@@ -339,7 +373,7 @@ impl Router {
                     path_prefix: r.matcher.path_prefix.clone(),
                     target,
                     balancer: r.balancer,
-                    budget: RetryBudget::new(r.retry.budget_ratio, r.retry.min_per_second),
+                    budget: retry_budget(&r.retry),
                     retry: r.retry.clone(),
                     timeouts: r.timeouts.clone(),
                 })
@@ -348,6 +382,7 @@ impl Router {
         Ok(Self {
             routes,
             backends: all,
+            by_name,
             none: Arc::from(NONE),
         })
     }
@@ -362,10 +397,6 @@ impl Router {
         headers: &HeaderMap,
     ) -> Option<Selection> {
         let route = self.routes.iter().find(|r| r.matches(model, path))?;
-        let guard = match &route.target {
-            Target::Experiment(x) => x.guard.clone(),
-            Target::Pool(_) => None,
-        };
         let (pool, variant, variant_index) = match &route.target {
             Target::Pool(p) => (p, Arc::clone(&self.none), None),
             Target::Experiment(x) => {
@@ -390,19 +421,28 @@ impl Router {
             route: Arc::clone(route),
             variant_index,
             variant,
-            guard,
         })
     }
 
-    /// The guardrails of the experiment on route `name`, if it has any.
-    pub fn guardrails(&self, name: &str) -> Option<Arc<crate::experiment::Guardrails>> {
+    /// The experiment on route `name`, if it has one.
+    pub fn experiment(&self, name: &str) -> Option<&Experiment> {
         self.routes
             .iter()
             .find(|r| *r.name == *name)
             .and_then(|r| match &r.target {
-                Target::Experiment(x) => x.guard.clone(),
+                Target::Experiment(x) => Some(x),
                 Target::Pool(_) => None,
             })
+    }
+
+    /// The guardrails of the experiment on route `name`, if it has any.
+    pub fn guardrails(&self, name: &str) -> Option<Arc<crate::experiment::Guardrails>> {
+        self.experiment(name).and_then(|x| x.guard.clone())
+    }
+
+    /// The backend called `name`.
+    pub fn backend(&self, name: &str) -> Option<&Arc<Backend>> {
+        self.by_name.get(name)
     }
 
     /// Every route.
@@ -453,6 +493,40 @@ mod tests {
                 ))
             })
             .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retry_budget_caps_retries_over_a_sliding_window() {
+        use tower::retry::budget::Budget;
+        // tower's TpsBudget: a constant reserve of `min_per_second` × the 10-s window, plus
+        // `budget_ratio` of the requests deposited in the window; a retry stays counted until it
+        // leaves the window (where the token bucket this replaced refilled one per second).
+        let b = retry_budget(&RetryConfig {
+            budget_ratio: 0.2,
+            min_per_second: 1,
+            ..RetryConfig::default()
+        });
+        let mut n = 0;
+        while b.withdraw() {
+            n += 1;
+        }
+        assert_eq!(n, 10, "the reserve: ten seconds of the floor");
+        for _ in 0..10 {
+            b.deposit();
+        }
+        assert!(
+            b.withdraw() && b.withdraw(),
+            "ten requests at 20% earn two retries"
+        );
+        assert!(!b.withdraw());
+        tokio::time::advance(Duration::from_secs(3)).await;
+        assert!(!b.withdraw(), "retries stay counted while in the window");
+        tokio::time::advance(Duration::from_secs(9)).await;
+        let mut n = 0;
+        while b.withdraw() {
+            n += 1;
+        }
+        assert_eq!(n, 10, "the window has passed: the reserve again");
     }
 
     fn counts(pool: &Pool, balancer: Balancer, n: usize) -> Vec<usize> {

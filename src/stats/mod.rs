@@ -3,7 +3,6 @@
 //! `/stats` JSON and Prometheus text are both rendered from these same histograms.
 
 mod prometheus;
-pub mod quantile;
 mod tally;
 
 pub use prometheus::{

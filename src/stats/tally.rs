@@ -1,8 +1,8 @@
 //! `Tally`: the counters and HdrHistograms (µs, 3 significant digits) of one group over one span
 //! of time, mergeable so rollups and windows are built by adding tallies.
 
-use super::quantile::{self, MAX_US};
 use crate::meter::{Outcome, RequestRecord};
+use crate::util::quantile::{self, MAX_US};
 use hdrhistogram::Histogram;
 use serde_json::{json, Map, Value};
 use std::time::Duration;

@@ -4,8 +4,8 @@
 
 use super::names as n;
 use super::Counters;
+use crate::meter::NONE;
 use crate::meter::{Outcome, RequestRecord};
-use crate::route::NONE;
 use crate::stats::{DURATION_BOUNDS, TPOT_BOUNDS, TTFT_BOUNDS};
 use opentelemetry::metrics::{Histogram, Meter};
 use opentelemetry::KeyValue;
@@ -82,10 +82,10 @@ impl Instruments {
                 n::GEN_AI_PROVIDER_NAME,
                 b.provider.to_string(),
             ));
-            if let Some(h) = b.base.host() {
+            if let Some(h) = &b.address {
                 attrs.push(KeyValue::new(n::SERVER_ADDRESS, h.to_string()));
             }
-            if let Some(p) = b.base.port_u16() {
+            if let Some(p) = b.port {
                 attrs.push(KeyValue::new(n::SERVER_PORT, i64::from(p)));
             }
         }

@@ -6,14 +6,11 @@
 //! and metric instruments are recorded there too. A slow or dead collector costs a proxied request
 //! nothing but a failed `try_send`. Failures are counted and logged at most once a minute.
 
-mod context;
 mod metrics;
 pub mod names;
-mod settings;
 mod spans;
 
-pub use context::{parse_traceparent, TraceContext};
-pub use settings::{parse_pairs, resolve, Protocol, Settings, SettingsError};
+pub use crate::config::telemetry::{parse_pairs, resolve, Protocol, Settings, SettingsError};
 
 use crate::meter::RequestRecord;
 use opentelemetry::metrics::MeterProvider as _;

@@ -3,10 +3,10 @@
 //! end of the stream, not of the headers) and the ids fixed when the request arrived.
 
 use super::names as n;
-use super::settings::Settings;
+use super::Settings;
 use crate::config::TelemetryFormat;
+use crate::meter::NONE;
 use crate::meter::{Outcome, RequestRecord};
-use crate::route::NONE;
 use opentelemetry::trace::{
     Event, SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
 };
@@ -194,10 +194,13 @@ pub fn build(
                 Value::from(Arc::clone(&b.provider)),
             ));
         }
-        if let Some(host) = b.base.host() {
-            a.push(KeyValue::new(n::SERVER_ADDRESS, host.to_string()));
+        if let Some(host) = &b.address {
+            a.push(KeyValue::new(
+                n::SERVER_ADDRESS,
+                Value::from(Arc::clone(host)),
+            ));
         }
-        if let Some(port) = b.base.port_u16() {
+        if let Some(port) = b.port {
             a.push(KeyValue::new(n::SERVER_PORT, i64::from(port)));
         }
     }

@@ -5,6 +5,7 @@
 pub mod hash;
 pub mod ids;
 pub mod prometheus;
+pub mod quantile;
 pub mod rng;
 pub mod time;
 

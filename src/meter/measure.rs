@@ -1,25 +1,14 @@
-//! `Meter`: the per-request state that frames are fed into, and its one-time finalization.
+//! `Meter`: what is measured about one response while its body flows — fed each frame by
+//! `MeteredBody`, finalized into a `RequestRecord` exactly once.
 
+use super::layer::{Held, Metering};
 use super::record::{ItlSample, Outcome, RequestMeta, RequestRecord, ResponseInfo, TokensSource};
-use crate::dialect::{self, FinishReason, Usage};
-use crate::recorder::Recorder;
+use crate::dialect::{Dialect, FinishReason, Usage};
 use crate::sse::{Event, NdjsonScanner, OpenBlock, SseScanner};
 use bytes::Bytes;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::OwnedSemaphorePermit;
-
-/// A concurrency permit shared between the request and its response body.
-pub type Permit = Arc<OwnedSemaphorePermit>;
-
-/// What a response holds until it ends: the gateway-wide in-flight slot and the backend's.
-#[derive(Debug, Default)]
-pub struct Guards {
-    /// Gateway-wide in-flight limit.
-    pub global: Option<Permit>,
-    /// The backend's in-flight slot (and queue permit).
-    pub backend: Option<crate::route::BackendGuard>,
-}
+use tokio::time::Instant;
 
 /// Response deadlines, enforced by `MeteredBody` while it waits for upstream bytes.
 #[derive(Debug, Clone, Copy, Default)]
@@ -31,7 +20,6 @@ pub struct Deadlines {
     /// The whole response must end by then.
     pub total: Option<Instant>,
 }
-use tokio::time::Instant;
 
 /// Cap on a non-streaming body kept (as shared `Bytes`, no copy) to read its `usage`.
 const MAX_JSON_CAPTURE: usize = 4 << 20;
@@ -54,6 +42,31 @@ pub enum Framing {
     Opaque,
 }
 
+impl Framing {
+    /// How a response body with content type `content_type` is cut into events: SSE and NDJSON
+    /// streams by line (at most `max_line` bytes kept per line), a whole JSON body of a known
+    /// dialect by reference, anything else timed only.
+    pub fn for_response(content_type: &str, dialect: Option<Dialect>, max_line: usize) -> Self {
+        if content_type.starts_with("text/event-stream") {
+            Framing::Sse(SseScanner::new(max_line))
+        } else if content_type.starts_with("application/x-ndjson") {
+            Framing::Ndjson(NdjsonScanner::new(max_line))
+        } else if dialect.is_some() && content_type.starts_with("application/json") {
+            Framing::Json {
+                parts: Vec::new(),
+                len: 0,
+            }
+        } else {
+            Framing::Opaque
+        }
+    }
+
+    /// A streamed framing (SSE or NDJSON).
+    pub fn is_stream(&self) -> bool {
+        matches!(self, Framing::Sse(_) | Framing::Ndjson(_))
+    }
+}
+
 /// What the event callback updates. Kept apart from the scanner so both can be borrowed at once.
 #[derive(Debug, Default)]
 struct Progress {
@@ -69,7 +82,7 @@ struct Progress {
     done: bool,
     error_event: bool,
     malformed: u32,
-    classify: bool,
+    dialect: Option<Dialect>,
     strip_usage: bool,
     /// Range of the usage-only event to drop from this frame, if any.
     drop: Option<(Option<usize>, usize)>,
@@ -81,12 +94,12 @@ struct Progress {
 impl Progress {
     fn on_event(&mut self, ev: Event<'_>, now: Instant) {
         self.t_chunk1.get_or_insert(now);
-        if !self.classify {
+        let Some(dialect) = self.dialect else {
             self.output_events += 1;
             self.mark_output(now, 1);
             return;
-        }
-        let o = dialect::classify(ev.data);
+        };
+        let o = dialect.classify(ev.data);
         if o.malformed {
             self.malformed += 1;
             return;
@@ -108,7 +121,7 @@ impl Progress {
         }
         if let Some(cap) = self.capture.filter(|_| o.output) {
             let out = self.response.output_content.get_or_insert_with(String::new);
-            dialect::append_content(ev.data, out, cap);
+            dialect.append_content(ev.data, out, cap);
         }
         if o.output {
             self.output_events += 1;
@@ -149,20 +162,20 @@ pub struct StripPlan {
     pub open: Option<OpenBlock>,
 }
 
-/// How a meter treats the body.
+/// How a response is measured.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct MeterOptions {
-    /// Read events as the OpenAI dialect (otherwise every event counts as output, timing only).
-    pub classify: bool,
+pub struct MeasureOptions {
+    /// Read events in this dialect (`None`: every event counts as output, timing only).
+    pub dialect: Option<Dialect>,
     /// Remove the usage-only chunk the gateway asked for on the client's behalf.
     pub strip_usage: bool,
-    /// Capture output text up to this many bytes (content capture opted in).
+    /// Capture output text up to this many bytes (content capture opted in, shadow comparison).
     pub capture_output: Option<usize>,
     /// Response deadlines.
     pub deadlines: Deadlines,
 }
 
-/// Per-request measurement state. Created when the upstream response head arrives; consumed by
+/// Per-request measurement state. Created when the response head is known; consumed by
 /// `finish`, exactly once.
 #[derive(Debug)]
 pub struct Meter {
@@ -172,9 +185,11 @@ pub struct Meter {
     progress: Progress,
     bytes_out: u64,
     observe_cost: Duration,
-    recorder: Arc<Recorder>,
-    /// Held for the life of the response: concurrency limits count streams, not headers.
-    _guards: Guards,
+    metering: Arc<Metering>,
+    /// The response is the service's own refusal: its outcome and error kind.
+    refused: Option<(Outcome, &'static str)>,
+    /// Kept for the life of the response: concurrency limits count streams, not headers.
+    _held: Held,
     /// Deadlines of this response.
     pub deadlines: Deadlines,
 }
@@ -193,27 +208,28 @@ pub enum End {
 }
 
 impl Meter {
-    /// A meter for a response with `status`, cut by `framing`.
+    /// A meter for a response with `status`, cut by `framing`; its record goes to `metering`'s
+    /// sink. `held` is dropped with the meter (when the body ends).
     pub fn new(
         meta: RequestMeta,
         status: u16,
         framing: Framing,
-        opts: MeterOptions,
-        recorder: Arc<Recorder>,
-        guards: Guards,
+        opts: MeasureOptions,
+        metering: Arc<Metering>,
+        held: Held,
     ) -> Self {
-        let MeterOptions {
-            classify,
+        let MeasureOptions {
+            dialect,
             strip_usage,
             capture_output,
-            deadlines: _,
+            deadlines,
         } = opts;
         Self {
             meta,
             status,
             framing,
             progress: Progress {
-                classify,
+                dialect,
                 strip_usage,
                 capture: capture_output,
                 itl: Vec::with_capacity(64),
@@ -221,10 +237,18 @@ impl Meter {
             },
             bytes_out: 0,
             observe_cost: Duration::ZERO,
-            recorder,
-            _guards: guards,
-            deadlines: opts.deadlines,
+            metering,
+            refused: None,
+            _held: held,
+            deadlines,
         }
+    }
+
+    /// Marks the response as the service's own refusal: recorded with this outcome and error
+    /// kind whatever its status says.
+    pub fn refused(mut self, outcome: Outcome, error: &'static str) -> Self {
+        self.refused = Some((outcome, error));
+        self
     }
 
     /// True once an output event has been seen.
@@ -277,13 +301,13 @@ impl Meter {
         self.bytes_out += n as u64;
     }
 
-    /// Builds the record and hands it to the recorder. Consumes the meter: exactly once.
+    /// Builds the record and hands it to the sink. Consumes the meter: exactly once.
     pub fn finish(self, end: End) {
-        let (rec, recorder) = self.into_record(end);
-        recorder.record(rec);
+        let (rec, metering) = self.into_record(end);
+        metering.finish(rec);
     }
 
-    fn into_record(mut self, end: End) -> (RequestRecord, Arc<Recorder>) {
+    fn into_record(mut self, end: End) -> (RequestRecord, Arc<Metering>) {
         let now = Instant::now();
         let truncated_partial = match &self.framing {
             Framing::Sse(s) => s.has_partial(),
@@ -295,9 +319,12 @@ impl Meter {
             malformed += s.issues().oversized_lines;
         }
         if let Framing::Json { parts, len } = &mut self.framing {
-            if end == End::Complete && *len <= MAX_JSON_CAPTURE && self.status < 300 {
+            let dialect = self.progress.dialect;
+            if let (End::Complete, true, true, Some(dialect)) =
+                (end, *len <= MAX_JSON_CAPTURE, self.status < 300, dialect)
+            {
                 let body: Vec<u8> = parts.concat();
-                let o = dialect::classify(&body);
+                let o = dialect.classify(&body);
                 if o.malformed {
                     malformed += 1;
                 }
@@ -311,24 +338,29 @@ impl Meter {
                 self.progress.done = true;
                 if let Some(cap) = self.progress.capture {
                     let mut text = String::new();
-                    dialect::append_content(&body, &mut text, cap);
+                    dialect.append_content(&body, &mut text, cap);
                     self.progress.response.output_content = Some(text);
                 }
             }
         }
         let p = &self.progress;
         let streamed = matches!(self.framing, Framing::Sse(_) | Framing::Ndjson(_));
-        let (outcome, error) = match end {
+        let judged = match end {
             End::Dropped => (Outcome::ClientCancelled, Some("client_disconnected")),
             End::TimedOut(kind) => (Outcome::Timeout, Some(kind)),
             End::BodyError => (Outcome::Truncated, Some("upstream_body_error")),
             End::Complete if self.status >= 500 => (Outcome::BackendError, Some("upstream_status")),
             End::Complete if self.status >= 400 => (Outcome::ClientError, None),
             End::Complete if p.error_event => (Outcome::BackendError, Some("stream_error_event")),
-            End::Complete if p.classify && streamed && (!p.done || truncated_partial) => {
+            End::Complete if p.dialect.is_some() && streamed && (!p.done || truncated_partial) => {
                 (Outcome::Truncated, Some("no_terminal_event"))
             }
             End::Complete => (Outcome::Ok, None),
+        };
+        // A refusal is what the service decided, however the client then read it.
+        let (outcome, error) = match self.refused {
+            Some((o, e)) => (o, Some(e)),
+            None => judged,
         };
         let (output_tokens, tokens_source) = match p.usage.output {
             Some(n) => (Some(n), Some(TokensSource::Usage)),
@@ -377,6 +409,6 @@ impl Meter {
             },
             meta: self.meta,
         };
-        (rec, self.recorder)
+        (rec, self.metering)
     }
 }

@@ -1,7 +1,7 @@
 //! Effective telemetry settings: the `telemetry:` config, then the standard `OTEL_*` environment
 //! variables, then defaults. Nothing configured means telemetry is off.
 
-use crate::config::{BatchConfig, TelemetryConfig, TelemetryFormat};
+use super::schema::{BatchConfig, TelemetryConfig, TelemetryFormat};
 use std::collections::BTreeMap;
 use std::time::Duration;
 

@@ -1,0 +1,498 @@
+//! One request through the proxy, phase by phase (pingora's model): `admit` → `read_body` →
+//! `route` → `shadow` → `attempt` (the retry loop) → `respond`, each a method of the request's
+//! context `Ctx`. A phase that cannot go on returns a `ProxyError`; `fail` turns it into the
+//! gateway's answer and marks the record. What the record needs, each phase tells the request's
+//! `Annotations`; `MeterLayer` (outside) measures the response and writes the record.
+//!
+//! A shadow copy goes through the same `attempt_once` and error kinds, measured through the same
+//! metering, without a client.
+
+use super::error::ProxyError;
+use super::request::{prepare_body, remove_hop_headers};
+use super::service::{Gateway, ProxyBody, VARIANT_HEADER};
+use super::upstream::{UpstreamRequestBody, UpstreamResponseBody};
+use crate::dialect::Endpoint;
+use crate::experiment::shadow::MAX_COMPARED;
+use crate::meter::{Annotations, Attempt, Deadlines, MeasureOptions, RequestMeta, NONE};
+use crate::route::{Backend, BackendGuard, Route, Router, Selection, Target};
+use bytes::Bytes;
+use http::uri::PathAndQuery;
+use http::{header, HeaderMap, HeaderValue, Method, Request, Response, Uri, Version};
+use http_body_util::{BodyExt, Either, Full, LengthLimitError, Limited};
+use hyper::body::Incoming;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::Instant;
+use tower::retry::budget::Budget as _;
+
+/// The proxy: runs the phases, answers with the gateway's error when one fails.
+pub(super) async fn proxy(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<ProxyBody> {
+    let (mut cx, body) = Ctx::admit(gw, req);
+    match cx.run(body).await {
+        Ok(resp) => resp,
+        Err(e) => cx.fail(e),
+    }
+}
+
+/// A request on its way through the phases.
+struct Ctx {
+    gw: Arc<Gateway>,
+    router: Arc<Router>,
+    notes: Annotations,
+    t0: Instant,
+    method: Method,
+    path_and_query: Option<PathAndQuery>,
+    client_version: Version,
+    headers: HeaderMap,
+    endpoint: Option<Endpoint>,
+    model: Option<String>,
+    user: Option<String>,
+    stream: bool,
+    strip_usage: bool,
+    /// The body of the first attempt (the client's, streamed, when it cannot be held).
+    first_body: Option<UpstreamRequestBody>,
+    /// The body to send again on a retry: inference bodies are held anyway, a request without a
+    /// body has nothing to hold; a streamed body cannot be replayed.
+    replay: Option<Bytes>,
+    capture_output: Option<usize>,
+}
+
+impl Ctx {
+    /// Phase 1: take the request apart; the layers outside have admitted it and started its
+    /// record (`Annotations`).
+    fn admit(gw: Arc<Gateway>, req: Request<Incoming>) -> (Self, Incoming) {
+        let (mut parts, body) = req.into_parts();
+        // Without `MeterLayer` outside nothing is measured: the notes go nowhere.
+        let notes = parts
+            .extensions
+            .remove::<Annotations>()
+            .unwrap_or_else(Annotations::detached);
+        let t0 = notes.update(|m| m.t0).unwrap_or_else(Instant::now);
+        let endpoint = (parts.method == Method::POST)
+            .then(|| Endpoint::from_path(parts.uri.path()))
+            .flatten();
+        let cx = Self {
+            router: gw.routes.load(),
+            capture_output: gw.trace.capture_content,
+            gw,
+            notes,
+            t0,
+            method: parts.method,
+            path_and_query: parts.uri.path_and_query().cloned(),
+            client_version: parts.version,
+            headers: parts.headers,
+            endpoint,
+            model: None,
+            user: None,
+            stream: false,
+            strip_usage: false,
+            first_body: None,
+            replay: None,
+        };
+        (cx, body)
+    }
+
+    async fn run(&mut self, body: Incoming) -> Result<Response<ProxyBody>, ProxyError> {
+        self.read_body(body).await?;
+        let sel = self.route()?;
+        self.shadow(&sel);
+        let (resp, guard) = self.attempt(&sel).await?;
+        Ok(self.respond(&sel.route, resp, guard))
+    }
+
+    /// Phase 2: read the body of known inference endpoints (bounded) and prepare it; stream
+    /// everything else.
+    async fn read_body(&mut self, body: Incoming) -> Result<(), ProxyError> {
+        let Some(ep) = self.endpoint else {
+            if has_no_body(&self.headers) {
+                let empty = Bytes::new();
+                self.first_body = Some(Either::Left(Full::new(empty.clone())));
+                self.replay = Some(empty);
+            } else {
+                self.first_body = Some(Either::Right(body));
+            }
+            return Ok(());
+        };
+        let limit = self.gw.limits.max_request_body_bytes;
+        let declared = self
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > limit as u64) {
+            return Err(ProxyError::BodyTooLarge(limit));
+        }
+        let bytes = match Limited::new(body, limit).collect().await {
+            Ok(c) => c.to_bytes(),
+            Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
+                return Err(ProxyError::BodyTooLarge(limit))
+            }
+            Err(_) => return Err(ProxyError::BodyRead),
+        };
+        let read = bytes.len() as u64;
+        let mut p = prepare_body(bytes, ep.is_openai(), self.gw.trace.capture_content);
+        p.params.operation = Some(ep.operation());
+        if p.body.len() as u64 != read {
+            self.headers.remove(header::CONTENT_LENGTH);
+        }
+        self.notes.update(|m| {
+            m.bytes_in = read;
+            m.stream = p.stream;
+            m.params = std::mem::take(&mut p.params);
+            if let Some(model) = &p.model {
+                m.model = model.as_str().into();
+            }
+        });
+        self.replay = Some(p.body.clone());
+        self.first_body = Some(Either::Left(Full::new(p.body)));
+        self.model = p.model;
+        self.user = p.user;
+        self.stream = p.stream;
+        self.strip_usage = p.strip_usage;
+        Ok(())
+    }
+
+    /// Phase 3: pick the route, the experiment's variant and a backend.
+    fn route(&mut self) -> Result<Selection, ProxyError> {
+        let path = self.path_and_query.as_ref().map_or("/", |p| p.path());
+        let sel = self
+            .router
+            .select(
+                self.model.as_deref(),
+                self.user.as_deref(),
+                path,
+                &self.headers,
+            )
+            .ok_or(ProxyError::NoRoute)?;
+        sel.route.budget.deposit();
+        self.notes.update(|m| {
+            m.route = Arc::clone(&sel.route.name);
+            m.variant = Arc::clone(&sel.variant);
+        });
+        Ok(sel)
+    }
+
+    /// Phase 3½: maybe send a copy to the experiment's shadow variant; never awaited.
+    fn shadow(&mut self, sel: &Selection) {
+        let (Target::Experiment(x), Some(body), Some(endpoint)) =
+            (&sel.route.target, &self.replay, self.endpoint)
+        else {
+            return;
+        };
+        let Some(sh) = x.shadow.as_ref().filter(|sh| *sh.variant != *sel.variant) else {
+            return;
+        };
+        let Some((permit, pair)) = sh.admit() else {
+            return;
+        };
+        self.notes.update(|m| m.shadow_pair = Some(pair));
+        self.capture_output = Some(
+            self.capture_output
+                .map_or(MAX_COMPARED, |c| c.max(MAX_COMPARED)),
+        );
+        let copy = ShadowCopy {
+            method: self.method.clone(),
+            path_and_query: self.path_and_query.clone(),
+            headers: self.headers.clone(),
+            body: body.clone(),
+            model: self.model.clone(),
+            stream: self.stream,
+            endpoint,
+            pair,
+            variant_index: sh.variant_index,
+            label: Arc::clone(&sh.label),
+        };
+        tokio::spawn(copy.send(Arc::clone(&self.gw), Arc::clone(&sel.route), permit));
+    }
+
+    /// Phase 4: send upstream; fail over to another backend before any response byte reached
+    /// the client when that is safe (the body can be sent again, attempts and the retry budget
+    /// allow).
+    async fn attempt(
+        &mut self,
+        sel: &Selection,
+    ) -> Result<(Response<UpstreamResponseBody>, BackendGuard), ProxyError> {
+        let route = &sel.route;
+        remove_hop_headers(&mut self.headers);
+        self.headers.remove(header::HOST);
+        let first_token_at = nonzero(route.timeouts.first_token).map(|d| self.t0 + d);
+        let max_attempts = if self.replay.is_some() {
+            1 + route.retry.attempts as usize
+        } else {
+            1
+        };
+        let mut backend = Arc::clone(&sel.backend);
+        let mut tried: Vec<Arc<str>> = Vec::new();
+        loop {
+            tried.push(Arc::clone(&backend.name));
+            self.notes.update(|m| {
+                m.backend = Arc::clone(&backend.name);
+                m.upstream = Some(backend.info.clone());
+            });
+            let guard = backend.admit().await.map_err(ProxyError::Busy)?;
+            let body = match (self.first_body.take(), &self.replay) {
+                (Some(b), _) => b,
+                (None, Some(bytes)) => Either::Left(Full::new(bytes.clone())),
+                (None, None) => return Err(ProxyError::BadUpstreamRequest),
+            };
+            let traceparent = self
+                .gw
+                .trace
+                .enabled
+                .then(|| self.notes.update(|m| m.trace.upstream_traceparent()))
+                .flatten();
+            let (t_sent, result) = attempt_once(
+                &self.gw,
+                &backend,
+                &self.method,
+                self.path_and_query.as_ref(),
+                self.headers.clone(),
+                body,
+                traceparent,
+                first_token_at,
+                &self.notes,
+            )
+            .await;
+            let (failure, retriable) = match result {
+                // No head before the first-token deadline: answer at once, no retry.
+                Err(e @ ProxyError::UpstreamTimeout) => return Err(e),
+                Err(e) => (Some(e), None),
+                Ok(r) if route.retry.statuses.contains(&r.status().as_u16()) => (None, Some(r)),
+                Ok(r) => return Ok((r, guard)),
+            };
+            // Another attempt only if one is allowed, another backend exists and the budget
+            // agrees.
+            let next = (tried.len() < max_attempts)
+                .then(|| {
+                    route
+                        .pool(sel.variant_index)
+                        .and_then(|p| p.pick(route.balancer, &tried))
+                })
+                .flatten()
+                .filter(|_| route.budget.withdraw());
+            match (next, retriable, failure) {
+                (Some(next), r, f) => {
+                    backend.observe_failure();
+                    let span = self.gw.metering.ids().span_id();
+                    self.notes.update(|m| {
+                        m.attempts.push(Attempt {
+                            backend: Arc::clone(&backend.name),
+                            span_id: m.trace.client_span,
+                            t_sent,
+                            t_end: Instant::now(),
+                            status: r.as_ref().map(|r| r.status().as_u16()),
+                            error: f.as_ref().map_or("upstream_status", ProxyError::kind),
+                        });
+                        m.trace.client_span = span;
+                    });
+                    drop(r);
+                    drop(guard);
+                    backend = next;
+                }
+                // No retry possible: the client gets the backend's own answer…
+                (None, Some(r), _) => return Ok((r, guard)),
+                // … or the gateway's error.
+                (None, None, Some(f)) => return Err(f),
+                (None, None, None) => return Err(ProxyError::BadUpstreamRequest),
+            }
+        }
+    }
+
+    /// Phase 5: hand the backend's response on, telling the meter how to read it.
+    fn respond(
+        &mut self,
+        route: &Route,
+        resp: Response<UpstreamResponseBody>,
+        guard: BackendGuard,
+    ) -> Response<ProxyBody> {
+        let (mut parts, body) = resp.into_parts();
+        remove_hop_headers(&mut parts.headers);
+        parts.version = self.client_version;
+        let sse = parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|c| c.starts_with("text/event-stream"));
+        let dialect = self.endpoint.and_then(Endpoint::dialect);
+        let strip = self.strip_usage && sse && dialect.is_some();
+        if strip {
+            parts.headers.remove(header::CONTENT_LENGTH);
+        }
+        let variant = self.notes.update(|m| Arc::clone(&m.variant));
+        if let Some(v) = variant.filter(|v| v.as_ref() != NONE) {
+            if let Ok(v) = HeaderValue::try_from(v.as_ref()) {
+                parts.headers.insert(VARIANT_HEADER, v);
+            }
+        }
+        self.notes.measure(MeasureOptions {
+            dialect,
+            strip_usage: strip,
+            capture_output: self.capture_output,
+            deadlines: deadlines(route, self.t0),
+        });
+        self.notes.hold(guard);
+        Response::from_parts(parts, Either::Left(body))
+    }
+
+    /// The gateway answers itself: the error's response, and the record marked with its kind.
+    fn fail(&self, e: ProxyError) -> Response<ProxyBody> {
+        self.notes.refuse(e.outcome(), e.kind());
+        e.into_response().map(Either::Right)
+    }
+}
+
+/// One upstream attempt: the request built for `backend` (its base URL, key, our trace context),
+/// sent, and its response head awaited until `deadline`. Returns when it was sent.
+#[allow(clippy::too_many_arguments)]
+async fn attempt_once(
+    gw: &Gateway,
+    backend: &Backend,
+    method: &Method,
+    path_and_query: Option<&PathAndQuery>,
+    mut headers: HeaderMap,
+    body: UpstreamRequestBody,
+    traceparent: Option<String>,
+    deadline: Option<Instant>,
+    notes: &Annotations,
+) -> (Instant, Result<Response<UpstreamResponseBody>, ProxyError>) {
+    let mut uri = backend.base.clone().into_parts();
+    uri.path_and_query = path_and_query.cloned();
+    let Ok(uri) = Uri::from_parts(uri) else {
+        return (Instant::now(), Err(ProxyError::BadUpstreamRequest));
+    };
+    if let Some(auth) = &backend.authorization {
+        headers.insert(header::AUTHORIZATION, auth.clone());
+    }
+    // The backend's spans join this trace as children of this attempt's CLIENT span.
+    if let Some(v) = traceparent.and_then(|t| HeaderValue::try_from(t).ok()) {
+        headers.insert("traceparent", v);
+    }
+    let mut up = Request::new(body);
+    *up.method_mut() = method.clone();
+    *up.uri_mut() = uri;
+    *up.version_mut() = Version::HTTP_11;
+    *up.headers_mut() = headers;
+    let t_sent = Instant::now();
+    notes.update(|m| m.t_sent = Some(t_sent));
+    let sent = gw.client.request(up);
+    let result = match deadline {
+        Some(at) => match tokio::time::timeout_at(at, sent).await {
+            Ok(r) => r.map_err(ProxyError::Upstream),
+            Err(_) => Err(ProxyError::UpstreamTimeout),
+        },
+        None => sent.await.map_err(ProxyError::Upstream),
+    };
+    (t_sent, result)
+}
+
+/// What is copied from a request to its shadow variant.
+#[derive(Debug)]
+struct ShadowCopy {
+    method: Method,
+    path_and_query: Option<PathAndQuery>,
+    headers: HeaderMap,
+    body: Bytes,
+    model: Option<String>,
+    stream: bool,
+    endpoint: Endpoint,
+    pair: u64,
+    variant_index: usize,
+    label: Arc<str>,
+}
+
+impl ShadowCopy {
+    /// Sends the copy, reads the answer to the end through a meter (measured like any request,
+    /// labelled `VARIANT:shadow`) and drops it. Runs as its own task under the shadow budget
+    /// (`permit`): the primary never waits for it.
+    async fn send(self, gw: Arc<Gateway>, route: Arc<Route>, permit: OwnedSemaphorePermit) {
+        let path = self.path_and_query.as_ref().map_or("/", |p| p.path());
+        let mut meta = RequestMeta::new(self.method.clone(), path);
+        meta.request_id = gw.metering.ids().request_id().into();
+        meta.route = Arc::clone(&route.name);
+        meta.variant = Arc::clone(&self.label);
+        meta.stream = self.stream;
+        meta.bytes_in = self.body.len() as u64;
+        meta.is_shadow = true;
+        meta.shadow_pair = Some(self.pair);
+        if let Some(m) = &self.model {
+            meta.model = m.as_str().into();
+        }
+        let t0 = meta.t0;
+        let notes = gw.metering.start_with(meta);
+        notes.hold(permit);
+        match self.attempt(&gw, &route, &notes, t0).await {
+            Ok((resp, guard)) => {
+                notes.measure(MeasureOptions {
+                    dialect: self.endpoint.dialect(),
+                    strip_usage: false,
+                    capture_output: Some(MAX_COMPARED),
+                    deadlines: deadlines(&route, t0),
+                });
+                notes.hold(guard);
+                // Read to the end (the meter records it) and discard.
+                let _ = notes.meter_response(resp).into_body().collect().await;
+            }
+            Err(e) => notes.finish_without_response(e.status().as_u16(), e.outcome(), e.kind()),
+        }
+    }
+
+    /// The copy's single attempt, through the same steps as a client's.
+    async fn attempt(
+        &self,
+        gw: &Gateway,
+        route: &Route,
+        notes: &Annotations,
+        t0: Instant,
+    ) -> Result<(Response<UpstreamResponseBody>, BackendGuard), ProxyError> {
+        let backend = route
+            .pool(Some(self.variant_index))
+            .and_then(|p| p.pick(route.balancer, &[]))
+            .ok_or(ProxyError::NoRoute)?;
+        notes.update(|m| {
+            m.backend = Arc::clone(&backend.name);
+            m.upstream = Some(backend.info.clone());
+        });
+        let guard = backend.admit().await.map_err(ProxyError::Busy)?;
+        let mut headers = self.headers.clone();
+        remove_hop_headers(&mut headers);
+        headers.remove(header::HOST);
+        headers.remove(header::CONTENT_LENGTH);
+        headers.remove("traceparent");
+        headers.insert(super::SHADOW_HEADER, HeaderValue::from_static("1"));
+        let first_token_at = nonzero(route.timeouts.first_token).map(|d| t0 + d);
+        let (_, result) = attempt_once(
+            gw,
+            &backend,
+            &self.method,
+            self.path_and_query.as_ref(),
+            headers,
+            Either::Left(Full::new(self.body.clone())),
+            None,
+            first_token_at,
+            notes,
+        )
+        .await;
+        Ok((result?, guard))
+    }
+}
+
+/// A route's response deadlines for a request that arrived at `t0`.
+fn deadlines(route: &Route, t0: Instant) -> Deadlines {
+    Deadlines {
+        first_token: nonzero(route.timeouts.first_token).map(|d| t0 + d),
+        idle: nonzero(route.timeouts.idle),
+        total: nonzero(route.timeouts.total).map(|d| t0 + d),
+    }
+}
+
+fn nonzero(d: Duration) -> Option<Duration> {
+    (!d.is_zero()).then_some(d)
+}
+
+/// The request carries no body (so it can be sent again as-is).
+fn has_no_body(headers: &HeaderMap) -> bool {
+    let length = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok());
+    !headers.contains_key(header::TRANSFER_ENCODING) && length.is_none_or(|l| l.trim() == "0")
+}
