@@ -111,6 +111,12 @@ impl AccessLog {
     }
 }
 
+impl crate::meter::RecordSink for AccessLog {
+    fn record(&self, rec: &Arc<RequestRecord>) {
+        self.send(Arc::clone(rec));
+    }
+}
+
 async fn write_loop(
     mut rx: mpsc::Receiver<Msg>,
     mut out: BufWriter<Box<dyn AsyncWrite + Send + Unpin>>,

@@ -185,6 +185,12 @@ impl Experiments {
     }
 }
 
+impl crate::meter::RecordSink for Experiments {
+    fn record(&self, rec: &Arc<RequestRecord>) {
+        Experiments::record(self, rec);
+    }
+}
+
 /// Signed percentage, as in `−31%`.
 fn pct(x: f64) -> String {
     let v = (x * 100.0).round();

@@ -54,6 +54,12 @@ pub struct Stats {
     max_groups: usize,
 }
 
+impl crate::meter::RecordSink for Stats {
+    fn record(&self, rec: &Arc<RequestRecord>) {
+        Stats::record(self, rec);
+    }
+}
+
 /// A consistent copy of the tallies, taken under the lock and rendered outside it.
 #[derive(Debug, Clone)]
 pub struct Snapshot {

@@ -253,6 +253,12 @@ impl Telemetry {
     }
 }
 
+impl crate::meter::RecordSink for Telemetry {
+    fn record(&self, rec: &Arc<RequestRecord>) {
+        self.submit(Arc::clone(rec));
+    }
+}
+
 async fn run(
     mut rx: mpsc::Receiver<Msg>,
     exporter: SpanExporter,
