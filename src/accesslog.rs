@@ -195,7 +195,7 @@ impl Serialize for ItlGaps<'_> {
     }
 }
 
-/// The access-log line (DESIGN §4): field names are a contract.
+/// The access-log line: field names are a contract (docs/ARCHITECTURE.md §5).
 #[derive(Serialize)]
 struct LogLine<'a> {
     ts: String,

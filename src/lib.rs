@@ -3,27 +3,28 @@
 //! It proxies OpenAI-compatible traffic to inference backends without buffering, and measures
 //! every request where the bytes are: TTFT, TTFC, TPOT, ITL, E2E, tokens, outcome.
 //!
-//! Module map (data flows top to bottom):
+//! Module map, lowest layer first (a module uses only lower ones; docs/ARCHITECTURE.md §2):
 //!
 //! | module | owns |
 //! |---|---|
-//! | [`cli`] | the clap command line; thin, calls the entry points below |
-//! | [`config`] | YAML schema, `load()` → `validate()` → `Arc<Config>`, located errors, embedded default |
-//! | [`app`] | assembles a running gateway from a config and shuts it down in order |
-//! | [`server`] | accept loop: HTTP/1.1 + h2c, graceful drain |
-//! | [`proxy`] | `ProxyService` and its tower layers, request rewrite, upstream client, gateway errors |
-//! | [`route`] | route matching, backend pools, balancers, health, retries budget, experiment splits |
-//! | [`experiment`] | per-variant samples, comparisons with confidence intervals, offline reports |
+//! | [`util`] | stable hash, seeded RNG, ids, time formatting, the percentile rule, the Prometheus writer |
 //! | [`sse`] | incremental zero-copy SSE and NDJSON scanners |
 //! | [`dialect`] | what one event of a wire format means (output, usage, finish, error) |
-//! | [`meter`] | `MeteredBody` (timestamps frames in `poll_frame`) and `RequestRecord` |
-//! | [`recorder`] | where each finished record goes: stats and the access log |
-//! | [`stats`] | HdrHistograms per group, sliding window, `/stats` JSON, Prometheus text |
-//! | [`accesslog`] | JSONL writer task behind a bounded channel |
-//! | [`telemetry`] | OpenTelemetry spans and metrics over OTLP, trace context |
-//! | [`admin`] | admin HTTP API: `/metrics`, `/stats`, `/healthz`, `/readyz` |
-//! | [`loadgen`] | `inferscope bench`: load generation measured by the same definitions |
+//! | [`server`] | accept loop: HTTP/1.1 + h2c, graceful drain |
 //! | [`sim`] | simulated OpenAI-compatible backend with a timing model and ground truth |
+//! | [`config`] | YAML schema, `load()` → `validate()` → `Arc<Config>`, located errors, embedded default |
+//! | [`meter`] | `MeterLayer` (measure any tower HTTP service), `RecordSink`, `Annotations`, `MeteredBody`, `RequestRecord` |
+//! | [`stats`] | HdrHistograms per group, sliding window, `/stats` JSON, Prometheus series |
+//! | [`accesslog`] | JSONL writer task behind a bounded queue |
+//! | [`experiment`] | per-variant samples, comparisons, guardrails, shadow agreement, feedback, eval, reports |
+//! | [`loadgen`] | `inferscope bench`: load generation measured by the same definitions |
+//! | [`telemetry`] | OpenTelemetry spans and metrics over OTLP |
+//! | [`route`] | route matching, pools, balancers, backend health, experiment splits, the routing observer |
+//! | [`recorder`] | the gateway's sinks for finished records |
+//! | [`proxy`] | `ProxyService` and its phases, the in-flight limit, the upstream client, gateway errors |
+//! | [`admin`] | admin HTTP API: `/metrics`, `/stats`, `/experiments`, `/feedback`, `/healthz`, `/readyz` |
+//! | [`app`] | assembles a running gateway from a config and shuts it down in order |
+//! | [`cli`] | the clap command line; thin, calls the entry points above |
 
 pub mod accesslog;
 pub mod admin;

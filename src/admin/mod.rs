@@ -1,7 +1,7 @@
 //! The admin plane (its own listener; API clients never reach it): `GET /metrics` (Prometheus),
-//! `GET /stats` (JSON), `GET /experiments` (A/B comparisons), `GET /healthz` (the process is up),
-//! `GET /readyz` (routes can be served and the gateway is not draining). `/feedback` and the
-//! dashboard are later work.
+//! `GET /stats` (JSON), `GET /experiments` (A/B comparisons), `POST /feedback` (quality signals),
+//! `POST /experiments/reset` (guardrail reset), `GET /healthz` (the process is up), `GET /readyz`
+//! (routes can be served and the gateway is not draining). The dashboard is not built yet.
 
 use crate::recorder::Recorder;
 use crate::route::Router;

@@ -1,8 +1,8 @@
 //! `inferscope bench`: a load generator that speaks the gateway's metric language. Requests come
 //! from a dataset (ShareGPT JSON, JSONL prompts) or are synthetic; arrivals are open-loop (Poisson
 //! or constant rate) or closed-loop (fixed concurrency). Each response is measured client-side by
-//! DESIGN §3's definitions, with the same SSE scanner and dialect as the gateway: TTFT, TTFC,
-//! TPOT, ITL, E2E, tokens, goodput under SLOs.
+//! the gateway's definitions (docs/ARCHITECTURE.md §4), with the same SSE scanner and dialect:
+//! TTFT, TTFC, TPOT, ITL, E2E, tokens, goodput under SLOs.
 //!
 //! The direct vs inferscope vs nginx comparison that drives this load generator as a separate
 //! process is `benches/e2e_compare.rs`.
@@ -368,7 +368,7 @@ fn dist(v: &mut [f64]) -> Value {
     })
 }
 
-/// The report (vLLM `bench serve` style, DESIGN §3 definitions) as JSON.
+/// The report (vLLM `bench serve` style, the gateway's definitions) as JSON.
 pub fn summarize(samples: &[Sample], wall: Duration, slo: &[(String, Duration)]) -> Value {
     let secs = wall.as_secs_f64().max(1e-9);
     let ok: Vec<&Sample> = samples.iter().filter(|s| s.ok()).collect();

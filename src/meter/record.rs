@@ -10,7 +10,7 @@ use tokio::time::Instant;
 /// Label used where a dimension does not apply (no route matched, no variant, no model…).
 pub const NONE: &str = "-";
 
-/// How a request ended (DESIGN §3, plus `client_error` for a backend's 4xx answer).
+/// How a request ended (docs/ARCHITECTURE.md §4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Outcome {
     /// Completed normally.
