@@ -105,95 +105,11 @@ pub async fn handle(
             }
             reply(StatusCode::OK, "application/json", v.to_string())
         }
-        "/metrics" => {
-            let rec = &state.recorder;
-            let mut scalars = vec![
-                Scalar {
-                    name: "inferscope_in_flight_requests",
-                    kind: "gauge",
-                    help: "Requests started and not yet finished.",
-                    value: state.metering.in_flight() as f64,
-                },
-                Scalar {
-                    name: "inferscope_access_log_dropped_total",
-                    kind: "counter",
-                    help: "Access-log records dropped because the writer queue was full.",
-                    value: rec.log.dropped() as f64,
-                },
-                Scalar {
-                    name: "inferscope_access_log_written_total",
-                    kind: "counter",
-                    help: "Access-log lines written.",
-                    value: rec.log.written() as f64,
-                },
-                Scalar {
-                    name: "inferscope_access_log_write_errors_total",
-                    kind: "counter",
-                    help: "Access-log writes that failed.",
-                    value: rec.log.write_errors() as f64,
-                },
-                Scalar {
-                    name: "inferscope_ready",
-                    kind: "gauge",
-                    help: "1 when the gateway accepts traffic and every route has a backend.",
-                    value: f64::from(u8::from(
-                        state.accepting.load(Ordering::Relaxed) && router.ready(),
-                    )),
-                },
-                Scalar {
-                    name: "inferscope_config_reloads_total",
-                    kind: "counter",
-                    help: "Config reloads applied (SIGHUP or a change of the file).",
-                    value: state.reloads.ok.load(Ordering::Relaxed) as f64,
-                },
-                Scalar {
-                    name: "inferscope_config_reload_failures_total",
-                    kind: "counter",
-                    help: "Config reloads rejected (invalid config); the previous config kept serving.",
-                    value: state.reloads.failed.load(Ordering::Relaxed) as f64,
-                },
-            ];
-            if let Some(t) = &rec.telemetry {
-                use std::sync::atomic::Ordering::Relaxed;
-                let c = &t.counters;
-                scalars.extend([
-                    Scalar {
-                        name: "inferscope_telemetry_spans_exported_total",
-                        kind: "counter",
-                        help: "Spans exported over OTLP.",
-                        value: c.spans_exported.load(Relaxed) as f64,
-                    },
-                    Scalar {
-                        name: "inferscope_telemetry_span_export_failures_total",
-                        kind: "counter",
-                        help: "OTLP span exports that failed or timed out.",
-                        value: c.span_export_failures.load(Relaxed) as f64,
-                    },
-                    Scalar {
-                        name: "inferscope_telemetry_metric_export_failures_total",
-                        kind: "counter",
-                        help: "OTLP metric exports that failed.",
-                        value: c.metric_export_failures.load(Relaxed) as f64,
-                    },
-                    Scalar {
-                        name: "inferscope_telemetry_dropped_total",
-                        kind: "counter",
-                        help:
-                            "Finished requests not exported because the telemetry queue was full.",
-                        value: c.dropped.load(Relaxed) as f64,
-                    },
-                ]);
-            }
-            let mut w = Writer::new();
-            write_prometheus(&mut w, &rec.stats.snapshot(), &scalars);
-            backend_metrics(&router, &mut w);
-            guardrail_metrics(&router, &mut w);
-            reply(
-                StatusCode::OK,
-                "text/plain; version=0.0.4; charset=utf-8",
-                w.finish(),
-            )
-        }
+        "/metrics" => reply(
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            metrics_text(&state, &router),
+        ),
         _ => reply(
             StatusCode::NOT_FOUND,
             "text/plain",
@@ -201,6 +117,71 @@ pub async fn handle(
         ),
     };
     Ok(r)
+}
+
+/// The whole Prometheus exposition: the stats series, gateway-wide counters and gauges, backend
+/// and guardrail state.
+fn metrics_text(state: &AdminState, router: &Router) -> String {
+    use std::sync::atomic::Ordering::Relaxed;
+    let rec = &state.recorder;
+    let gauge = |name, help, value: f64| Scalar {
+        name,
+        kind: "gauge",
+        help,
+        value,
+    };
+    let counter = |name, help, value: u64| Scalar {
+        name,
+        kind: "counter",
+        help,
+        value: value as f64,
+    };
+    let ready = state.accepting.load(Relaxed) && router.ready();
+    let mut scalars = vec![
+        gauge(
+            "inferscope_in_flight_requests",
+            "Requests started and not yet finished.",
+            state.metering.in_flight() as f64,
+        ),
+        counter(
+            "inferscope_access_log_dropped_total",
+            "Access-log records dropped because the writer queue was full.",
+            rec.log.dropped(),
+        ),
+        counter(
+            "inferscope_access_log_written_total",
+            "Access-log lines written.",
+            rec.log.written(),
+        ),
+        counter(
+            "inferscope_access_log_write_errors_total",
+            "Access-log writes that failed.",
+            rec.log.write_errors(),
+        ),
+        gauge(
+            "inferscope_ready",
+            "1 when the gateway accepts traffic and every route has a backend.",
+            f64::from(u8::from(ready)),
+        ),
+        counter(
+            "inferscope_config_reloads_total",
+            "Config reloads applied (SIGHUP or a change of the file).",
+            state.reloads.ok.load(Relaxed),
+        ),
+        counter(
+            "inferscope_config_reload_failures_total",
+            "Config reloads rejected (invalid config); the previous config kept serving.",
+            state.reloads.failed.load(Relaxed),
+        ),
+    ];
+    if let Some(t) = &rec.telemetry {
+        scalars.extend(t.counters.scalars());
+    }
+    let mut w = Writer::new();
+    write_prometheus(&mut w, &rec.stats.snapshot(), &scalars);
+    backend_metrics(router, &mut w);
+    guardrail_metrics(router, &mut w);
+    w.finish()
 }
 
 /// Per-backend health and load, for `/stats`.
@@ -268,10 +249,7 @@ fn backend_metrics(router: &Router, w: &mut Writer) {
         .map(|s| Labels::new(&[("backend", &s.name)]))
         .collect();
     for (name, kind, help, get) in series {
-        w.family(name, kind, help);
-        for (s, l) in all.iter().zip(&labels) {
-            w.sample(name, l, get(s));
-        }
+        w.series(name, kind, help, labels.iter().zip(all.iter().map(get)));
     }
 }
 
@@ -428,20 +406,16 @@ fn guardrail_metrics(router: &Router, w: &mut Writer) {
     if tripped.is_empty() {
         return;
     }
-    w.family(
+    w.series(
         "inferscope_guardrail_tripped",
         "gauge",
         "1 while the variant is rolled back to the control.",
+        tripped.iter().map(|(l, v)| (l, v)),
     );
-    for (l, v) in &tripped {
-        w.sample("inferscope_guardrail_tripped", l, v);
-    }
-    w.family(
+    w.series(
         "inferscope_guardrail_trips_total",
         "counter",
         "Guardrail trips.",
+        trips.iter().map(|(l, v)| (l, v)),
     );
-    for (l, v) in &trips {
-        w.sample("inferscope_guardrail_trips_total", l, v);
-    }
 }

@@ -18,35 +18,25 @@ use tower::{Layer, Service};
 
 /// Caps requests in flight, counting each until its response body ends.
 #[derive(Debug, Clone)]
-pub struct InFlightLimitLayer {
-    permits: Arc<Semaphore>,
-}
+pub struct InFlightLimitLayer(Arc<Semaphore>);
 
 impl InFlightLimitLayer {
     /// A limit of `max` requests.
     pub fn new(max: usize) -> Self {
-        Self {
-            permits: Arc::new(Semaphore::new(max)),
-        }
+        Self(Arc::new(Semaphore::new(max)))
     }
 }
 
 impl<S> Layer<S> for InFlightLimitLayer {
     type Service = InFlightLimit<S>;
     fn layer(&self, inner: S) -> InFlightLimit<S> {
-        InFlightLimit {
-            inner,
-            permits: Arc::clone(&self.permits),
-        }
+        InFlightLimit(inner, Arc::clone(&self.0))
     }
 }
 
-/// Service of `InFlightLimitLayer`.
+/// Service of `InFlightLimitLayer`: the inner service and the permits.
 #[derive(Debug, Clone)]
-pub struct InFlightLimit<S> {
-    inner: S,
-    permits: Arc<Semaphore>,
-}
+pub struct InFlightLimit<S>(S, Arc<Semaphore>);
 
 impl<S, B> Service<Request<B>> for InFlightLimit<S>
 where
@@ -62,19 +52,19 @@ where
     type Future = ProxyFuture;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
+        self.0.poll_ready(cx)
     }
 
     fn call(&mut self, req: Request<B>) -> ProxyFuture {
         let notes = req.extensions().get::<Annotations>().cloned();
-        match (Arc::clone(&self.permits).try_acquire_owned(), notes) {
+        match (Arc::clone(&self.1).try_acquire_owned(), notes) {
             (Ok(permit), Some(notes)) => {
                 notes.hold(permit);
-                self.inner.call(req)
+                self.0.call(req)
             }
             // Not measured (no `MeterLayer` outside): hold the permit until the response head.
             (Ok(permit), None) => {
-                let fut = self.inner.call(req);
+                let fut = self.0.call(req);
                 Box::pin(async move {
                     let r = fut.await;
                     drop(permit);

@@ -98,10 +98,8 @@ pub fn write(w: &mut Writer, snap: &Snapshot, scalars: &[Scalar]) {
         ),
     ];
     for (name, help, get) in counters {
-        w.family(name, "counter", help);
-        for (labels, t) in &groups {
-            w.sample(name, labels, get(t));
-        }
+        let samples = groups.iter().map(|(labels, t)| (labels, get(t)));
+        w.series(name, "counter", help, samples);
     }
 
     let hists: [(&str, &str, usize, &[f64]); 6] = [

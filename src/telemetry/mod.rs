@@ -63,6 +63,35 @@ impl Counters {
     fn exported_metrics(&self) {
         self.metric_exports.fetch_add(1, Ordering::Relaxed);
     }
+
+    /// The export-health counters, for `/metrics`.
+    pub fn scalars(&self) -> impl Iterator<Item = crate::stats::Scalar> {
+        const NAMES: [&str; 4] = [
+            "inferscope_telemetry_spans_exported_total",
+            "inferscope_telemetry_span_export_failures_total",
+            "inferscope_telemetry_metric_export_failures_total",
+            "inferscope_telemetry_dropped_total",
+        ];
+        const HELP: [&str; 4] = [
+            "Spans exported over OTLP.",
+            "OTLP span exports that failed or timed out.",
+            "OTLP metric exports that failed.",
+            "Finished requests not exported because the telemetry queue was full.",
+        ];
+        let values = [
+            &self.spans_exported,
+            &self.span_export_failures,
+            &self.metric_export_failures,
+            &self.dropped,
+        ]
+        .map(|c| c.load(Ordering::Relaxed) as f64);
+        (0..4).map(move |i| crate::stats::Scalar {
+            name: NAMES[i],
+            kind: "counter",
+            help: HELP[i],
+            value: values[i],
+        })
+    }
 }
 
 enum Msg {

@@ -61,6 +61,21 @@ impl Writer {
         self
     }
 
+    /// A whole family: `# HELP`, `# TYPE`, then one sample per `(labels, value)`.
+    pub fn series<'a, V: Display>(
+        &mut self,
+        name: &str,
+        kind: &str,
+        help: &str,
+        samples: impl IntoIterator<Item = (&'a Labels, V)>,
+    ) -> &mut Self {
+        self.family(name, kind, help);
+        for (labels, value) in samples {
+            self.sample(name, labels, value);
+        }
+        self
+    }
+
     /// One sample: `name{labels} value`.
     pub fn sample(&mut self, name: &str, labels: &Labels, value: impl Display) -> &mut Self {
         self.sample_with(name, labels, None, value)
