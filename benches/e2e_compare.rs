@@ -19,7 +19,8 @@
 //!
 //! Run: `cargo bench --bench e2e_compare` (needs `nginx` and `taskset` on PATH; environment:
 //! `ROUNDS` (3), `RATE_ROUNDS` (5, the open-loop phase), `LEVELS` (1,64,512), `STREAMS` (10000), `PHASES` (latency,rate,throughput,capped,streams), `CAP_PCT` (25),
-//! `TARGETS` of the streams phase (direct,inferscope,nginx), `PIN` (1)). Writes the table to stdout and everything to `target/e2e_compare.json`.
+//! `TARGETS` of the streams phase (direct,inferscope,nginx), `PIN` (1), `PROXY_BIN` (another
+//! inferscope build as the proxy under test; the simulator and client stay this build's)). Writes the table to stdout and everything to `target/e2e_compare.json`.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
 use serde_json::{json, Value};
@@ -204,7 +205,10 @@ fn inferscope(dir: &Path, upstream: u16) -> (Proc, u16) {
         ),
     )
     .unwrap();
-    let mut cmd = pinned(0, BIN);
+    // `PROXY_BIN` runs another build as the proxy under test (before/after comparisons: each run
+    // measures it against nginx and the same client).
+    let bin = std::env::var("PROXY_BIN").unwrap_or_else(|_| BIN.to_string());
+    let mut cmd = pinned(0, &bin);
     cmd.arg("serve")
         .arg("--config")
         .arg(&cfg)
