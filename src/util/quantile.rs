@@ -22,6 +22,7 @@ pub const WINDOW_DIGITS: u8 = 2;
 
 /// The 1-based rank of the `q`-quantile among `n > 0` samples: ⌈q·n⌉, clamped to `1..=n` —
 /// computed exactly as HdrHistogram computes it (same floating-point expression).
+#[inline]
 pub fn rank(n: usize, q: f64) -> usize {
     let q = if q > 1.0 { 1.0 } else { q };
     ((q * n as f64).ceil() as usize).clamp(1, n.max(1))
@@ -57,6 +58,7 @@ pub fn of_sorted_us(sorted: &[u64], q: f64) -> Option<u64> {
 
 /// Whole microseconds of a millisecond value that holds whole microseconds (as the log and the
 /// reservoirs keep them).
+#[inline]
 pub fn ms_to_us(ms: f64) -> u64 {
     if ms.is_finite() && ms > 0.0 {
         (ms * 1000.0).round() as u64
@@ -66,16 +68,19 @@ pub fn ms_to_us(ms: f64) -> u64 {
 }
 
 /// Milliseconds of whole microseconds (`/stats`, the log and reports all print this).
+#[inline]
 pub fn us_to_ms(us: u64) -> f64 {
     us as f64 / 1000.0
 }
 
 /// Whole microseconds of a duration, truncated as histograms record it.
+#[inline]
 pub fn duration_us(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// A duration as the milliseconds every path reports: whole microseconds, truncated.
+#[inline]
 pub fn duration_ms(d: std::time::Duration) -> f64 {
     us_to_ms(duration_us(d))
 }
