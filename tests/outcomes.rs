@@ -166,3 +166,67 @@ async fn a_backend_answering_empty_500s_is_ejected() {
         assert_eq!(l["bytes_out"], 0);
     }
 }
+
+/// A backend that sends `head` and one chunk of a body, then closes the connection mid-body.
+async fn cut_off(content_type: &str, piece: &str) -> std::net::SocketAddr {
+    let mut resp = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: {content_type}\r\ntransfer-encoding: chunked\r\n\r\n"
+    )
+    .into_bytes();
+    resp.extend(chunk(piece.as_bytes()));
+    start_raw(vec![resp], Duration::ZERO).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_cut_off_upstream_is_aborted_not_ended() {
+    // A non-streamed JSON answer (embeddings) broken mid-body: the client must not get a
+    // complete-looking 200.
+    let json = cut_off("application/json", r#"{"data":[{"embedding":[0.12,"#).await;
+    let sse = cut_off(
+        "text/event-stream",
+        "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n",
+    )
+    .await;
+    let dir = temp_dir();
+    let yaml = format!(
+        "access_log: {{ path: {:?} }}\nbackends:\n  - {{ name: json, url: \"http://{json}\" }}\n  - {{ name: sse, url: \"http://{sse}\" }}\nroutes:\n  - {{ name: e, match: {{ path_prefix: /v1/embeddings }}, backends: [json] }}\n  - {{ name: c, backends: [sse] }}\n",
+        dir.join("access.jsonl")
+    );
+    let gw = start_yaml(&yaml).await;
+    let r = post(gw.data_addr, "/v1/embeddings", r#"{"input":"x"}"#, &[]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body(), br#"{"data":[{"embedding":[0.12,"#);
+    assert!(r.aborted, "HTTP/1: closed without the terminating chunk");
+
+    // Over h2c the stream is reset: the client's body read fails.
+    let stream = tokio::net::TcpStream::connect(gw.data_addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::post(format!("http://{}/v1/chat/completions", gw.data_addr))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(chat(
+            true, 5, "",
+        ))))
+        .unwrap();
+    // Reset after the head and what arrived, or — when the reset overtakes the queued head —
+    // before it: either way the client's read fails.
+    let failed = match send.send_request(req).await {
+        Ok(resp) => http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .is_err(),
+        Err(e) => e.to_string().contains("stream error") || format!("{e:?}").contains("Reset"),
+    };
+    assert!(failed, "h2: the stream is reset, not ended");
+
+    let log = stop_and_read_log(gw, &dir).await;
+    assert_eq!(log.len(), 2);
+    for line in &log {
+        assert_eq!(line["outcome"], "truncated", "{line}");
+        assert_eq!(line["error"], "upstream_body_error", "{line}");
+    }
+}

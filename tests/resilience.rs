@@ -1,5 +1,5 @@
 //! Safe in front of production: failover before the first byte (and never after), timeouts that
-//! end streams cleanly and close the upstream, outlier ejection and recovery, bounded queues,
+//! abort streams (the client can tell) and close the upstream, outlier ejection and recovery, bounded queues,
 //! active probes, and hot reload. Every test also checks requests in = access-log lines out.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -130,6 +130,10 @@ async fn no_retry_once_streaming_has_begun() {
         "what arrived before the backend died, and no more"
     );
     assert!(!body.contains("[DONE]"), "never a fabricated [DONE]");
+    assert!(
+        r.aborted,
+        "the client can tell: the response was aborted, not ended cleanly"
+    );
     let log = stop_and_read_log(gw, &dir).await;
     assert_eq!(log.len(), 1);
     assert_eq!(log[0]["outcome"], "truncated");
@@ -170,6 +174,10 @@ async fn a_stalled_stream_hits_the_idle_timeout_and_the_upstream_is_closed() {
     let body = String::from_utf8(r.body()).unwrap();
     assert_eq!(body.matches("data: ").count(), 3);
     assert!(!body.contains("[DONE]"));
+    assert!(
+        r.aborted,
+        "a timed-out stream is aborted, not ended cleanly"
+    );
     // The gateway dropped the upstream response: the simulator sees its client go away.
     assert!(stalling.wait_finished(1, Duration::from_secs(10)).await);
     assert!(stalling.truth()[0].cancelled);
@@ -208,6 +216,7 @@ async fn first_token_timeout_ends_streams_and_answers_504_before_a_head() {
     assert!(!String::from_utf8(r.body())
         .unwrap()
         .contains("\"content\":\" "));
+    assert!(r.aborted);
     // Not streaming: no response head by the deadline.
     let r = post(
         gw.data_addr,

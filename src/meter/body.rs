@@ -2,6 +2,11 @@
 //! the same `Bytes` on at once, and finalizes the request's record exactly once — at the end of
 //! the body, on a body error, or on drop (the client went away).
 //!
+//! A stream that breaks (the upstream body fails, or a deadline passes) is not ended cleanly:
+//! after the bytes that arrived, the body returns an error, so the server aborts the response —
+//! HTTP/1 closes the connection without the terminating chunk, h2 resets the stream — and the
+//! client can tell a cut-off response from a complete one (as nginx and Envoy do).
+//!
 //! The one exception to "forward as-is": when the gateway injected `stream_options.include_usage`,
 //! the extra usage-only event is cut out of the stream (by slicing the `Bytes`, not copying). To
 //! do that, while that event has not been seen, an incomplete trailing event is held back until
@@ -33,6 +38,10 @@ pin_project! {
         // How the body ended when that is decided before the last bytes are handed on (a body
         // error or a timeout with frames still queued): the record is written once they are.
         ending: Option<End>,
+        // The stream is to be aborted (after what is queued) for this reason.
+        abort: Option<&'static str>,
+        // The abort yielded once, so the server could flush what was handed on before it.
+        abort_yielded: bool,
         // Deadlines (first token, idle, total): one timer, re-armed per frame, never reallocated.
         timer: Option<Pin<Box<Sleep>>>,
         last_frame: Instant,
@@ -71,6 +80,8 @@ impl<B: Body> MeteredBody<B> {
             queue: VecDeque::new(),
             upstream_done: false,
             ending: None,
+            abort: None,
+            abort_yielded: false,
             timer: None,
             last_frame: Instant::now(),
         }
@@ -90,6 +101,8 @@ impl<B: Body> MeteredBody<B> {
             queue: VecDeque::new(),
             upstream_done,
             ending: None,
+            abort: None,
+            abort_yielded: false,
             timer,
             last_frame: now,
         }
@@ -132,18 +145,26 @@ impl<E: std::fmt::Debug> std::fmt::Display for DisplayErr<'_, E> {
     }
 }
 
+/// The error a broken stream ends with: the server aborts the response instead of ending it.
+#[derive(Debug, thiserror::Error)]
+#[error("response stream aborted: {0}")]
+pub struct StreamAborted(pub &'static str);
+
+/// Errors of `MeteredBody`.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 impl<B> Body for MeteredBody<B>
 where
     B: Body<Data = Bytes>,
     B::Error: std::fmt::Debug,
 {
     type Data = Bytes;
-    type Error = B::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let mut this = self.project();
         loop {
             if let Some(bytes) = this.queue.pop_front() {
@@ -155,6 +176,18 @@ where
             if *this.upstream_done {
                 if let Some(m) = this.meter.take() {
                     m.finish(this.ending.take().unwrap_or(End::Complete));
+                }
+                if let Some(kind) = *this.abort {
+                    // Servers write what they buffered when the body is not ready: yield once,
+                    // so the bytes that arrived reach the client before the abort discards the
+                    // connection (HTTP/1) or the stream (h2).
+                    if !*this.abort_yielded {
+                        *this.abort_yielded = true;
+                        cx.waker().wake_by_ref();
+                        return Poll::Pending;
+                    }
+                    *this.abort = None;
+                    return Poll::Ready(Some(Err(Box::new(StreamAborted(kind)))));
                 }
                 return Poll::Ready(None);
             }
@@ -170,10 +203,11 @@ where
                     let now = Instant::now();
                     match expired(m, *this.last_frame, now) {
                         Some(kind) => {
-                            // End the client's stream cleanly with what arrived; the upstream
-                            // body is dropped with this body, which closes its connection.
+                            // Abort the client's stream after what arrived; the upstream body
+                            // is dropped with this body, which closes its connection.
                             *this.upstream_done = true;
                             *this.ending = Some(End::TimedOut(kind));
+                            *this.abort = Some(kind);
                             if let Some(h) = this.held.take() {
                                 this.queue.push_back(h);
                             }
@@ -199,11 +233,12 @@ where
                     }
                 }
                 Some(Err(e)) => {
-                    // The upstream broke mid-body: end the client's stream cleanly after what
-                    // arrived (never a fabricated `[DONE]`), and record it as truncated.
+                    // The upstream broke mid-body: abort the client's stream after what arrived
+                    // (never a fabricated `[DONE]`), and record it as truncated.
                     tracing::debug!(error = %DisplayErr(&e), "upstream body failed");
                     *this.upstream_done = true;
                     *this.ending = Some(End::BodyError);
+                    *this.abort = Some("upstream_body_error");
                     if let Some(h) = this.held.take() {
                         this.queue.push_back(h);
                     }
@@ -250,6 +285,7 @@ where
     fn is_end_stream(&self) -> bool {
         // Claimed only once the record is written, so the end is never reported before it.
         self.meter.is_none()
+            && self.abort.is_none()
             && self.queue.is_empty()
             && self.held.is_none()
             && self.inner.is_end_stream()

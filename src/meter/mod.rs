@@ -20,7 +20,7 @@ mod measure;
 mod record;
 pub mod trace;
 
-pub use body::MeteredBody;
+pub use body::{BoxError, MeteredBody, StreamAborted};
 pub use layer::{
     Annotations, Held, MeterFuture, MeterLayer, MeterService, MeterSettings, Metering, RecordSink,
     REQUEST_ID_HEADER,

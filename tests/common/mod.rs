@@ -112,6 +112,8 @@ pub struct Received {
     pub t_send: Instant,
     /// The unread rest of the body when reading stopped early (kept open while this lives).
     pub rest: Option<hyper::body::Incoming>,
+    /// The body ended in an error (the server aborted it) rather than cleanly.
+    pub aborted: bool,
 }
 
 impl Received {
@@ -201,6 +203,7 @@ impl Client {
         let mut body = resp.into_body();
         let mut frames = Vec::new();
         let mut rest = None;
+        let mut aborted = false;
         loop {
             if frames.len() >= max_frames {
                 rest = Some(body);
@@ -213,7 +216,11 @@ impl Client {
                         frames.push((now, d));
                     }
                 }
-                _ => break,
+                Some(Err(_)) => {
+                    aborted = true;
+                    break;
+                }
+                None => break,
             }
         }
         Received {
@@ -222,6 +229,7 @@ impl Client {
             frames,
             t_send,
             rest,
+            aborted,
         }
     }
 
