@@ -195,6 +195,15 @@ impl Serialize for ItlGaps<'_> {
     }
 }
 
+/// The client's address as `ip:port`, written without an intermediate string.
+struct Client(std::net::SocketAddr);
+
+impl Serialize for Client {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&self.0)
+    }
+}
+
 /// The access-log line: field names are a contract (docs/ARCHITECTURE.md §5).
 #[derive(Serialize)]
 struct LogLine<'a> {
@@ -208,6 +217,7 @@ struct LogLine<'a> {
     method: &'a str,
     path: &'a str,
     protocol: &'static str,
+    client: Option<Client>,
     status: u16,
     stream: bool,
     outcome: &'static str,
@@ -266,6 +276,7 @@ impl<'a> From<&'a RequestRecord> for LogLine<'a> {
             method: m.method.as_str(),
             path: &m.path,
             protocol: protocol(m.version),
+            client: m.client.map(Client),
             status: r.status,
             stream: m.stream,
             outcome: r.outcome.as_str(),

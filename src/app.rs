@@ -297,6 +297,7 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
     let data_service = TowerToHyperService::new(stack);
 
     let accepting = Arc::new(AtomicBool::new(true));
+    let connections = Arc::new(server::ConnCounters::default());
     let reloader = Arc::new(Reloader {
         path: overrides.config_path.clone(),
         current: parking_lot::Mutex::new(Arc::clone(&config)),
@@ -318,12 +319,16 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         observer,
         reloads: Arc::clone(&reloader.counters),
         accepting: Arc::clone(&accepting),
+        connections: Arc::clone(&connections),
     });
     let admin_service =
         hyper::service::service_fn(move |req| admin::handle(Arc::clone(&admin_state), req));
     let admin_opts = ServerOptions {
         header_read_timeout: Some(limits.header_read_timeout),
+        idle_timeout: Some(limits.client_idle_timeout),
+        max_connections: 256,
         grace: std::time::Duration::from_secs(2),
+        ..ServerOptions::default()
     };
     let admin_task = tokio::spawn(server::run(
         admin_listener,
@@ -332,9 +337,17 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         stopped(rest_rx),
     ));
 
+    let refused_to = Arc::clone(&metering);
     let data_opts = ServerOptions {
         header_read_timeout: Some(limits.header_read_timeout),
+        idle_timeout: Some(limits.client_idle_timeout),
+        max_connections: limits.max_connections,
+        max_headers: limits.max_header_count,
+        max_header_bytes: limits.max_header_bytes,
+        h2_max_streams: limits.h2_max_streams,
         grace: limits.shutdown_grace,
+        on_refused: Some(Arc::new(move |r| refused_to.refused_by_http(&r))),
+        counters: Arc::clone(&connections),
     };
     let data_task = tokio::spawn(server::run(
         data_listener,

@@ -2,33 +2,124 @@
 //! (so tests bind port 0), serves HTTP/1.1 and h2c on each (hyper-util auto), and on shutdown stops
 //! accepting, lets in-flight requests finish within the grace period, then returns.
 //!
-//! Used by the data plane, the admin plane and the simulator alike. TLS arrives in a later change
-//! at the `accept` seam below.
+//! Used by the data plane, the admin plane and the simulator alike. What a client controls at the
+//! connection level is bounded here: connections at once (`max_connections`; at the cap the loop
+//! stops accepting, so the kernel's backlog holds the rest), the time until the first request
+//! head (`header_read_timeout`, which also covers the HTTP/2 preface sniff hyper's own timer does
+//! not), silence on a connection with no request open (`idle_timeout`: HTTP/1 before and between
+//! requests, h2 alike), header size and count, h2 streams per connection. Accept errors (out of
+//! file descriptors…) back off exponentially and are logged at most once per 10 s with a count.
+//!
+//! Requests get the peer address as a `ClientAddr` extension. TLS arrives in a later change at
+//! the `accept` seam below.
 
-use hyper::body::{Body, Incoming};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::service::Service;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
+use pin_project_lite::pin_project;
 use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+
+/// The client's address, in every request's extensions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientAddr(pub SocketAddr);
+
+/// A request the HTTP layer refused before the service saw it (malformed or oversize head, a head
+/// that did not arrive in time): no method, path or id is known.
+#[derive(Debug, Clone, Copy)]
+pub struct Refused {
+    /// Who sent it.
+    pub peer: SocketAddr,
+    /// What hyper answered (400, 431), or 408 when the connection was closed waiting for a head.
+    pub status: u16,
+    /// Bounded kind: `bad_request_head`, `request_head_too_large`, `header_read_timeout`.
+    pub kind: &'static str,
+    /// When the connection was accepted.
+    pub accepted: Instant,
+}
+
+/// Called for every `Refused` request.
+pub type OnRefused = Arc<dyn Fn(Refused) + Send + Sync>;
+
+/// Connection-level counters (exported on `/metrics`).
+#[derive(Debug, Default)]
+pub struct ConnCounters {
+    /// Connections open now.
+    pub open: AtomicUsize,
+    /// Connections accepted.
+    pub accepted: AtomicU64,
+    /// Closed for silence with no request open, or no first request in time.
+    pub closed_idle: AtomicU64,
+    /// `accept` failed (out of file descriptors and the like).
+    pub accept_errors: AtomicU64,
+    /// Times the loop waited because `max_connections` were open.
+    pub at_capacity: AtomicU64,
+    /// Requests the HTTP layer refused (`Refused`).
+    pub refused: AtomicU64,
+}
 
 /// Connection-level settings.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone)]
 pub struct ServerOptions {
-    /// Close an HTTP/1 connection whose request head takes longer than this to arrive.
+    /// A request head must arrive within this: the first one from the connection's start, later
+    /// ones (HTTP/1) from their first byte.
     pub header_read_timeout: Option<Duration>,
+    /// Close a connection with no request open after this long without a byte either way.
+    pub idle_timeout: Option<Duration>,
+    /// Connections open at once; at the cap new ones wait in the listen backlog.
+    pub max_connections: usize,
+    /// Most header fields in an HTTP/1 request head (431 beyond it).
+    pub max_headers: usize,
+    /// Largest request head, bytes (HTTP/1: 431 beyond it; h2: the header list size).
+    pub max_header_bytes: usize,
+    /// Concurrent h2 streams per connection.
+    pub h2_max_streams: u32,
     /// How long in-flight requests may take to finish after shutdown begins.
     pub grace: Duration,
+    /// Told about requests refused before the service saw them.
+    pub on_refused: Option<OnRefused>,
+    /// Counters to update.
+    pub counters: Arc<ConnCounters>,
+}
+
+impl std::fmt::Debug for ServerOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerOptions")
+            .field("header_read_timeout", &self.header_read_timeout)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("max_connections", &self.max_connections)
+            .field("max_headers", &self.max_headers)
+            .field("max_header_bytes", &self.max_header_bytes)
+            .field("h2_max_streams", &self.h2_max_streams)
+            .field("grace", &self.grace)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for ServerOptions {
     fn default() -> Self {
         Self {
             header_read_timeout: Some(Duration::from_secs(30)),
+            idle_timeout: Some(Duration::from_secs(60)),
+            max_connections: 10_000,
+            max_headers: 100,
+            max_header_bytes: 64 << 10,
+            h2_max_streams: 256,
             grace: Duration::from_secs(30),
+            on_refused: None,
+            counters: Arc::default(),
         }
     }
 }
@@ -50,40 +141,411 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .max_headers(opts.max_headers)
+        // hyper's own minimum read buffer is 8 KiB.
+        .max_buf_size(opts.max_header_bytes.max(8192));
     if let Some(t) = opts.header_read_timeout {
         builder.http1().header_read_timeout(t);
     }
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(opts.h2_max_streams)
+        .max_header_list_size(u32::try_from(opts.max_header_bytes).unwrap_or(u32::MAX));
     let graceful = GracefulShutdown::new();
+    let slots = Arc::new(Semaphore::new(opts.max_connections.max(1)));
+    let mut accept_errors = AcceptBackoff::default();
     tokio::pin!(shutdown);
     loop {
-        let (stream, _peer) = tokio::select! {
+        let permit = match Arc::clone(&slots).try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                opts.counters.at_capacity.fetch_add(1, Ordering::Relaxed);
+                tokio::select! {
+                    p = Arc::clone(&slots).acquire_owned() => match p {
+                        Ok(p) => p,
+                        Err(_) => break,
+                    },
+                    () = &mut shutdown => break,
+                }
+            }
+        };
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok(conn) => conn,
+                Ok(conn) => {
+                    accept_errors.reset();
+                    conn
+                }
                 Err(e) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    continue;
+                    opts.counters.accept_errors.fetch_add(1, Ordering::Relaxed);
+                    let pause = accept_errors.failed(&e);
+                    tokio::select! {
+                        () = tokio::time::sleep(pause) => continue,
+                        () = &mut shutdown => break,
+                    }
                 }
             },
             () = &mut shutdown => break,
         };
         // Small SSE writes must leave at once: Nagle would hold them for the peer's delayed ACK.
         let _ = stream.set_nodelay(true);
+        opts.counters.accepted.fetch_add(1, Ordering::Relaxed);
+        opts.counters.open.fetch_add(1, Ordering::Relaxed);
+        let state = Arc::new(ConnState::default());
+        let io = TokioIo::new(Tracked {
+            inner: stream,
+            state: Arc::clone(&state),
+        });
+        let service = PerConnection {
+            inner: service.clone(),
+            state: Arc::clone(&state),
+            peer: ClientAddr(peer),
+        };
         let builder = builder.clone();
-        let service = service.clone();
         let watcher = graceful.watcher();
+        let opts = opts.clone();
         tokio::spawn(async move {
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
-            if let Err(e) = watcher.watch(conn).await {
-                tracing::debug!(error = %e, "connection ended with an error");
+            let accepted = Instant::now();
+            let conn = watcher.watch(builder.serve_connection(io, service));
+            let result = supervise(conn, &state, &opts, accepted).await;
+            match result {
+                Some(Err(e)) => refused(&e, &state, &opts, peer, accepted),
+                Some(Ok(())) => {}
+                None => {
+                    opts.counters.closed_idle.fetch_add(1, Ordering::Relaxed);
+                }
             }
+            opts.counters.open.fetch_sub(1, Ordering::Relaxed);
+            drop(permit);
         });
     }
     drop(listener);
     tokio::select! {
         () = graceful.shutdown() => true,
         () = tokio::time::sleep(opts.grace) => false,
+    }
+}
+
+type ConnError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Drives a connection, closing it (`None`) when no request is open and it stays silent past the
+/// idle timeout, or when no first request head arrives in time. Checks every half timeout, so a
+/// silent connection is closed between 1 and 1.5 timeouts after its last byte.
+async fn supervise<F>(
+    conn: F,
+    state: &ConnState,
+    opts: &ServerOptions,
+    accepted: Instant,
+) -> Option<Result<(), ConnError>>
+where
+    F: Future<Output = Result<(), ConnError>>,
+{
+    tokio::pin!(conn);
+    let first = opts.header_read_timeout;
+    let idle = opts.idle_timeout;
+    let Some(tick) = [first, idle].into_iter().flatten().min() else {
+        return Some(conn.await);
+    };
+    let tick = (tick / 2).max(Duration::from_millis(5));
+    let mut last_ops = 0;
+    let mut quiet_since = accepted;
+    loop {
+        tokio::select! {
+            r = &mut conn => return Some(r),
+            () = tokio::time::sleep(tick) => {}
+        }
+        let now = Instant::now();
+        let ops = state.io_ops.load(Ordering::Relaxed);
+        if ops != last_ops {
+            last_ops = ops;
+            quiet_since = now;
+        }
+        if state.open.load(Ordering::Relaxed) > 0 {
+            continue;
+        }
+        let no_first_request = state.requests.load(Ordering::Relaxed) == 0
+            && first.is_some_and(|t| now.duration_since(accepted) >= t);
+        let silent = idle.is_some_and(|t| now.duration_since(quiet_since) >= t);
+        if no_first_request || silent {
+            return None;
+        }
+    }
+}
+
+/// A connection that ended with an error: when the HTTP layer refused a request head, that is a
+/// request the access log must show.
+fn refused(
+    e: &ConnError,
+    state: &ConnState,
+    opts: &ServerOptions,
+    peer: SocketAddr,
+    accepted: Instant,
+) {
+    let Some(h) = find_hyper_error(e.as_ref()) else {
+        tracing::debug!(error = %e, "connection ended with an error");
+        return;
+    };
+    let (status, kind) = if h.is_parse_too_large() {
+        (431, "request_head_too_large")
+    } else if h.is_parse() || h.is_parse_status() {
+        (400, "bad_request_head")
+    } else if h.is_timeout()
+        && state.reads.load(Ordering::Relaxed) > state.reads_when_idle.load(Ordering::Relaxed)
+    {
+        // Bytes arrived since the last request ended, but no whole head: a request that never
+        // completed (an idle keep-alive connection timing out is not one).
+        (408, "header_read_timeout")
+    } else {
+        tracing::debug!(error = %e, "connection ended with an error");
+        return;
+    };
+    opts.counters.refused.fetch_add(1, Ordering::Relaxed);
+    if let Some(f) = &opts.on_refused {
+        f(Refused {
+            peer,
+            status,
+            kind,
+            accepted,
+        });
+    }
+}
+
+fn find_hyper_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a hyper::Error> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(h) = err.downcast_ref::<hyper::Error>() {
+            return Some(h);
+        }
+        cur = err.source();
+    }
+    None
+}
+
+/// Exponential back-off for failing `accept` calls (5 ms doubling to 1 s), logging at most once
+/// per 10 s with the number of failures since the last line.
+#[derive(Debug, Default)]
+struct AcceptBackoff {
+    pause: Duration,
+    unlogged: u64,
+    logged_at: Option<Instant>,
+}
+
+impl AcceptBackoff {
+    fn failed(&mut self, e: &std::io::Error) -> Duration {
+        self.pause = (self.pause * 2).clamp(Duration::from_millis(5), Duration::from_secs(1));
+        self.unlogged += 1;
+        let now = Instant::now();
+        if self
+            .logged_at
+            .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(10))
+        {
+            tracing::warn!(error = %e, failures = self.unlogged, pause_ms = self.pause.as_millis() as u64, "accept failed; backing off");
+            self.unlogged = 0;
+            self.logged_at = Some(now);
+        }
+        self.pause
+    }
+
+    fn reset(&mut self) {
+        self.pause = Duration::ZERO;
+    }
+}
+
+/// What the supervisor knows of a connection: IO progress (counted, not timed: no clock read per
+/// read or write), requests open and requests seen.
+#[derive(Debug, Default)]
+struct ConnState {
+    io_ops: AtomicU64,
+    reads: AtomicU64,
+    /// `reads` when the last open request ended.
+    reads_when_idle: AtomicU64,
+    open: AtomicUsize,
+    requests: AtomicU64,
+}
+
+impl ConnState {
+    // One writer (the connection's task): plain stores, no locked instruction.
+    #[inline]
+    fn progressed(&self) {
+        let n = self.io_ops.load(Ordering::Relaxed);
+        self.io_ops.store(n.wrapping_add(1), Ordering::Relaxed);
+    }
+
+    #[inline]
+    fn read(&self) {
+        self.progressed();
+        let n = self.reads.load(Ordering::Relaxed);
+        self.reads.store(n + 1, Ordering::Relaxed);
+    }
+}
+
+pin_project! {
+    /// A socket that counts the reads and writes that moved bytes.
+    struct Tracked {
+        #[pin]
+        inner: TcpStream,
+        state: Arc<ConnState>,
+    }
+}
+
+impl AsyncRead for Tracked {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.project();
+        let before = buf.filled().len();
+        let r = this.inner.poll_read(cx, buf);
+        if buf.filled().len() > before {
+            this.state.read();
+        }
+        r
+    }
+}
+
+impl AsyncWrite for Tracked {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.project();
+        let r = this.inner.poll_write(cx, buf);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            this.state.progressed();
+        }
+        r
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.project();
+        let r = this.inner.poll_write_vectored(cx, bufs);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            this.state.progressed();
+        }
+        r
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.project().inner.poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.project().inner.poll_shutdown(cx)
+    }
+}
+
+/// The service for one connection: counts its open requests (until their response body is
+/// dropped) and tags each request with the peer address.
+#[derive(Clone)]
+struct PerConnection<S> {
+    inner: S,
+    state: Arc<ConnState>,
+    peer: ClientAddr,
+}
+
+/// Counts one open request while alive.
+struct OpenGuard(Arc<ConnState>);
+
+impl OpenGuard {
+    fn new(state: &Arc<ConnState>) -> Self {
+        state.open.fetch_add(1, Ordering::Relaxed);
+        state.requests.fetch_add(1, Ordering::Relaxed);
+        Self(Arc::clone(state))
+    }
+}
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        if self.0.open.fetch_sub(1, Ordering::Relaxed) == 1 {
+            let reads = self.0.reads.load(Ordering::Relaxed);
+            self.0.reads_when_idle.store(reads, Ordering::Relaxed);
+        }
+    }
+}
+
+impl<S, B> Service<Request<Incoming>> for PerConnection<S>
+where
+    S: Service<Request<Incoming>, Response = Response<B>>,
+{
+    type Response = Response<Guarded<B>>;
+    type Error = S::Error;
+    type Future = GuardedFuture<S::Future>;
+
+    fn call(&self, mut req: Request<Incoming>) -> Self::Future {
+        let guard = OpenGuard::new(&self.state);
+        req.extensions_mut().insert(self.peer);
+        GuardedFuture {
+            inner: self.inner.call(req),
+            guard: Some(guard),
+        }
+    }
+}
+
+pin_project! {
+    /// The service's future, holding the request's `OpenGuard` until it hands it to the body.
+    struct GuardedFuture<F> {
+        #[pin]
+        inner: F,
+        guard: Option<OpenGuard>,
+    }
+}
+
+impl<F, B, E> Future for GuardedFuture<F>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    type Output = Result<Response<Guarded<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let resp = std::task::ready!(this.inner.poll(cx))?;
+        let guard = this.guard.take();
+        Poll::Ready(Ok(resp.map(|inner| Guarded {
+            inner,
+            _guard: guard,
+        })))
+    }
+}
+
+pin_project! {
+    /// A response body that keeps its request counted as open until it is dropped.
+    struct Guarded<B> {
+        #[pin]
+        inner: B,
+        _guard: Option<OpenGuard>,
+    }
+}
+
+impl<B: Body> Body for Guarded<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    #[inline]
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        self.project().inner.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }

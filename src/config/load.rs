@@ -130,6 +130,12 @@ pub fn validate(c: &Config) -> Result<(), Invalid> {
         ("max_request_body_bytes", l.max_request_body_bytes),
         ("max_concurrent_requests", l.max_concurrent_requests),
         ("max_event_bytes", l.max_event_bytes),
+        ("max_connections", l.max_connections),
+        ("max_header_count", l.max_header_count),
+        ("max_header_bytes", l.max_header_bytes),
+        ("h2_max_streams", l.h2_max_streams as usize),
+        ("max_buffered_body_bytes", l.max_buffered_body_bytes),
+        ("max_model_name_bytes", l.max_model_name_bytes),
     ];
     for (k, v) in limits {
         if v == 0 {

@@ -128,6 +128,28 @@ pub struct Limits {
     pub shutdown_grace: Duration,
     /// Longest SSE/NDJSON line the scanner keeps (longer ones are forwarded, not measured).
     pub max_event_bytes: usize,
+    /// Client connections open at once (data plane); at the cap new ones wait in the backlog.
+    pub max_connections: usize,
+    /// A client connection with no request open is closed after this long without a byte.
+    #[serde(with = "super::duration")]
+    pub client_idle_timeout: Duration,
+    /// Most header fields in a request head (431 beyond it).
+    pub max_header_count: usize,
+    /// Largest request head in bytes (431 beyond it; h2: the header list size).
+    pub max_header_bytes: usize,
+    /// Concurrent HTTP/2 streams per client connection.
+    pub h2_max_streams: u32,
+    /// Longest silence while reading a request body that the gateway reads (408 beyond it).
+    #[serde(with = "super::duration")]
+    pub body_read_timeout: Duration,
+    /// Slowest average rate a request body may arrive at, after its first 5 s (408 below it;
+    /// 0 turns the check off).
+    pub body_min_bytes_per_sec: u64,
+    /// Request bodies held in memory at once across all requests; beyond it new inference
+    /// requests get 503 with `Retry-After`.
+    pub max_buffered_body_bytes: usize,
+    /// Longest model name kept for stats, labels and logs (longer ones are cut, marked `…`).
+    pub max_model_name_bytes: usize,
 }
 
 impl Default for Limits {
@@ -139,6 +161,15 @@ impl Default for Limits {
             connect_timeout: Duration::from_secs(5),
             shutdown_grace: Duration::from_secs(30),
             max_event_bytes: crate::sse::DEFAULT_MAX_LINE,
+            max_connections: 10_000,
+            client_idle_timeout: Duration::from_secs(60),
+            max_header_count: 100,
+            max_header_bytes: 64 << 10,
+            h2_max_streams: 256,
+            body_read_timeout: Duration::from_secs(30),
+            body_min_bytes_per_sec: 1024,
+            max_buffered_body_bytes: 1 << 30,
+            max_model_name_bytes: 256,
         }
     }
 }

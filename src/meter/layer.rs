@@ -4,7 +4,7 @@
 
 use super::body::MeteredBody;
 use super::measure::{Framing, MeasureOptions, Meter};
-use super::record::{Outcome, RequestMeta, RequestRecord};
+use super::record::{Outcome, RequestMeta, RequestRecord, NONE};
 use super::trace::TraceContext;
 use crate::dialect::Endpoint;
 use crate::util::Ids;
@@ -111,6 +111,10 @@ impl Metering {
         let mut meta = RequestMeta::new(req.method().clone(), req.uri().path());
         meta.t0 = t0;
         meta.version = req.version();
+        meta.client = req
+            .extensions()
+            .get::<crate::server::ClientAddr>()
+            .map(|c| c.0);
         meta.request_id = match req.extensions().get::<tower_http::request_id::RequestId>() {
             // An id set by tower-http's `SetRequestIdLayer` outside this layer.
             Some(id) => match id.header_value().to_str() {
@@ -128,6 +132,17 @@ impl Metering {
             .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
             .unwrap_or(0);
         self.start_with(meta)
+    }
+
+    /// Records a request the HTTP layer refused before any service saw it (a malformed or
+    /// oversize head, a head that never completed): method and path are `-`, it gets a fresh id.
+    pub fn refused_by_http(self: &Arc<Self>, r: &crate::server::Refused) {
+        let method = http::Method::from_bytes(b"-").unwrap_or_default();
+        let mut meta = RequestMeta::new(method, NONE);
+        meta.request_id = self.ids.request_id().into();
+        meta.client = Some(r.peer);
+        self.start_with(meta)
+            .finish_without_response(r.status, Outcome::Rejected, r.kind);
     }
 
     /// Starts measuring a request the caller described itself (e.g. a shadow copy the gateway

@@ -225,6 +225,8 @@ pub struct RequestMeta {
     pub version: http::Version,
     /// Request path (without query).
     pub path: Arc<str>,
+    /// The client's address (the connection's peer), when known.
+    pub client: Option<std::net::SocketAddr>,
     /// The client asked for a streamed response.
     pub stream: bool,
     /// Request body bytes (read bodies exactly; streamed-through ones by `content-length`).
@@ -257,6 +259,7 @@ impl RequestMeta {
             method,
             version: http::Version::HTTP_11,
             path: Arc::from(path),
+            client: None,
             stream: false,
             bytes_in: 0,
             t_sent: None,

@@ -32,6 +32,15 @@ pub enum ProxyError {
     /// The request body could not be read.
     #[error("the request body could not be read")]
     BodyRead,
+    /// The request body arrived too slowly (a silence or an average rate past the limits).
+    #[error("the request body arrived too slowly")]
+    BodyTimeout,
+    /// Request bodies held across all requests are at the gateway's budget.
+    #[error("the gateway holds too many request bodies right now; retry later")]
+    BodyBudget,
+    /// The JSON body nests deeper than the parser allows (its model cannot be read).
+    #[error("the JSON body nests deeper than {0} levels")]
+    JsonTooDeep(usize),
     /// Too many requests in flight.
     #[error("the gateway is at its concurrency limit; retry later")]
     Overloaded,
@@ -56,6 +65,9 @@ impl ProxyError {
             ProxyError::NoRoute => "no_route",
             ProxyError::BodyTooLarge(_) => "body_too_large",
             ProxyError::BodyRead => "body_read",
+            ProxyError::BodyTimeout => "body_timeout",
+            ProxyError::BodyBudget => "body_budget",
+            ProxyError::JsonTooDeep(_) => "json_too_deep",
             ProxyError::Overloaded => "overloaded",
             ProxyError::Upstream(e) if e.is_connect() => "upstream_connect",
             ProxyError::Upstream(_) => "upstream_failed",
@@ -69,13 +81,16 @@ impl ProxyError {
     /// Who is to blame.
     pub fn blame(&self) -> Blame {
         match self {
-            ProxyError::NoRoute | ProxyError::BodyTooLarge(_) | ProxyError::BodyRead => {
-                Blame::Downstream
-            }
+            ProxyError::NoRoute
+            | ProxyError::BodyTooLarge(_)
+            | ProxyError::BodyRead
+            | ProxyError::BodyTimeout
+            | ProxyError::JsonTooDeep(_) => Blame::Downstream,
             ProxyError::Upstream(_) | ProxyError::UpstreamTimeout => Blame::Upstream,
-            ProxyError::Overloaded | ProxyError::BadUpstreamRequest | ProxyError::Busy(_) => {
-                Blame::Gateway
-            }
+            ProxyError::Overloaded
+            | ProxyError::BodyBudget
+            | ProxyError::BadUpstreamRequest
+            | ProxyError::Busy(_) => Blame::Gateway,
         }
     }
 
@@ -84,7 +99,9 @@ impl ProxyError {
         match self {
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
             ProxyError::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            ProxyError::BodyRead => StatusCode::BAD_REQUEST,
+            ProxyError::BodyRead | ProxyError::JsonTooDeep(_) => StatusCode::BAD_REQUEST,
+            ProxyError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
+            ProxyError::BodyBudget => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
             ProxyError::BadUpstreamRequest => StatusCode::INTERNAL_SERVER_ERROR,
@@ -121,7 +138,10 @@ impl ProxyError {
             HeaderValue::from_static("application/json"),
         );
         h.insert("x-inferscope-error", HeaderValue::from_static(self.kind()));
-        if matches!(self, ProxyError::Overloaded | ProxyError::Busy(_)) {
+        if matches!(
+            self,
+            ProxyError::Overloaded | ProxyError::BodyBudget | ProxyError::Busy(_)
+        ) {
             h.insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         r

@@ -6,6 +6,7 @@
 //! ones included) → `InFlightLimitLayer` (refuses above the limit; holds its permit until the
 //! response body ends) → `ProxyService`.
 
+mod body;
 mod error;
 mod limit;
 mod phases;
@@ -13,9 +14,10 @@ mod request;
 mod service;
 mod upstream;
 
+pub use body::{BodyBudget, Pace, PacedBody, Reservation, TooSlow, RATE_GRACE};
 pub use error::{Blame, ProxyError};
 pub use limit::{InFlightLimit, InFlightLimitLayer};
-pub use request::{prepare_body, remove_hop_headers, Prepared};
+pub use request::{prepare_body, remove_hop_headers, Prepared, TooDeep, MAX_JSON_DEPTH};
 pub use service::{Gateway, ProxyBody, ProxyFuture, ProxyService, TraceOptions, VARIANT_HEADER};
 pub use upstream::{UpstreamClient, UpstreamError, UpstreamRequestBody, UpstreamResponseBody};
 

@@ -7,8 +7,9 @@
 //! A shadow copy goes through the same `attempt_once` and error kinds, measured through the same
 //! metering, without a client.
 
+use super::body::{read_whole, PacedBody};
 use super::error::ProxyError;
-use super::request::{prepare_body, remove_hop_headers};
+use super::request::{prepare_body, remove_hop_headers, MAX_JSON_DEPTH};
 use super::service::{Gateway, ProxyBody, VARIANT_HEADER};
 use super::upstream::{UpstreamRequestBody, UpstreamResponseBody};
 use crate::dialect::Endpoint;
@@ -18,7 +19,7 @@ use crate::route::{Backend, BackendGuard, Route, Router, Selection, Target};
 use bytes::Bytes;
 use http::uri::PathAndQuery;
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, Uri, Version};
-use http_body_util::{BodyExt, Either, Full, LengthLimitError, Limited};
+use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
 use std::sync::Arc;
 use std::time::Duration;
@@ -110,27 +111,23 @@ impl Ctx {
                 self.first_body = Some(Either::Left(Full::new(empty.clone())));
                 self.replay = Some(empty);
             } else {
-                self.first_body = Some(Either::Right(body));
+                self.first_body = Some(Either::Right(PacedBody::new(body, self.gw.pace())));
             }
             return Ok(());
         };
-        let limit = self.gw.limits.max_request_body_bytes;
+        let limits = &self.gw.limits;
+        let limit = limits.max_request_body_bytes;
         let declared = self
             .headers
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-        if declared.is_some_and(|n| n > limit as u64) {
-            return Err(ProxyError::BodyTooLarge(limit));
-        }
-        let bytes = match Limited::new(body, limit).collect().await {
-            Ok(c) => c.to_bytes(),
-            Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
-                return Err(ProxyError::BodyTooLarge(limit))
-            }
-            Err(_) => return Err(ProxyError::BodyRead),
-        };
+        let (bytes, reservation) =
+            read_whole(body, limit, declared, self.gw.pace(), &self.gw.body_budget).await?;
+        // Kept for retries until the response ends, so held against the budget until then.
+        self.notes.hold(reservation);
         let read = bytes.len() as u64;
-        let mut p = prepare_body(bytes, ep.is_openai(), self.gw.trace.capture_content);
+        let mut p = prepare_body(bytes, ep.is_openai(), self.gw.trace.capture_content)
+            .map_err(|_| ProxyError::JsonTooDeep(MAX_JSON_DEPTH))?;
         p.params.operation = Some(ep.operation());
         if p.body.len() as u64 != read {
             self.headers.remove(header::CONTENT_LENGTH);
@@ -140,7 +137,7 @@ impl Ctx {
             m.stream = p.stream;
             m.params = std::mem::take(&mut p.params);
             if let Some(model) = &p.model {
-                m.model = model.as_str().into();
+                m.model = crate::util::label::bounded(model, limits.max_model_name_bytes).into();
             }
         });
         self.replay = Some(p.body.clone());
@@ -377,12 +374,25 @@ async fn attempt_once(
     let sent = gw.client.request(up);
     let result = match deadline {
         Some(at) => match tokio::time::timeout_at(at, sent).await {
-            Ok(r) => r.map_err(ProxyError::Upstream),
+            Ok(r) => r.map_err(upstream_error),
             Err(_) => Err(ProxyError::UpstreamTimeout),
         },
-        None => sent.await.map_err(ProxyError::Upstream),
+        None => sent.await.map_err(upstream_error),
     };
     (t_sent, result)
+}
+
+/// An attempt's failure: the client's own when its streamed body was too slow, else the
+/// backend's.
+fn upstream_error(e: super::upstream::UpstreamError) -> ProxyError {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+    while let Some(err) = cur {
+        if err.is::<super::body::TooSlow>() {
+            return ProxyError::BodyTimeout;
+        }
+        cur = err.source();
+    }
+    ProxyError::Upstream(e)
 }
 
 /// What is copied from a request to its shadow variant.
@@ -415,7 +425,7 @@ impl ShadowCopy {
         meta.is_shadow = true;
         meta.shadow_pair = Some(self.pair);
         if let Some(m) = &self.model {
-            meta.model = m.as_str().into();
+            meta.model = crate::util::label::bounded(m, gw.limits.max_model_name_bytes).into();
         }
         let t0 = meta.t0;
         let notes = gw.metering.start_with(meta);

@@ -23,12 +23,26 @@ pub struct Prepared {
     pub params: RequestParams,
 }
 
+/// Deepest nesting of a JSON request body (serde_json's recursion limit): a deeper body's `model`
+/// cannot be read, so it is refused rather than routed as if it named none.
+pub const MAX_JSON_DEPTH: usize = 128;
+
+/// A JSON body nested deeper than `MAX_JSON_DEPTH`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the JSON body nests deeper than {MAX_JSON_DEPTH} levels")]
+pub struct TooDeep;
+
 /// Prepares an inference request body for forwarding: reads what measurement and routing need
 /// (`model`, `stream`, `user`, parameters) and, for a streaming OpenAI request that does not ask
 /// for usage, rewrites the body to ask for it (the response's extra usage chunk is then cut out
 /// again). A body that is not a JSON object is forwarded untouched. With `capture` (content
-/// capture opted in), the input messages are kept, up to that many bytes.
-pub fn prepare_body(body: Bytes, openai: bool, capture: Option<usize>) -> Prepared {
+/// capture opted in), the input messages are kept, up to that many bytes. A body nested deeper
+/// than `MAX_JSON_DEPTH` is an error.
+pub fn prepare_body(
+    body: Bytes,
+    openai: bool,
+    capture: Option<usize>,
+) -> Result<Prepared, TooDeep> {
     let mut out = Prepared {
         model: None,
         user: None,
@@ -37,8 +51,13 @@ pub fn prepare_body(body: Bytes, openai: bool, capture: Option<usize>) -> Prepar
         body,
         params: RequestParams::default(),
     };
-    let Ok(Value::Object(mut v)) = serde_json::from_slice::<Value>(&out.body) else {
-        return out;
+    let mut v = match serde_json::from_slice::<Value>(&out.body) {
+        Ok(Value::Object(v)) => v,
+        // serde_json's only way of saying it: the message (checked in the tests below).
+        Err(e) if e.is_syntax() && e.to_string().starts_with("recursion limit exceeded") => {
+            return Err(TooDeep)
+        }
+        _ => return Ok(out),
     };
     out.model = v.get("model").and_then(Value::as_str).map(str::to_owned);
     out.user = v.get("user").and_then(Value::as_str).map(str::to_owned);
@@ -53,12 +72,12 @@ pub fn prepare_body(body: Bytes, openai: bool, capture: Option<usize>) -> Prepar
         out.params.input_content = input_messages(&v, cap);
     }
     if !(openai && out.stream) {
-        return out;
+        return Ok(out);
     }
     match v.get_mut("stream_options") {
         Some(Value::Object(opts)) => {
             if opts.get("include_usage").and_then(Value::as_bool) == Some(true) {
-                return out;
+                return Ok(out);
             }
             opts.insert("include_usage".into(), Value::Bool(true));
             if let Ok(b) = serde_json::to_vec(&v) {
@@ -80,7 +99,7 @@ pub fn prepare_body(body: Bytes, openai: bool, capture: Option<usize>) -> Prepar
             }
         }
     }
-    out
+    Ok(out)
 }
 
 /// The request's input in the GenAI conventions' `gen_ai.input.messages` shape, capped at `cap`
@@ -148,26 +167,27 @@ pub fn remove_hop_headers(h: &mut HeaderMap) {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
     #[test]
     fn injects_usage_only_when_missing_and_keeps_bytes() {
         let body = Bytes::from_static(br#"{"model": "m", "stream": true, "messages": []}"#);
-        let i = prepare_body(body, true, None);
+        let i = prepare_body(body, true, None).unwrap();
         assert!(i.strip_usage && i.stream);
         assert_eq!(i.model.as_deref(), Some("m"));
         assert_eq!(&i.body[..], &br#"{"model": "m", "stream": true, "messages": [],"stream_options":{"include_usage":true}}"#[..]);
 
         let asked =
             Bytes::from_static(br#"{"stream":true,"stream_options":{"include_usage":true}}"#);
-        let i = prepare_body(asked.clone(), true, None);
+        let i = prepare_body(asked.clone(), true, None).unwrap();
         assert!(!i.strip_usage);
         assert_eq!(i.body, asked);
 
         let off =
             Bytes::from_static(br#"{"stream":true,"stream_options":{"include_usage":false}}"#);
-        let i = prepare_body(off, true, None);
+        let i = prepare_body(off, true, None).unwrap();
         assert!(i.strip_usage);
         let v: Value = serde_json::from_slice(&i.body).unwrap_or_default();
         assert_eq!(
@@ -176,29 +196,63 @@ mod tests {
         );
 
         let plain = Bytes::from_static(br#"{"stream":false}"#);
-        assert!(!prepare_body(plain, true, None).strip_usage);
-        assert!(!prepare_body(Bytes::from_static(b"not json"), true, None).strip_usage);
-        assert!(!prepare_body(Bytes::from_static(br#"{"stream":true}"#), false, None).strip_usage);
+        assert!(!prepare_body(plain, true, None).unwrap().strip_usage);
+        assert!(
+            !prepare_body(Bytes::from_static(b"not json"), true, None)
+                .unwrap()
+                .strip_usage
+        );
+        assert!(
+            !prepare_body(Bytes::from_static(br#"{"stream":true}"#), false, None)
+                .unwrap()
+                .strip_usage
+        );
     }
 
     #[test]
     fn input_messages_follow_the_genai_shape_and_cap() {
         let body = Bytes::from_static(br#"{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"hi"}]}]}"#);
-        let i = prepare_body(body.clone(), true, Some(1000));
+        let i = prepare_body(body.clone(), true, Some(1000)).unwrap();
         let v: Value = serde_json::from_str(i.params.input_content.as_deref().unwrap_or(""))
             .unwrap_or_default();
         assert_eq!(v[0]["role"], "system");
         assert_eq!(v[1]["parts"][0]["content"], "hi");
         assert_eq!(
             prepare_body(body.clone(), true, Some(10))
+                .unwrap()
                 .params
                 .input_content
                 .map(|s| s.len()),
             Some(10)
         );
         assert!(prepare_body(body, true, None)
+            .unwrap()
             .params
             .input_content
             .is_none());
+    }
+
+    #[test]
+    fn nesting_past_the_limit_is_an_error_not_a_missing_model() {
+        let deep = |n: usize| {
+            let mut b = String::from(r#"{"model":"m","x":"#);
+            b.push_str(&"[".repeat(n));
+            b.push_str(&"]".repeat(n));
+            b.push('}');
+            Bytes::from(b)
+        };
+        assert_eq!(
+            prepare_body(deep(MAX_JSON_DEPTH - 2), true, None)
+                .unwrap()
+                .model
+                .as_deref(),
+            Some("m")
+        );
+        assert_eq!(
+            prepare_body(deep(MAX_JSON_DEPTH + 10), true, None).unwrap_err(),
+            TooDeep
+        );
+        // Merely invalid JSON is the backend's to judge, as before.
+        assert!(prepare_body(Bytes::from_static(b"{\"model\":"), true, None).is_ok());
     }
 }

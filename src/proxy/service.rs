@@ -1,6 +1,7 @@
 //! `ProxyService`, the innermost service of the data plane, and `Gateway`, what every request
 //! shares (routes, the upstream pool, the metering, limits).
 
+use super::body::{BodyBudget, Pace};
 use super::upstream::{UpstreamClient, UpstreamResponseBody};
 use crate::config::Limits;
 use crate::meter::Metering;
@@ -50,6 +51,8 @@ pub struct Gateway {
     pub limits: Limits,
     /// Tracing behaviour.
     pub trace: TraceOptions,
+    /// Request bodies held at once, against `limits.max_buffered_body_bytes`.
+    pub body_budget: Arc<BodyBudget>,
     pub(super) client: UpstreamClient,
 }
 
@@ -66,9 +69,18 @@ impl Gateway {
         Self {
             routes,
             metering,
+            body_budget: Arc::new(BodyBudget::new(limits.max_buffered_body_bytes)),
             limits,
             trace,
             client,
+        }
+    }
+
+    /// The pace client request bodies must keep.
+    pub fn pace(&self) -> Pace {
+        Pace {
+            silence: self.limits.body_read_timeout,
+            min_rate: self.limits.body_min_bytes_per_sec,
         }
     }
 }

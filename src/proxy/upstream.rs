@@ -35,7 +35,8 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 /// Body sent upstream.
-pub type UpstreamRequestBody = http_body_util::Either<http_body_util::Full<Bytes>, Incoming>;
+pub type UpstreamRequestBody =
+    http_body_util::Either<http_body_util::Full<Bytes>, super::body::PacedBody<Incoming>>;
 
 type Conn = Connection<TokioIo<TcpStream>, UpstreamRequestBody>;
 

@@ -226,7 +226,9 @@ pub fn spawn(
     });
     let opts = ServerOptions {
         header_read_timeout: None,
+        idle_timeout: None,
         grace: Duration::from_secs(5),
+        ..ServerOptions::default()
     };
     tokio::spawn(server::run(listener, service, opts, shutdown));
     Ok(SimHandle { state, addr })

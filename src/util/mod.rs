@@ -4,6 +4,7 @@
 
 pub mod hash;
 pub mod ids;
+pub mod label;
 pub mod prometheus;
 pub mod quantile;
 pub mod rng;

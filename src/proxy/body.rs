@@ -1,0 +1,271 @@
+//! Request bodies a client controls, bounded: how fast they must arrive (`Pace`: a longest
+//! silence and, after a grace period, a slowest average rate — as Kestrel's
+//! `MinRequestBodyDataRate`), how large one may be, and how much of them the gateway holds at once
+//! across all requests (`BodyBudget`). Inference bodies are read whole (`read_whole`); every other
+//! body streams through `PacedBody` under the same pace.
+
+use super::error::ProxyError;
+use bytes::{Bytes, BytesMut};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+use pin_project_lite::pin_project;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::time::{Instant, Sleep};
+
+/// Time a body may take before the minimum rate applies.
+pub const RATE_GRACE: Duration = Duration::from_secs(5);
+
+/// The pace a request body must keep.
+#[derive(Debug, Clone, Copy)]
+pub struct Pace {
+    /// Longest silence between body bytes (and before the first).
+    pub silence: Duration,
+    /// Slowest average rate after `RATE_GRACE`, bytes/s (0: no minimum).
+    pub min_rate: u64,
+}
+
+/// One body's progress against its `Pace`.
+#[derive(Debug, Clone, Copy)]
+struct Progress {
+    pace: Pace,
+    started: Instant,
+    last: Instant,
+    received: u64,
+}
+
+impl Progress {
+    fn new(pace: Pace) -> Self {
+        let now = Instant::now();
+        Self {
+            pace,
+            started: now,
+            last: now,
+            received: 0,
+        }
+    }
+
+    fn got(&mut self, n: usize) {
+        self.received += n as u64;
+        self.last = Instant::now();
+    }
+
+    /// When the body is too slow unless more bytes arrive first.
+    fn deadline(&self) -> Instant {
+        let silent = self.last + self.pace.silence;
+        if self.pace.min_rate == 0 {
+            return silent;
+        }
+        // rate = received / elapsed falls below the minimum once elapsed > received / min_rate.
+        let earned = Duration::from_secs_f64(self.received as f64 / self.pace.min_rate as f64);
+        silent.min(self.started + earned.max(RATE_GRACE))
+    }
+}
+
+/// Request bodies held in memory across all requests, against a cap.
+#[derive(Debug)]
+pub struct BodyBudget {
+    held: AtomicUsize,
+    max: usize,
+}
+
+impl BodyBudget {
+    /// A budget of `max` bytes.
+    pub fn new(max: usize) -> Self {
+        Self {
+            held: AtomicUsize::new(0),
+            max,
+        }
+    }
+
+    /// Bytes held now.
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// Takes `n` more bytes for `r`, or refuses when the cap would be passed.
+    fn grow(self: &Arc<Self>, r: &mut Reservation, n: usize) -> Result<(), ProxyError> {
+        let mut cur = self.held.load(Ordering::Relaxed);
+        loop {
+            let next = cur.saturating_add(n);
+            if next > self.max {
+                return Err(ProxyError::BodyBudget);
+            }
+            match self
+                .held
+                .compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => break,
+                Err(now) => cur = now,
+            }
+        }
+        r.bytes += n;
+        Ok(())
+    }
+}
+
+/// Bytes of the `BodyBudget` one request holds; given back when dropped (the request's meter
+/// keeps it until the response ends, since the body is kept for retries).
+#[derive(Debug)]
+pub struct Reservation {
+    budget: Arc<BodyBudget>,
+    bytes: usize,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.budget.held.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
+
+/// Reads a whole body of at most `limit` bytes at `pace`, holding its bytes against `budget`
+/// (`declared`, the content length, is reserved up front so an oversize wave fails fast).
+pub async fn read_whole<B>(
+    body: B,
+    limit: usize,
+    declared: Option<u64>,
+    pace: Pace,
+    budget: &Arc<BodyBudget>,
+) -> Result<(Bytes, Reservation), ProxyError>
+where
+    B: Body<Data = Bytes>,
+{
+    let mut reservation = Reservation {
+        budget: Arc::clone(budget),
+        bytes: 0,
+    };
+    if let Some(n) = declared {
+        if n > limit as u64 {
+            return Err(ProxyError::BodyTooLarge(limit));
+        }
+        budget.grow(&mut reservation, n as usize)?;
+    }
+    let mut progress = Progress::new(pace);
+    let mut parts: Vec<Bytes> = Vec::new();
+    let mut len = 0usize;
+    tokio::pin!(body);
+    loop {
+        let frame = match tokio::time::timeout_at(progress.deadline(), body.frame()).await {
+            Err(_) => return Err(ProxyError::BodyTimeout),
+            Ok(None) => break,
+            Ok(Some(Err(_))) => return Err(ProxyError::BodyRead),
+            Ok(Some(Ok(f))) => f,
+        };
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers: nothing to keep
+        };
+        progress.got(data.len());
+        len += data.len();
+        if len > limit {
+            return Err(ProxyError::BodyTooLarge(limit));
+        }
+        let more = len.saturating_sub(reservation.bytes);
+        if more > 0 {
+            budget.grow(&mut reservation, more)?;
+        }
+        parts.push(data);
+    }
+    let bytes = match parts.len() {
+        0 => Bytes::new(),
+        1 => parts.pop().unwrap_or_default(),
+        _ => {
+            let mut b = BytesMut::with_capacity(len);
+            for p in &parts {
+                b.extend_from_slice(p);
+            }
+            b.freeze()
+        }
+    };
+    Ok((bytes, reservation))
+}
+
+/// A request body too slow for its pace.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body arrived too slowly")]
+pub struct TooSlow;
+
+pin_project! {
+    /// A streamed request body that fails (`TooSlow`) when the client does not keep `Pace`.
+    pub struct PacedBody<B> {
+        #[pin]
+        inner: B,
+        #[pin]
+        timer: Sleep,
+        progress: Progress,
+        // The last poll returned a frame: a wait starts now.
+        fresh: bool,
+    }
+}
+
+impl<B> PacedBody<B> {
+    /// `inner` at `pace`, from now.
+    pub fn new(inner: B, pace: Pace) -> Self {
+        let progress = Progress::new(pace);
+        Self {
+            inner,
+            timer: tokio::time::sleep_until(progress.deadline()),
+            progress,
+            fresh: true,
+        }
+    }
+}
+
+impl<B> std::fmt::Debug for PacedBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PacedBody")
+            .field("progress", &self.progress)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B> Body for PacedBody<B>
+where
+    B: Body,
+    B::Error: Into<crate::meter::BoxError>,
+{
+    type Data = B::Data;
+    type Error = crate::meter::BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let mut this = self.project();
+        match this.inner.poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(d) = frame.data_ref() {
+                    this.progress.got(bytes::Buf::remaining(d));
+                    this.timer.as_mut().reset(this.progress.deadline());
+                }
+                *this.fresh = true;
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => {
+                // Not polled for a while (the upstream was not ready for more): the client's
+                // pace is judged from now, not from before the gateway stopped reading.
+                if std::mem::take(this.fresh) && this.timer.deadline() <= Instant::now() {
+                    let at = Instant::now() + this.progress.pace.silence.min(RATE_GRACE);
+                    this.timer.as_mut().reset(at);
+                }
+                match this.timer.poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(TooSlow)))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

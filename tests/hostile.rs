@@ -1,0 +1,384 @@
+//! Hostile clients: what one client controls cannot shut others out, and every request the
+//! gateway refuses is still one access-log line. Connection-level limits (silent and trickling
+//! connections, max connections, oversize and malformed heads), body-level ones (slow bodies,
+//! the buffered-body budget, nesting depth) and label-level ones (model names).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+/// Waits until the peer closes `s` (read returns 0 or an error); returns how long it took, or
+/// `None` when it stayed open for `within`.
+async fn closed_within(s: &mut TcpStream, within: Duration) -> Option<Duration> {
+    let t = Instant::now();
+    let mut buf = [0u8; 1024];
+    loop {
+        match tokio::time::timeout_at(t + within, s.read(&mut buf)).await {
+            Err(_) => return None,
+            Ok(Ok(0) | Err(_)) => return Some(t.elapsed()),
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+const FAST_CLOSE: &str = "limits:\n  client_idle_timeout: 300ms\n  header_read_timeout: 300ms\n";
+
+async fn gateway(
+    extra: &str,
+) -> (
+    inferscope::sim::SimHandle,
+    inferscope::app::Running,
+    std::path::PathBuf,
+) {
+    let sim = start_sim(exact(5.0, 1.0), 1).await;
+    let dir = temp_dir();
+    let gw = start_gateway(&[("sim", sim.addr)], &dir, extra).await;
+    (sim, gw, dir)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_send_nothing_are_closed() {
+    let (_sim, gw, dir) = gateway(FAST_CLOSE).await;
+    // HTTP/1 (or anything): not a byte.
+    let mut silent = TcpStream::connect(gw.data_addr).await.unwrap();
+    // h2c: the preface and an empty SETTINGS frame, then nothing.
+    let mut h2 = TcpStream::connect(gw.data_addr).await.unwrap();
+    h2.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    // A preface trickled a byte at a time keeps the version sniff waiting: still closed.
+    let mut trickle = TcpStream::connect(gw.data_addr).await.unwrap();
+    let tricker = tokio::spawn(async move {
+        for b in b"PRI * HTTP/2.0\r\n" {
+            if trickle.write_all(&[*b]).await.is_err() {
+                return Some(());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        closed_within(&mut trickle, Duration::from_secs(3))
+            .await
+            .map(|_| ())
+    });
+    for (what, s) in [("silent", &mut silent), ("h2c", &mut h2)] {
+        assert!(
+            closed_within(s, Duration::from_secs(5)).await.is_some(),
+            "{what} connection stayed open"
+        );
+    }
+    assert!(
+        tricker.await.unwrap().is_some(),
+        "trickled preface stayed open"
+    );
+    let (_, metrics) = admin_get(gw.admin_addr, "/metrics").await;
+    let closed = metric(&metrics, "inferscope_client_connections_idle_closed_total");
+    assert!(closed >= 3.0, "{metrics}");
+    // Nothing was a request: no access-log line.
+    assert!(stop_and_read_log(gw, &dir).await.is_empty());
+}
+
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_keep_alive_closes_but_a_slow_answer_does_not() {
+    // The simulator takes 1.5 s to its first token: five idle timeouts with no byte either way.
+    let sim = start_sim(exact(1500.0, 1.0), 1).await;
+    let dir = temp_dir();
+    let gw = start_gateway(&[("sim", sim.addr)], &dir, FAST_CLOSE).await;
+    let mut s = TcpStream::connect(gw.data_addr).await.unwrap();
+    let body = chat(true, 3, "");
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !got.ends_with(b"0\r\n\r\n") {
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+            .await
+            .expect("response stalled")
+            .unwrap();
+        assert!(
+            n > 0,
+            "closed during the request: {}",
+            String::from_utf8_lossy(&got)
+        );
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(String::from_utf8_lossy(&got).contains("[DONE]"));
+    // Now idle between requests: closed.
+    assert!(closed_within(&mut s, Duration::from_secs(5))
+        .await
+        .is_some());
+    let log = stop_and_read_log(gw, &dir).await;
+    assert_eq!(log.len(), 1);
+    assert_eq!(log[0]["outcome"], "ok");
+    assert!(log[0]["client"].as_str().unwrap().starts_with("127.0.0.1:"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_max_connections_new_ones_wait_and_admin_stays_up() {
+    let (_sim, gw, dir) = gateway("limits:\n  max_connections: 3\n").await;
+    let mut hogs = Vec::new();
+    for _ in 0..3 {
+        hogs.push(TcpStream::connect(gw.data_addr).await.unwrap());
+    }
+    // Give the gateway time to accept all three.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let addr = gw.data_addr;
+    let waiting =
+        tokio::spawn(
+            async move { post(addr, "/v1/chat/completions", &chat(false, 2, ""), &[]).await },
+        );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "a fourth connection was served");
+    let (status, _) = admin_get(gw.admin_addr, "/healthz").await;
+    assert_eq!(status, 200);
+    let (_, metrics) = admin_get(gw.admin_addr, "/metrics").await;
+    assert_eq!(metric(&metrics, "inferscope_client_connections"), 3.0);
+    assert!(metric(&metrics, "inferscope_client_connections_at_capacity_total") >= 1.0);
+    drop(hogs.pop());
+    let r = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("still waiting after a slot freed")
+        .unwrap();
+    assert_eq!(r.status, 200);
+    drop(hogs);
+    let log = stop_and_read_log(gw, &dir).await;
+    assert_eq!(log.len(), 1);
+}
+
+/// Sends raw bytes on a new connection and returns everything until the peer closes.
+async fn raw_exchange(addr: SocketAddr, bytes: &[u8]) -> String {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(bytes).await.unwrap();
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut got)).await;
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heads_the_http_layer_refuses_are_logged() {
+    let (_sim, gw, dir) =
+        gateway("limits:\n  max_header_count: 20\n  header_read_timeout: 300ms\n").await;
+    // 431: more header fields than allowed.
+    let mut many = String::from("GET /v1/models HTTP/1.1\r\nhost: x\r\n");
+    for i in 0..40 {
+        many.push_str(&format!("x-h{i}: v\r\n"));
+    }
+    many.push_str("\r\n");
+    let r = raw_exchange(gw.data_addr, many.as_bytes()).await;
+    assert!(r.starts_with("HTTP/1.1 431"), "{r}");
+    // 400: conflicting lengths, a smuggling attempt.
+    let smuggle = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\ncontent-length: 7\r\n\r\nhello";
+    let r = raw_exchange(gw.data_addr, smuggle).await;
+    assert!(r.starts_with("HTTP/1.1 400"), "{r}");
+    // 408: half a head, then nothing.
+    let r = raw_exchange(gw.data_addr, b"POST /v1/chat/completions HTTP/1.1\r\nhost:").await;
+    assert!(!r.contains("200 OK"), "{r}");
+    let log = stop_and_read_log(gw, &dir).await;
+    let mut seen: Vec<(u64, String)> = log
+        .iter()
+        .map(|l| {
+            (
+                l["status"].as_u64().unwrap(),
+                l["error"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            (400, "bad_request_head".to_owned()),
+            (408, "header_read_timeout".to_owned()),
+            (431, "request_head_too_large".to_owned()),
+        ]
+    );
+    for l in &log {
+        assert_eq!(l["outcome"], "rejected");
+        assert_eq!(l["method"], "-");
+        assert_eq!(l["path"], "-");
+        assert!(l["client"].as_str().unwrap().starts_with("127.0.0.1:"));
+        assert!(!l["request_id"].as_str().unwrap().is_empty());
+    }
+}
+
+/// Opens a connection and sends a chat request head declaring `len` body bytes, then `first`.
+async fn start_body(addr: SocketAddr, len: usize, first: &[u8]) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {len}\r\n\r\n"
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(first).await.unwrap();
+    s
+}
+
+/// Reads a response head's status line from `s` (waiting up to `within`).
+async fn status_of(s: &mut TcpStream, within: Duration) -> Option<String> {
+    status_line(s, within).await
+}
+
+async fn status_line<R: tokio::io::AsyncRead + Unpin>(
+    s: &mut R,
+    within: Duration,
+) -> Option<String> {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    let t = Instant::now();
+    while !got.windows(2).any(|w| w == b"\r\n") {
+        match tokio::time::timeout_at(t + within, s.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => got.extend_from_slice(&buf[..n]),
+            _ => return None,
+        }
+    }
+    let text = String::from_utf8_lossy(&got).into_owned();
+    text.lines().next().map(str::to_owned)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_and_silent_bodies_cannot_hold_every_slot() {
+    let (_sim, gw, dir) = gateway(
+        "limits:\n  max_concurrent_requests: 4\n  body_read_timeout: 500ms\n  body_min_bytes_per_sec: 100\n",
+    )
+    .await;
+    let addr = gw.data_addr;
+    // Two heads whose bodies never come, two bodies trickled a byte every 200 ms (5 B/s, under
+    // the 100 B/s minimum once the 5 s grace is over).
+    let mut hogs = Vec::new();
+    for _ in 0..2 {
+        hogs.push(tokio::spawn(async move {
+            let mut s = start_body(addr, 1000, b"").await;
+            status_of(&mut s, Duration::from_secs(10)).await
+        }));
+        hogs.push(tokio::spawn(async move {
+            let s = start_body(addr, 1000, b"{").await;
+            let (mut rd, mut wr) = s.into_split();
+            let trickle = tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    if wr.write_all(b" ").await.is_err() {
+                        break;
+                    }
+                }
+            });
+            let status = status_line(&mut rd, Duration::from_secs(10)).await;
+            trickle.abort();
+            status
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let r = post(addr, "/v1/chat/completions", &chat(false, 2, ""), &[]).await;
+    assert_eq!(
+        r.status, 503,
+        "the slots were not held (the test proves nothing)"
+    );
+    for h in hogs {
+        let status = tokio::time::timeout(Duration::from_secs(10), h)
+            .await
+            .expect("a slow body held its slot")
+            .unwrap();
+        assert_eq!(status.as_deref(), Some("HTTP/1.1 408 Request Timeout"));
+    }
+    let r = post(addr, "/v1/chat/completions", &chat(false, 2, ""), &[]).await;
+    assert_eq!(r.status, 200);
+    let log = stop_and_read_log(gw, &dir).await;
+    let timeouts = log.iter().filter(|l| l["error"] == "body_timeout").count();
+    assert_eq!(timeouts, 4, "{log:?}");
+    assert_eq!(log.len(), 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_past_the_global_budget_get_503_with_retry_after() {
+    let (_sim, gw, dir) = gateway("limits:\n  max_buffered_body_bytes: 1000\n").await;
+    let addr = gw.data_addr;
+    let body = chat(false, 2, "");
+    // Holds 900 of the 1000 bytes while its body is incomplete.
+    let mut holder = start_body(addr, 900, body.as_bytes()).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let r = post(addr, "/v1/chat/completions", &body, &[]).await;
+    assert_eq!(r.status, 503);
+    assert_eq!(r.headers["x-inferscope-error"], "body_budget");
+    assert_eq!(r.headers["retry-after"], "1");
+    // The holder's body completes (padded with spaces: still valid JSON), and its bytes are
+    // given back once its response ends.
+    holder
+        .write_all(" ".repeat(900 - body.len()).as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(
+        status_of(&mut holder, Duration::from_secs(5))
+            .await
+            .as_deref(),
+        Some("HTTP/1.1 200 OK")
+    );
+    drop(holder);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let r = post(addr, "/v1/chat/completions", &body, &[]).await;
+    assert_eq!(r.status, 200);
+    let log = stop_and_read_log(gw, &dir).await;
+    let errors: Vec<&str> = log.iter().filter_map(|l| l["error"].as_str()).collect();
+    assert_eq!(errors, ["body_budget"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_nested_too_deep_is_a_400_not_the_fallback_route() {
+    let (_sim, gw, dir) = gateway("").await;
+    let n = 200;
+    let body = format!(
+        r#"{{"model":"demo","messages":[],"x":{}{}}}"#,
+        "[".repeat(n),
+        "]".repeat(n)
+    );
+    let r = post(gw.data_addr, "/v1/chat/completions", &body, &[]).await;
+    assert_eq!(r.status, 400);
+    assert_eq!(r.headers["x-inferscope-error"], "json_too_deep");
+    let msg: serde_json::Value = serde_json::from_slice(&r.body()).unwrap();
+    assert!(msg["error"]["message"].as_str().unwrap().contains("128"));
+    let log = stop_and_read_log(gw, &dir).await;
+    assert_eq!(log[0]["backend"], "-", "it was forwarded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_and_hostile_model_names_are_bounded_labels() {
+    let (_sim, gw, dir) = gateway("").await;
+    let huge = "m".repeat(2 << 20);
+    for i in 0..3 {
+        let body = format!(r#"{{"model":"{huge}{i}","messages":[],"max_tokens":2}}"#);
+        let r = post(gw.data_addr, "/v1/chat/completions", &body, &[]).await;
+        assert_eq!(r.status, 200);
+    }
+    let evil = r#"{"model":"a\n{\"fake\":1}\u001b[2J","messages":[],"max_tokens":2}"#;
+    assert_eq!(
+        post(gw.data_addr, "/v1/chat/completions", evil, &[])
+            .await
+            .status,
+        200
+    );
+    let (_, stats) = admin_get(gw.admin_addr, "/stats").await;
+    assert!(stats.len() < 256 << 10, "/stats is {} bytes", stats.len());
+    let (_, metrics) = admin_get(gw.admin_addr, "/metrics").await;
+    assert!(
+        metrics.len() < 512 << 10,
+        "/metrics is {} bytes",
+        metrics.len()
+    );
+    assert!(!metrics.contains('\u{1b}'));
+    let log = stop_and_read_log(gw, &dir).await;
+    assert_eq!(log.len(), 4);
+    let model = log[0]["model"].as_str().unwrap();
+    assert_eq!(model.len(), 256 + '…'.len_utf8());
+    assert!(model.ends_with('…'));
+    assert_eq!(log[3]["model"], "a?{\"fake\":1}?[2J");
+}
