@@ -182,7 +182,7 @@ struct ItlSummary {
     p50: f64,
     p99: f64,
     max: f64,
-    count: usize,
+    count: u64,
 }
 
 /// Every inter-token gap of the request, in order, in whole microseconds: what `/stats` records,
@@ -287,7 +287,7 @@ impl<'a> From<&'a RequestRecord> for LogLine<'a> {
             upstream_ttft_ms: r.upstream_ttft.map(ms),
             overhead_ms: r.overhead.map(ms),
             itl_ms: itl,
-            itl_us: ItlGaps(&r.itl),
+            itl_us: ItlGaps(r.itl.samples()),
             input_tokens: r.input_tokens,
             output_tokens: r.output_tokens,
             tokens_source: r.tokens_source.map(|t| t.as_str()),

@@ -214,6 +214,10 @@ where
             match result {
                 Some(Err(e)) => refused(&e, &state, &opts, peer, accepted),
                 Some(Ok(())) => {}
+                // Closed mid-head: a request that never completed.
+                None if state.partial_head() => {
+                    report(&opts, peer, 408, "header_read_timeout", accepted);
+                }
                 None => {
                     opts.counters.closed_idle.fetch_add(1, Ordering::Relaxed);
                 }
@@ -292,16 +296,22 @@ fn refused(
         (431, "request_head_too_large")
     } else if h.is_parse() || h.is_parse_status() {
         (400, "bad_request_head")
-    } else if h.is_timeout()
-        && state.reads.load(Ordering::Relaxed) > state.reads_when_idle.load(Ordering::Relaxed)
-    {
-        // Bytes arrived since the last request ended, but no whole head: a request that never
-        // completed (an idle keep-alive connection timing out is not one).
+    } else if h.is_timeout() && state.partial_head() {
         (408, "header_read_timeout")
     } else {
         tracing::debug!(error = %e, "connection ended with an error");
         return;
     };
+    report(opts, peer, status, kind, accepted);
+}
+
+fn report(
+    opts: &ServerOptions,
+    peer: SocketAddr,
+    status: u16,
+    kind: &'static str,
+    accepted: Instant,
+) {
     opts.counters.refused.fetch_add(1, Ordering::Relaxed);
     if let Some(f) = &opts.on_refused {
         f(Refused {
@@ -364,6 +374,8 @@ struct ConnState {
     reads_when_idle: AtomicU64,
     open: AtomicUsize,
     requests: AtomicU64,
+    /// The connection began with the HTTP/2 preface (frames between requests are not heads).
+    h2: std::sync::atomic::AtomicBool,
 }
 
 impl ConnState {
@@ -372,6 +384,14 @@ impl ConnState {
     fn progressed(&self) {
         let n = self.io_ops.load(Ordering::Relaxed);
         self.io_ops.store(n.wrapping_add(1), Ordering::Relaxed);
+    }
+
+    /// Bytes arrived since the last request ended but no request is open: part of a head (an
+    /// idle keep-alive connection is not one).
+    fn partial_head(&self) -> bool {
+        !self.h2.load(Ordering::Relaxed)
+            && self.open.load(Ordering::Relaxed) == 0
+            && self.reads.load(Ordering::Relaxed) > self.reads_when_idle.load(Ordering::Relaxed)
     }
 
     #[inline]
@@ -401,6 +421,11 @@ impl AsyncRead for Tracked {
         let before = buf.filled().len();
         let r = this.inner.poll_read(cx, buf);
         if buf.filled().len() > before {
+            if this.state.reads.load(Ordering::Relaxed) == 0
+                && buf.filled()[before..].starts_with(b"PRI ")
+            {
+                this.state.h2.store(true, Ordering::Relaxed);
+            }
             this.state.read();
         }
         r

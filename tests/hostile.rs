@@ -77,9 +77,13 @@ async fn connections_that_send_nothing_are_closed() {
     );
     let (_, metrics) = admin_get(gw.admin_addr, "/metrics").await;
     let closed = metric(&metrics, "inferscope_client_connections_idle_closed_total");
-    assert!(closed >= 3.0, "{metrics}");
-    // Nothing was a request: no access-log line.
-    assert!(stop_and_read_log(gw, &dir).await.is_empty());
+    assert_eq!(closed, 2.0, "{metrics}");
+    // Silence and a bare h2 connection are not requests; the trickled bytes began one that
+    // never completed: one line, 408.
+    let log = stop_and_read_log(gw, &dir).await;
+    assert_eq!(log.len(), 1, "{log:?}");
+    assert_eq!(log[0]["status"], 408);
+    assert_eq!(log[0]["error"], "header_read_timeout");
 }
 
 fn metric(text: &str, name: &str) -> f64 {
@@ -381,4 +385,69 @@ async fn huge_and_hostile_model_names_are_bounded_labels() {
     assert_eq!(model.len(), 256 + '…'.len_utf8());
     assert!(model.ends_with('…'));
     assert_eq!(log[3]["model"], "a?{\"fake\":1}?[2J");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endless_sse_line_is_forwarded_not_held_while_usage_is_stripped() {
+    // The backend starts an event and never ends its line: 24 pieces of 16 KiB, 40 ms apart.
+    let mut pieces = vec![SSE_HEAD.to_vec(), chunk(b"data: {\"id\":\"c1\",\"x\":\"")];
+    for _ in 0..24 {
+        pieces.push(chunk(&[b'x'; 16 << 10]));
+    }
+    pieces.push(b"0\r\n\r\n".to_vec());
+    let backend = start_raw(pieces, Duration::from_millis(40)).await;
+    let dir = temp_dir();
+    let gw = start_gateway(
+        &[("raw", backend)],
+        &dir,
+        "limits:\n  max_event_bytes: 65536\n",
+    )
+    .await;
+    // No include_usage: the gateway asks for it and strips the usage chunk, so it holds
+    // incomplete events — but never more than max_event_bytes of one.
+    let r = post(
+        gw.data_addr,
+        "/v1/chat/completions",
+        &chat(true, 2, ""),
+        &[],
+    )
+    .await;
+    let total: usize = r.frames.iter().map(|f| f.1.len()).sum();
+    assert!(total > 24 * (16 << 10), "{total}");
+    let end = r.frames.last().unwrap().0;
+    let early = r.time_of_byte(8 * (16 << 10)).unwrap();
+    assert!(
+        end.duration_since(early) > Duration::from_millis(400),
+        "the line was held back: byte 128 KiB arrived {:?} before the end",
+        end.duration_since(early)
+    );
+    let log = stop_and_read_log(gw, &dir).await;
+    assert_eq!(log.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_very_long_stream_keeps_a_bounded_gap_list_and_every_gap_counted() {
+    let sim = start_sim(exact(1.0, 0.02), 1).await;
+    let dir = temp_dir();
+    let gw = start_gateway(&[("sim", sim.addr)], &dir, "").await;
+    let r = post(
+        gw.data_addr,
+        "/v1/chat/completions",
+        &chat(true, 6000, ""),
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let (_, stats) = admin_get(gw.admin_addr, "/stats").await;
+    let log = stop_and_read_log(gw, &dir).await;
+    let gaps = log[0]["output_tokens"].as_u64().unwrap() - 1;
+    assert!(gaps > inferscope::meter::MAX_ITL_SAMPLES as u64, "{gaps}");
+    assert_eq!(log[0]["itl_ms"]["count"].as_u64(), Some(gaps));
+    assert_eq!(
+        log[0]["itl_us"].as_array().unwrap().len(),
+        inferscope::meter::MAX_ITL_SAMPLES
+    );
+    let stats: serde_json::Value = serde_json::from_str(&stats).unwrap();
+    let counted = stats["groups"][0]["cumulative"]["itl"]["count"].as_u64();
+    assert_eq!(counted, Some(gaps), "{stats}");
 }

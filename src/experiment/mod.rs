@@ -121,9 +121,11 @@ impl Arm {
         if let Some(d) = r.tpot {
             tpot.push(ms(d));
         }
-        for s in &r.itl {
-            itl.push(ms(s.gap()));
-        }
+        r.itl.for_each_us(|us, n| {
+            for _ in 0..n {
+                itl.push(crate::util::quantile::us_to_ms(us));
+            }
+        });
         e2e.push(ms(r.e2e));
     }
 

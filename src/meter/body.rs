@@ -33,6 +33,9 @@ pin_project! {
         meter: Option<Meter>,
         // Strip mode only: the start of an incomplete event, and frames decided but not returned.
         held: Option<Bytes>,
+        // Strip mode only: the open event outgrew `max_event_bytes` (so it is not the small
+        // usage chunk) and was handed on; the rest of it passes without being held.
+        passing: bool,
         queue: VecDeque<Bytes>,
         upstream_done: bool,
         // How the body ended when that is decided before the last bytes are handed on (a body
@@ -77,6 +80,7 @@ impl<B: Body> MeteredBody<B> {
             inner,
             meter: None,
             held: None,
+            passing: false,
             queue: VecDeque::new(),
             upstream_done: false,
             ending: None,
@@ -98,6 +102,7 @@ impl<B: Body> MeteredBody<B> {
             inner,
             meter: Some(meter),
             held: None,
+            passing: false,
             queue: VecDeque::new(),
             upstream_done,
             ending: None,
@@ -254,7 +259,7 @@ where
                     };
                     *this.last_frame = now;
                     let stripping = m.stripping();
-                    let plan = m.observe(&data, now);
+                    let mut plan = m.observe(&data, now);
                     if let (Some(timer), Some(at)) = (this.timer.as_mut(), next_deadline(m, now)) {
                         timer.as_mut().reset(at);
                     }
@@ -270,7 +275,32 @@ where
                         }
                         return Poll::Ready(Some(Ok(Frame::data(data))));
                     }
-                    *this.held = strip(this.held.take(), data, plan, m.stripping(), this.queue);
+                    let mut hold = m.stripping();
+                    if std::mem::take(this.passing) {
+                        // The event handed on went out whole from its start: never cut its tail.
+                        if plan.drop.is_some_and(|(start, _)| start.is_none()) {
+                            plan.drop = None;
+                        }
+                        // Still inside it: let it pass.
+                        if plan.open == Some(OpenBlock::Earlier) {
+                            hold = false;
+                            *this.passing = true;
+                        }
+                    }
+                    *this.held = strip(this.held.take(), data, plan, hold, this.queue);
+                    // What is held is bounded by the longest event measured: an event longer
+                    // than that is not the usage chunk, so it is handed on now rather than held
+                    // (and re-copied) until it ends.
+                    if this
+                        .held
+                        .as_ref()
+                        .is_some_and(|h| h.len() > m.max_event_bytes())
+                    {
+                        if let Some(h) = this.held.take() {
+                            this.queue.push_back(h);
+                        }
+                        *this.passing = true;
+                    }
                     if last {
                         *this.upstream_done = true;
                         if let Some(h) = this.held.take() {

@@ -2,7 +2,9 @@
 //! `MeteredBody`, finalized into a `RequestRecord` exactly once.
 
 use super::layer::{Held, Metering};
-use super::record::{ItlSample, Outcome, RequestMeta, RequestRecord, ResponseInfo, TokensSource};
+use super::record::{
+    Gaps, ItlSample, Outcome, RequestMeta, RequestRecord, ResponseInfo, TokensSource,
+};
 use crate::dialect::{Dialect, FinishReason, Usage};
 use crate::sse::{Event, NdjsonScanner, OpenBlock, SseScanner};
 use bytes::Bytes;
@@ -73,7 +75,7 @@ struct Progress {
     t_chunk1: Option<Instant>,
     t_tok1: Option<Instant>,
     t_tok_last: Option<Instant>,
-    itl: Vec<ItlSample>,
+    itl: Gaps,
     output_events: u64,
     /// Cumulative completion tokens from per-chunk usage (vLLM `continuous_usage_stats`).
     cum_output: Option<u64>,
@@ -232,7 +234,7 @@ impl Meter {
                 dialect,
                 strip_usage,
                 capture: capture_output,
-                itl: Vec::with_capacity(64),
+                itl: Gaps::with_capacity(64),
                 ..Progress::default()
             },
             bytes_out: 0,
@@ -259,6 +261,11 @@ impl Meter {
     /// True once the stream's terminal event (`[DONE]`) has been observed.
     pub fn terminal_seen(&self) -> bool {
         self.progress.done
+    }
+
+    /// Longest SSE/NDJSON event measured (`limits.max_event_bytes`).
+    pub fn max_event_bytes(&self) -> usize {
+        self.metering.settings().max_event_bytes
     }
 
     /// True while the usage-only chunk still has to be removed from the stream.

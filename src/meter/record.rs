@@ -115,6 +115,108 @@ impl ItlSample {
     }
 }
 
+/// Gaps a stream keeps one by one, in order (32 KiB); later gaps are counted in a histogram.
+pub const MAX_ITL_SAMPLES: usize = 4096;
+
+/// A stream's inter-token gaps, bounded however long it runs: the first `MAX_ITL_SAMPLES` one by
+/// one and in order (the access log's `itl_us`), every later one in a histogram of the same 3
+/// significant digits `/stats` keeps (about 90 KiB, only for streams that long), so every
+/// percentile of the stream's gaps is still the one `/stats` would report for them.
+#[derive(Debug, Clone, Default)]
+pub struct Gaps {
+    samples: Vec<ItlSample>,
+    more: Option<Box<hdrhistogram::Histogram<u32>>>,
+}
+
+impl Gaps {
+    /// Room for `n` gaps one by one before the first reallocation.
+    pub fn with_capacity(n: usize) -> Self {
+        Self {
+            samples: Vec::with_capacity(n.min(MAX_ITL_SAMPLES)),
+            more: None,
+        }
+    }
+
+    /// Adds one gap.
+    #[inline]
+    pub fn push(&mut self, s: ItlSample) {
+        if self.samples.len() < MAX_ITL_SAMPLES {
+            self.samples.push(s);
+            return;
+        }
+        self.push_more(s.gap_us());
+    }
+
+    #[cold]
+    fn push_more(&mut self, us: u64) {
+        use crate::util::quantile::{DIGITS, MAX_US};
+        if self.more.is_none() {
+            self.more = hdrhistogram::Histogram::new_with_bounds(1, MAX_US, DIGITS)
+                .ok()
+                .map(Box::new);
+        }
+        if let Some(h) = &mut self.more {
+            h.saturating_record(us.min(MAX_US));
+        }
+    }
+
+    /// The first gaps, one by one, in order.
+    pub fn samples(&self) -> &[ItlSample] {
+        &self.samples
+    }
+
+    /// Gaps counted beyond `samples()`.
+    pub fn more(&self) -> u64 {
+        self.more.as_ref().map_or(0, |h| h.len())
+    }
+
+    /// Number of gaps.
+    pub fn len(&self) -> u64 {
+        self.samples.len() as u64 + self.more()
+    }
+
+    /// No gaps.
+    pub fn is_empty(&self) -> bool {
+        self.samples.is_empty()
+    }
+
+    /// Every gap as (µs, how many): the samples one each, then the histogram's buckets (at
+    /// their highest equivalent value, as histograms report them).
+    pub fn for_each_us(&self, mut f: impl FnMut(u64, u64)) {
+        for s in &self.samples {
+            f(s.gap_us(), 1);
+        }
+        if let Some(h) = &self.more {
+            for v in h.iter_recorded() {
+                f(
+                    h.highest_equivalent(v.value_iterated_to()),
+                    u64::from(v.count_at_value()),
+                );
+            }
+        }
+    }
+}
+
+impl From<Vec<ItlSample>> for Gaps {
+    fn from(v: Vec<ItlSample>) -> Self {
+        let mut g = Gaps::with_capacity(v.len());
+        for s in v {
+            g.push(s);
+        }
+        g
+    }
+}
+
+impl FromIterator<ItlSample> for Gaps {
+    fn from_iter<I: IntoIterator<Item = ItlSample>>(it: I) -> Self {
+        let mut g = Gaps::default();
+        for s in it {
+            g.push(s);
+        }
+        g
+    }
+}
+
 /// One request's inter-token gaps summarized by the one percentile rule (`stats::quantile`):
 /// what `/stats` would report for these gaps alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,7 +228,7 @@ pub struct ItlSummary {
     /// Largest gap, µs (rounded as the histograms round it).
     pub max_us: u64,
     /// Number of gaps.
-    pub count: usize,
+    pub count: u64,
 }
 
 /// What the request asked for, as far as telemetry reports it.
@@ -289,8 +391,8 @@ pub struct RequestRecord {
     pub upstream_ttft: Option<Duration>,
     /// `(t_sent − t0)` plus time spent observing frames.
     pub overhead: Option<Duration>,
-    /// One sample per gap between output events.
-    pub itl: Vec<ItlSample>,
+    /// The gaps between output events (bounded: see `Gaps`).
+    pub itl: Gaps,
     /// Prompt tokens.
     pub input_tokens: Option<u64>,
     /// Output tokens.
@@ -330,7 +432,7 @@ impl RequestRecord {
             e2e,
             upstream_ttft: None,
             overhead,
-            itl: Vec::new(),
+            itl: Gaps::default(),
             input_tokens: None,
             output_tokens: None,
             tokens_source: None,
@@ -355,13 +457,62 @@ impl RequestRecord {
     /// The ITL summary the access log and spans carry (`None` without gaps).
     pub fn itl_summary(&self) -> Option<ItlSummary> {
         use crate::util::quantile;
-        let mut v: Vec<u64> = self.itl.iter().map(ItlSample::gap_us).collect();
-        v.sort_unstable();
+        if self.itl.more() == 0 {
+            let mut v: Vec<u64> = self.itl.samples().iter().map(ItlSample::gap_us).collect();
+            v.sort_unstable();
+            return Some(ItlSummary {
+                p50_us: quantile::of_sorted_us(&v, 0.5)?,
+                p99_us: quantile::of_sorted_us(&v, 0.99)?,
+                max_us: quantile::of_sorted_us(&v, 1.0)?,
+                count: v.len() as u64,
+            });
+        }
+        // A stream past `MAX_ITL_SAMPLES`: one histogram of all its gaps, as /stats keeps them.
+        let mut h =
+            hdrhistogram::Histogram::<u64>::new_with_bounds(1, quantile::MAX_US, quantile::DIGITS)
+                .ok()?;
+        self.itl
+            .for_each_us(|us, n| h.saturating_record_n(us.min(quantile::MAX_US), n));
+        let at = |q: f64| h.highest_equivalent(h.value_at_quantile(q));
         Some(ItlSummary {
-            p50_us: quantile::of_sorted_us(&v, 0.5)?,
-            p99_us: quantile::of_sorted_us(&v, 0.99)?,
-            max_us: quantile::of_sorted_us(&v, 1.0)?,
-            count: v.len(),
+            p50_us: at(0.5),
+            p99_us: at(0.99),
+            max_us: at(1.0),
+            count: h.len(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gaps_stay_bounded_and_keep_the_percentiles_of_every_gap() {
+        let n = 3 * MAX_ITL_SAMPLES as u64;
+        let gap = |i: u64| Duration::from_micros(1000 + (i * 7919) % 5000);
+        let g: Gaps = (0..n).map(|i| ItlSample::new(gap(i), 1)).collect();
+        assert_eq!(g.samples().len(), MAX_ITL_SAMPLES);
+        assert_eq!((g.more(), g.len()), (n - MAX_ITL_SAMPLES as u64, n));
+        let mut counted = 0;
+        g.for_each_us(|_, c| counted += c);
+        assert_eq!(counted, n);
+        // The summary is what a 3-digit histogram of every gap reports (as /stats does).
+        let mut r = RequestRecord::without_body(
+            RequestMeta::new(http::Method::POST, "/"),
+            200,
+            Outcome::Ok,
+            None,
+            0,
+        );
+        r.itl = g;
+        let s = r.itl_summary().unwrap_or_else(|| unreachable!());
+        let mut all: Vec<u64> = (0..n).map(|i| gap(i).as_micros() as u64).collect();
+        all.sort_unstable();
+        use crate::util::quantile::of_sorted_us;
+        assert_eq!(s.count, n);
+        assert_eq!(Some(s.p50_us), of_sorted_us(&all, 0.5));
+        assert_eq!(Some(s.p99_us), of_sorted_us(&all, 0.99));
+        assert_eq!(Some(s.max_us), of_sorted_us(&all, 1.0));
     }
 }

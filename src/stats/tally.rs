@@ -38,6 +38,23 @@ impl Hist {
         self.sum_us = self.sum_us.saturating_add(us);
     }
 
+    /// Records `n` samples of `us` microseconds.
+    #[inline(always)]
+    pub fn record_us_n(&mut self, us: u64, n: u64) {
+        if self.h.is_none() {
+            let digits = if self.coarse {
+                quantile::WINDOW_DIGITS
+            } else {
+                quantile::DIGITS
+            };
+            self.h = Histogram::new_with_bounds(1, MAX_US, digits).ok();
+        }
+        if let Some(h) = &mut self.h {
+            h.saturating_record_n(us.min(MAX_US), n);
+        }
+        self.sum_us = self.sum_us.saturating_add(us.saturating_mul(n));
+    }
+
     /// Adds another histogram's samples.
     pub fn merge(&mut self, other: &Hist) {
         if let Some(o) = &other.h {
@@ -138,9 +155,7 @@ impl Tally {
         if let Some(d) = r.tpot {
             tpot.record(d);
         }
-        for s in &r.itl {
-            itl.record(s.gap());
-        }
+        r.itl.for_each_us(|us, n| itl.record_us_n(us, n));
         e2e.record(r.e2e);
         if let Some(d) = r.overhead {
             overhead.record(d);
