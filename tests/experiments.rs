@@ -250,6 +250,17 @@ async fn feedback_joins_to_the_right_variant_and_is_stored() {
             assert_eq!(joined["variant"], variant.as_str());
         }
     }
+    // A second value for the same request and signal is refused, not counted twice.
+    let (_, ids) = by_variant.iter().next().unwrap();
+    let again = format!(
+        r#"{{"request_id":"{}","name":"thumbs_up","value":true}}"#,
+        ids[0]
+    );
+    let dup = Client::connect(gw.admin_addr)
+        .await
+        .send("POST", "/feedback", &again, &[])
+        .await;
+    assert_eq!(dup.status, 409);
     let unknown = Client::connect(gw.admin_addr)
         .await
         .send(

@@ -371,6 +371,7 @@ async fn feedback(
             let status = match e {
                 FeedbackError::Invalid(_) => StatusCode::BAD_REQUEST,
                 FeedbackError::UnknownRequest => StatusCode::NOT_FOUND,
+                FeedbackError::Duplicate(_) => StatusCode::CONFLICT,
                 FeedbackError::Storage(_) => StatusCode::INTERNAL_SERVER_ERROR,
             };
             error(status, &e.to_string())

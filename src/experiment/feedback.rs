@@ -13,6 +13,12 @@ use std::sync::Arc;
 /// Finished requests remembered for joining feedback (oldest forgotten first).
 pub const REMEMBERED: usize = 200_000;
 
+/// Distinct signal names per route (a name beyond them is refused).
+pub const MAX_SIGNALS: usize = 32;
+
+/// Largest magnitude of a value: sums of squares stay finite and means meaningful.
+pub const MAX_VALUE: f64 = 1e9;
+
 /// Why feedback was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FeedbackError {
@@ -22,6 +28,9 @@ pub enum FeedbackError {
     /// No finished experiment request with that id is remembered.
     #[error("no finished experiment request with that request_id")]
     UnknownRequest,
+    /// This request already has a value for this signal.
+    #[error("this request_id already has feedback named `{0}`")]
+    Duplicate(String),
     /// The feedback file could not be written.
     #[error("feedback not stored: {0}")]
     Storage(String),
@@ -76,11 +85,22 @@ impl FeedbackStats {
 /// Per (variant, signal name): running sums.
 type SignalStats = BTreeMap<(Arc<str>, String), FeedbackStats>;
 
+/// A finished request feedback can join: its route and variant, and which of the route's
+/// signals it already has (bit i: the route's i-th signal name).
+#[derive(Debug, Clone)]
+struct Served {
+    route: Arc<str>,
+    variant: Arc<str>,
+    voted: u32,
+}
+
 #[derive(Debug, Default)]
 struct Inner {
-    by_request: HashMap<Arc<str>, (Arc<str>, Arc<str>)>,
+    by_request: HashMap<Arc<str>, Served>,
     order: VecDeque<Arc<str>>,
     stats: HashMap<Arc<str>, SignalStats>,
+    /// Signal names seen per route, in arrival order (at most `MAX_SIGNALS`).
+    names: HashMap<Arc<str>, Vec<String>>,
 }
 
 /// Feedback storage and aggregation.
@@ -107,45 +127,80 @@ impl Feedback {
         i.order.push_back(Arc::clone(request_id));
         i.by_request.insert(
             Arc::clone(request_id),
-            (Arc::clone(route), Arc::clone(variant)),
+            Served {
+                route: Arc::clone(route),
+                variant: Arc::clone(variant),
+                voted: 0,
+            },
         );
     }
 
     /// Accepts one posted feedback body; returns the route and variant it was joined to, the
-    /// signal's name and its value as a number.
+    /// signal's name and its value as a number. Bounded against hostile posts: a name is 1 to 64
+    /// characters of `[A-Za-z0-9_.:-]`, a value at most `MAX_VALUE` in magnitude, a route has at
+    /// most `MAX_SIGNALS` names, and a request one value per name.
     pub fn post(&self, body: &[u8]) -> Result<(Arc<str>, Arc<str>, String, f64), FeedbackError> {
         let p: Posted =
             serde_json::from_slice(body).map_err(|e| FeedbackError::Invalid(e.to_string()))?;
         let x = match &p.value {
             Value::Bool(b) => f64::from(u8::from(*b)),
-            Value::Number(n) => n
-                .as_f64()
-                .filter(|f| f.is_finite())
-                .ok_or_else(|| FeedbackError::Invalid("value must be finite".into()))?,
+            Value::Number(n) => n.as_f64().filter(|f| f.abs() <= MAX_VALUE).ok_or_else(|| {
+                FeedbackError::Invalid(format!("value must be within ±{MAX_VALUE:e}"))
+            })?,
             _ => {
                 return Err(FeedbackError::Invalid(
                     "value must be a number or a boolean".into(),
                 ))
             }
         };
-        if p.name.is_empty() || p.name.len() > 64 {
+        let name_ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | ':' | '-');
+        if p.name.is_empty() || p.name.len() > 64 || !p.name.chars().all(name_ok) {
             return Err(FeedbackError::Invalid(
-                "name must be 1 to 64 characters".into(),
+                "name must be 1 to 64 characters of A-Z a-z 0-9 _ . : -".into(),
             ));
         }
-        let (route, variant) = {
-            let i = self.inner.lock();
-            i.by_request
-                .get(p.request_id.as_str())
-                .cloned()
-                .ok_or(FeedbackError::UnknownRequest)?
+        // Claim the (request, name) slot first, so concurrent duplicates cannot both count.
+        let (route, variant, bit) = {
+            let mut guard = self.inner.lock();
+            let i = &mut *guard;
+            let served = i
+                .by_request
+                .get_mut(p.request_id.as_str())
+                .ok_or(FeedbackError::UnknownRequest)?;
+            let names = i.names.entry(Arc::clone(&served.route)).or_default();
+            let index = match names.iter().position(|n| *n == p.name) {
+                Some(k) => k,
+                None if names.len() < MAX_SIGNALS => {
+                    names.push(p.name.clone());
+                    names.len() - 1
+                }
+                None => {
+                    return Err(FeedbackError::Invalid(format!(
+                        "route `{}` has {MAX_SIGNALS} signal names already",
+                        served.route
+                    )))
+                }
+            };
+            let bit = 1u32 << index;
+            if served.voted & bit != 0 {
+                return Err(FeedbackError::Duplicate(p.name));
+            }
+            served.voted |= bit;
+            (Arc::clone(&served.route), Arc::clone(&served.variant), bit)
         };
-        self.store(&json!({
+        let stored = self.store(&json!({
             "ts": crate::util::time::rfc3339(std::time::SystemTime::now()),
             "request_id": p.request_id, "route": route.as_ref(), "variant": variant.as_ref(),
             "name": p.name, "value": p.value,
-        }))?;
+        }));
         let mut i = self.inner.lock();
+        if let Err(e) = stored {
+            // Not stored, not counted: the client may send it again.
+            if let Some(s) = i.by_request.get_mut(p.request_id.as_str()) {
+                s.voted &= !bit;
+            }
+            return Err(e);
+        }
         let key = (Arc::clone(&variant), p.name.clone());
         i.stats
             .entry(Arc::clone(&route))
@@ -220,6 +275,29 @@ mod tests {
         );
         assert!(matches!(
             fb.post(br#"{"request_id":"req-1","name":"x","value":"good"}"#),
+            Err(FeedbackError::Invalid(_))
+        ));
+        // One value per request and name; bounded values and names.
+        assert_eq!(
+            fb.post(br#"{"request_id":"req-0","name":"thumbs_up","value":true}"#),
+            Err(FeedbackError::Duplicate("thumbs_up".into()))
+        );
+        for bad in [
+            r#"{"request_id":"req-0","name":"x","value":1e308}"#,
+            r#"{"request_id":"req-0","name":"a\nb","value":1}"#,
+            r#"{"request_id":"req-0","name":"","value":1}"#,
+        ] {
+            assert!(
+                matches!(fb.post(bad.as_bytes()), Err(FeedbackError::Invalid(_))),
+                "{bad}"
+            );
+        }
+        for k in 1..MAX_SIGNALS {
+            let body = format!(r#"{{"request_id":"req-1","name":"s{k}","value":1}}"#);
+            fb.post(body.as_bytes()).unwrap_or_else(|e| panic!("{e:?}"));
+        }
+        assert!(matches!(
+            fb.post(br#"{"request_id":"req-1","name":"one-too-many","value":1}"#),
             Err(FeedbackError::Invalid(_))
         ));
         let s = fb.summary("chat");
