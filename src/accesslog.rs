@@ -1,23 +1,53 @@
 //! The JSONL access log: one line per request — failed, rejected and cancelled ones too — written
 //! by one task fed through a bounded channel. The data path never waits on it: when the channel
-//! is full the record is dropped and counted (`inferscope_access_log_dropped_total`). Lines are
-//! buffered and reach the file within `FLUSH_EVERY` (and at shutdown, and on `flush`).
+//! is full the record is dropped and counted (`inferscope_access_log_dropped_total`).
+//!
+//! Lines are gathered in a buffer and reach the file within `FLUSH_EVERY` (and at shutdown, on
+//! `flush`, and when 64 KiB are waiting), in one write on Tokio's blocking pool. The file only
+//! ever holds whole lines: when a write fails (a full disk), the file is cut back to its length
+//! before the write, the lines stay buffered and are tried again (the file is reopened first); a
+//! buffer that grows past `MAX_PENDING` while writes fail loses its oldest lines, counted as lost.
+//! `written` counts lines that reached the file. Errors are logged at most once per 10 s.
+//!
+//! `reopen` (SIGUSR1, for logrotate's `create` mode) switches to a fresh file at the same path
+//! between two writes; `rotate` (size and age) renames the file to `PATH.1` (shifting older ones,
+//! keeping `keep`) itself.
 
 use crate::meter::RequestRecord;
 use serde::Serialize;
-use std::path::Path;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
-use tokio::io::{AsyncWrite, AsyncWriteExt, BufWriter};
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
 /// Longest a written line waits in the buffer before it reaches the file.
 pub const FLUSH_EVERY: Duration = Duration::from_millis(100);
 
+/// Buffered bytes that trigger a write before the tick.
+const WRITE_AT: usize = 64 << 10;
+
+/// Most bytes kept while writes fail; beyond it the oldest lines are lost (and counted).
+pub const MAX_PENDING: usize = 8 << 20;
+
+/// Rotation by size and age (`access_log.rotate`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rotation {
+    /// Rotate before a write would take the file past this many bytes.
+    pub max_bytes: Option<u64>,
+    /// Rotate a file this old (since it was opened).
+    pub max_age: Option<Duration>,
+    /// Rotated files kept (`PATH.1` … `PATH.keep`); older ones are deleted. Disk use stays
+    /// within about `(keep + 1) × max_bytes`.
+    pub keep: usize,
+}
+
 enum Msg {
     Record(Arc<RequestRecord>),
     Flush(oneshot::Sender<()>),
+    Reopen,
+    Close(oneshot::Sender<()>),
 }
 
 /// Sending side of the access log. Cheap to call from the data path.
@@ -32,6 +62,8 @@ struct Counters {
     dropped: AtomicU64,
     written: AtomicU64,
     write_errors: AtomicU64,
+    lost: AtomicU64,
+    rotations: AtomicU64,
 }
 
 impl std::fmt::Debug for Msg {
@@ -52,24 +84,32 @@ impl AccessLog {
     /// Opens (appends to) `path` — `-` means standard output — and spawns the writer task on the
     /// current runtime. `capacity` bounds the records waiting to be written.
     pub async fn open(path: &Path, capacity: usize) -> std::io::Result<Self> {
-        let out: Box<dyn AsyncWrite + Send + Unpin> = if path == Path::new("-") {
-            Box::new(tokio::io::stdout())
+        Self::open_with(path, capacity, None).await
+    }
+
+    /// `open`, rotating the file by size and age.
+    pub async fn open_with(
+        path: &Path,
+        capacity: usize,
+        rotation: Option<Rotation>,
+    ) -> std::io::Result<Self> {
+        let sink = if path == Path::new("-") {
+            Sink::Stdout
         } else {
-            Box::new(
-                tokio::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)
-                    .await?,
-            )
+            let p = path.to_path_buf();
+            let file = tokio::task::spawn_blocking(move || open_append(&p))
+                .await
+                .map_err(std::io::Error::other)??;
+            Sink::File {
+                path: path.to_path_buf(),
+                file: Some(file),
+                opened: Instant::now(),
+                rotation,
+            }
         };
         let (tx, rx) = mpsc::channel(capacity.max(1));
         let counters = Arc::<Counters>::default();
-        tokio::spawn(write_loop(
-            rx,
-            BufWriter::with_capacity(64 * 1024, out),
-            Arc::clone(&counters),
-        ));
+        tokio::spawn(write_loop(rx, sink, Arc::clone(&counters)));
         Ok(Self {
             tx: Some(tx),
             counters,
@@ -85,7 +125,8 @@ impl AccessLog {
         }
     }
 
-    /// Waits until every record queued before this call is written and flushed (shutdown path).
+    /// Waits until every record queued before this call is written (or, while writes fail,
+    /// tried once more) — the shutdown path.
     pub async fn flush(&self) {
         if let Some(tx) = &self.tx {
             let (ack, done) = oneshot::channel();
@@ -95,19 +136,49 @@ impl AccessLog {
         }
     }
 
+    /// Writes what is queued one last time and closes the log: lines that still cannot be
+    /// written are counted as lost. Records sent afterwards are dropped (and counted).
+    pub async fn close(&self) {
+        if let Some(tx) = &self.tx {
+            let (ack, done) = oneshot::channel();
+            if tx.send(Msg::Close(ack)).await.is_ok() {
+                let _ = tokio::time::timeout(Duration::from_secs(10), done).await;
+            }
+        }
+    }
+
+    /// Switches to a fresh file at the configured path after the lines queued before it
+    /// (logrotate moved the old one away).
+    pub async fn reopen(&self) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(Msg::Reopen).await;
+        }
+    }
+
     /// Records dropped because the queue was full.
     pub fn dropped(&self) -> u64 {
         self.counters.dropped.load(Ordering::Relaxed)
     }
 
-    /// Lines written so far.
+    /// Lines that reached the file (or standard output).
     pub fn written(&self) -> u64 {
         self.counters.written.load(Ordering::Relaxed)
     }
 
-    /// Failed writes so far.
+    /// Writes that failed (each retried with the same lines).
     pub fn write_errors(&self) -> u64 {
         self.counters.write_errors.load(Ordering::Relaxed)
+    }
+
+    /// Lines given up on: buffered past `MAX_PENDING` while writes kept failing, or still
+    /// unwritten when the log closed.
+    pub fn lost(&self) -> u64 {
+        self.counters.lost.load(Ordering::Relaxed)
+    }
+
+    /// Files rotated away (by size or age, or reopened on request).
+    pub fn rotations(&self) -> u64 {
+        self.counters.rotations.load(Ordering::Relaxed)
     }
 }
 
@@ -117,55 +188,320 @@ impl crate::meter::RecordSink for AccessLog {
     }
 }
 
-async fn write_loop(
-    mut rx: mpsc::Receiver<Msg>,
-    mut out: BufWriter<Box<dyn AsyncWrite + Send + Unpin>>,
-    counters: Arc<Counters>,
-) {
+fn open_append(path: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+}
+
+/// Where lines go.
+enum Sink {
+    Stdout,
+    File {
+        path: PathBuf,
+        /// `None` while a reopen is due (after an error or on request).
+        file: Option<std::fs::File>,
+        opened: Instant,
+        rotation: Option<Rotation>,
+    },
+}
+
+/// Lines waiting for the file: whole lines, with the offset where each ends.
+#[derive(Default)]
+struct Pending {
+    bytes: Vec<u8>,
+    ends: std::collections::VecDeque<usize>,
+}
+
+impl Pending {
+    fn push_line(&mut self, line: &[u8]) {
+        self.bytes.extend_from_slice(line);
+        self.ends.push_back(self.bytes.len());
+    }
+
+    /// Drops the oldest lines until at most `max` bytes remain; returns how many were dropped.
+    fn shed(&mut self, max: usize) -> u64 {
+        let mut cut = 0;
+        let mut n = 0;
+        while self.bytes.len() - cut > max {
+            match self.ends.pop_front() {
+                Some(end) => {
+                    cut = end;
+                    n += 1;
+                }
+                None => break,
+            }
+        }
+        if cut > 0 {
+            self.bytes.drain(..cut);
+            for e in &mut self.ends {
+                *e -= cut;
+            }
+        }
+        n
+    }
+
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.ends.clear();
+    }
+}
+
+/// Logs write errors at most once per 10 s, with how many happened since the last line.
+#[derive(Default)]
+struct ErrorLog {
+    since: u64,
+    at: Option<Instant>,
+}
+
+impl ErrorLog {
+    fn failed(&mut self, e: &std::io::Error, pending_lines: usize) {
+        self.since += 1;
+        let now = Instant::now();
+        if self
+            .at
+            .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(10))
+        {
+            tracing::error!(error = %e, failures = self.since, pending_lines, "access log write failed; lines kept and retried");
+            self.since = 0;
+            self.at = Some(now);
+        }
+    }
+}
+
+impl Sink {
+    /// Writes `buf` (whole lines) completely, or leaves the file as it was. Returns the buffer,
+    /// whether the file was rotated first, and the result.
+    async fn write(&mut self, buf: Vec<u8>) -> (Vec<u8>, bool, std::io::Result<()>) {
+        match self {
+            Sink::Stdout => {
+                let r = tokio::task::spawn_blocking(move || {
+                    let mut out = std::io::stdout().lock();
+                    let r = out.write_all(&buf).and_then(|()| out.flush());
+                    (buf, false, r)
+                })
+                .await;
+                r.unwrap_or_else(|e| (Vec::new(), false, Err(std::io::Error::other(e))))
+            }
+            Sink::File {
+                path,
+                file,
+                opened,
+                rotation,
+            } => {
+                let path = path.clone();
+                let rotation = *rotation;
+                let age = opened.elapsed();
+                let taken = file.take();
+                let r = tokio::task::spawn_blocking(move || {
+                    write_file(&path, taken, rotation, age, buf)
+                })
+                .await;
+                match r {
+                    Ok((f, rotated, buf, result)) => {
+                        if rotated {
+                            *opened = Instant::now();
+                        }
+                        *file = f;
+                        (buf, rotated, result)
+                    }
+                    Err(e) => (Vec::new(), false, Err(std::io::Error::other(e))),
+                }
+            }
+        }
+    }
+
+    fn reopen(&mut self) {
+        if let Sink::File { file, opened, .. } = self {
+            *file = None;
+            *opened = Instant::now();
+        }
+    }
+}
+
+/// On the blocking pool: (re)opens, rotates when due, appends `buf` whole or cuts the file back.
+/// Returns the file (`None` after an error: reopened next time), whether it rotated, the buffer
+/// and the result.
+#[allow(clippy::type_complexity)]
+fn write_file(
+    path: &Path,
+    file: Option<std::fs::File>,
+    rotation: Option<Rotation>,
+    age: Duration,
+    buf: Vec<u8>,
+) -> (Option<std::fs::File>, bool, Vec<u8>, std::io::Result<()>) {
+    let mut rotated = false;
+    let mut file = match file {
+        Some(f) => f,
+        None => match open_append(path) {
+            Ok(f) => f,
+            Err(e) => return (None, false, buf, Err(e)),
+        },
+    };
+    let before = match file.metadata() {
+        Ok(m) => m.len(),
+        Err(e) => return (None, false, buf, Err(e)),
+    };
+    let mut before = before;
+    if let Some(r) = rotation {
+        let too_big = r
+            .max_bytes
+            .is_some_and(|m| before > 0 && before + buf.len() as u64 > m);
+        let too_old = r.max_age.is_some_and(|m| before > 0 && age >= m);
+        if too_big || too_old {
+            match rotate_files(path, r.keep).and_then(|()| open_append(path)) {
+                Ok(f) => {
+                    file = f;
+                    before = 0;
+                    rotated = true;
+                }
+                Err(e) => return (None, false, buf, Err(e)),
+            }
+        }
+    }
+    let result = file.write_all(&buf);
+    if result.is_err() {
+        // Never leave a torn line: cut back to the last whole one.
+        let _ = file.set_len(before);
+        return (None, rotated, buf, result);
+    }
+    (Some(file), rotated, buf, Ok(()))
+}
+
+/// `PATH.(keep-1)` → `PATH.keep` … `PATH` → `PATH.1`; the oldest beyond `keep` is deleted.
+fn rotate_files(path: &Path, keep: usize) -> std::io::Result<()> {
+    let numbered = |i: usize| {
+        let mut s = path.as_os_str().to_owned();
+        s.push(format!(".{i}"));
+        PathBuf::from(s)
+    };
+    if keep == 0 {
+        return std::fs::remove_file(path);
+    }
+    let _ = std::fs::remove_file(numbered(keep));
+    for i in (1..keep).rev() {
+        let from = numbered(i);
+        if from.exists() {
+            std::fs::rename(&from, numbered(i + 1))?;
+        }
+    }
+    std::fs::rename(path, numbered(1))
+}
+
+async fn write_loop(mut rx: mpsc::Receiver<Msg>, mut sink: Sink, counters: Arc<Counters>) {
     let mut line = Vec::with_capacity(1024);
-    let mut warned = false;
-    // Lines reach the file when the buffer fills or `FLUSH_EVERY` after they were written, not one
-    // write per request: at thousands of requests per second a write (and, for a file, a hop
-    // through Tokio's blocking pool) per line cost more CPU than proxying the request.
+    let mut pending = Pending::default();
+    let mut spare = Vec::with_capacity(WRITE_AT * 2);
+    let mut errors = ErrorLog::default();
+    // Lines reach the file when enough are waiting or `FLUSH_EVERY` after they were queued, not
+    // one write per request: at thousands of requests per second a write (and a hop through
+    // Tokio's blocking pool) per line cost more CPU than proxying the request.
     let mut tick = tokio::time::interval(FLUSH_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut dirty = false;
+    let mut write_now;
+    let mut closed = None;
     loop {
         let msg = tokio::select! {
             msg = rx.recv() => msg,
-            _ = tick.tick(), if dirty => {
-                let _ = out.flush().await;
-                dirty = false;
+            _ = tick.tick(), if !pending.ends.is_empty() => {
+                write_out(&mut sink, &mut pending, &mut spare, &counters, &mut errors).await;
                 continue;
             }
         };
+        write_now = false;
         match msg {
             None => break,
+            Some(Msg::Close(ack)) => {
+                closed = Some(ack);
+                break;
+            }
             Some(Msg::Record(rec)) => {
                 line.clear();
                 if serde_json::to_writer(&mut line, &LogLine::from(&*rec)).is_ok() {
                     line.push(b'\n');
-                    match out.write_all(&line).await {
-                        Ok(()) => counters.written.fetch_add(1, Ordering::Relaxed),
-                        Err(e) => {
-                            if !warned {
-                                tracing::error!(error = %e, "access log write failed");
-                                warned = true;
-                            }
-                            counters.write_errors.fetch_add(1, Ordering::Relaxed)
-                        }
-                    };
-                    dirty = true;
+                    pending.push_line(&line);
+                    write_now = pending.bytes.len() >= WRITE_AT;
                 }
             }
             Some(Msg::Flush(ack)) => {
-                let _ = out.flush().await;
-                dirty = false;
+                write_out(&mut sink, &mut pending, &mut spare, &counters, &mut errors).await;
                 let _ = ack.send(());
+            }
+            Some(Msg::Reopen) => {
+                write_out(&mut sink, &mut pending, &mut spare, &counters, &mut errors).await;
+                sink.reopen();
+                counters.rotations.fetch_add(1, Ordering::Relaxed);
+                tracing::info!("access log reopened");
+            }
+        }
+        if write_now {
+            write_out(&mut sink, &mut pending, &mut spare, &counters, &mut errors).await;
+        }
+    }
+    // Closing: whatever is queued, then a last attempt.
+    rx.close();
+    while let Some(msg) = rx.recv().await {
+        if let Msg::Record(rec) = msg {
+            line.clear();
+            if serde_json::to_writer(&mut line, &LogLine::from(&*rec)).is_ok() {
+                line.push(b'\n');
+                pending.push_line(&line);
             }
         }
     }
-    let _ = out.flush().await;
+    write_out(&mut sink, &mut pending, &mut spare, &counters, &mut errors).await;
+    let left = pending.ends.len() as u64;
+    if left > 0 {
+        counters.lost.fetch_add(left, Ordering::Relaxed);
+        tracing::error!(
+            lines = left,
+            "access log closed with lines that could not be written"
+        );
+    }
+    if let Some(ack) = closed {
+        let _ = ack.send(());
+    }
+}
+
+/// One attempt to write every pending line.
+async fn write_out(
+    sink: &mut Sink,
+    pending: &mut Pending,
+    spare: &mut Vec<u8>,
+    counters: &Counters,
+    errors: &mut ErrorLog,
+) {
+    if pending.ends.is_empty() {
+        return;
+    }
+    // The lines go to the blocking pool; the spare buffer (its capacity kept) takes their place.
+    let buf = std::mem::replace(&mut pending.bytes, std::mem::take(spare));
+    let (mut buf, rotated, result) = sink.write(buf).await;
+    if rotated {
+        counters.rotations.fetch_add(1, Ordering::Relaxed);
+    }
+    match result {
+        Ok(()) => {
+            counters
+                .written
+                .fetch_add(pending.ends.len() as u64, Ordering::Relaxed);
+            buf.clear();
+            *spare = buf;
+            pending.clear();
+        }
+        Err(e) => {
+            counters.write_errors.fetch_add(1, Ordering::Relaxed);
+            errors.failed(&e, pending.ends.len());
+            // Nothing was written: the lines stay, oldest first.
+            *spare = std::mem::replace(&mut pending.bytes, buf);
+            spare.clear();
+            let lost = pending.shed(MAX_PENDING);
+            if lost > 0 {
+                counters.lost.fetch_add(lost, Ordering::Relaxed);
+            }
+        }
+    }
 }
 
 use crate::util::quantile::{duration_ms as ms, us_to_ms};

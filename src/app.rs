@@ -236,9 +236,16 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
     let admin_addr = admin_listener.local_addr()?;
 
     let log = match &config.access_log {
-        Some(a) => AccessLog::open(&a.path, a.queue)
-            .await
-            .with_context(|| format!("opening access log {}", a.path.display()))?,
+        Some(a) => {
+            let rotation = a.rotate.as_ref().map(|r| crate::accesslog::Rotation {
+                max_bytes: r.max_bytes,
+                max_age: r.max_age,
+                keep: r.keep,
+            });
+            AccessLog::open_with(&a.path, a.queue, rotation)
+                .await
+                .with_context(|| format!("opening access log {}", a.path.display()))?
+        }
         None => AccessLog::disabled(),
     };
     let settings = telemetry::resolve(config.telemetry.as_ref(), |k| std::env::var(k).ok())
@@ -312,6 +319,17 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
     if reloader.path.is_some() {
         tokio::spawn(watch_config(Arc::clone(&reloader), data_rx.clone()));
     }
+    // Registered before `start` returns, so a SIGUSR1 sent once it is listening never finds the
+    // default action (terminate) in place.
+    #[cfg(unix)]
+    if let Ok(usr1) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
+    {
+        tokio::spawn(reopen_log_on_usr1(
+            usr1,
+            Arc::clone(&recorder),
+            data_rx.clone(),
+        ));
+    }
     let admin_state = Arc::new(AdminState {
         recorder: Arc::clone(&recorder),
         metering: Arc::clone(&metering),
@@ -338,6 +356,7 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
     ));
 
     let refused_to = Arc::clone(&metering);
+    let cut = Arc::clone(&metering);
     let data_opts = ServerOptions {
         header_read_timeout: Some(limits.header_read_timeout),
         idle_timeout: Some(limits.client_idle_timeout),
@@ -348,6 +367,7 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         grace: limits.shutdown_grace,
         on_refused: Some(Arc::new(move |r| refused_to.refused_by_http(&r))),
         counters: Arc::clone(&connections),
+        on_cut: Some(Arc::new(move || cut.cut_at_shutdown())),
     };
     let data_task = tokio::spawn(server::run(
         data_listener,
@@ -364,7 +384,7 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         if !drained {
             tracing::warn!("shutdown grace period ended with requests still in flight");
         }
-        rec.log.flush().await;
+        rec.log.close().await;
         if let Some(t) = &rec.telemetry {
             t.shutdown().await;
         }
@@ -387,6 +407,23 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
 
 fn file_mtime(p: &std::path::Path) -> Option<std::time::SystemTime> {
     std::fs::metadata(p).and_then(|m| m.modified()).ok()
+}
+
+/// Reopens the access log on SIGUSR1 (logrotate's `postrotate`), until the gateway stops.
+#[cfg(unix)]
+async fn reopen_log_on_usr1(
+    mut usr1: tokio::signal::unix::Signal,
+    recorder: Arc<Recorder>,
+    stop: watch::Receiver<bool>,
+) {
+    let stop = stopped(stop);
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = usr1.recv() => recorder.log.reopen().await,
+            () = &mut stop => return,
+        }
+    }
 }
 
 /// Reloads on SIGHUP and when the file's modification time differs from the one last loaded

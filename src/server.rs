@@ -92,6 +92,9 @@ pub struct ServerOptions {
     pub on_refused: Option<OnRefused>,
     /// Counters to update.
     pub counters: Arc<ConnCounters>,
+    /// Called when the grace period ends with connections still open, just before they are
+    /// cut (so their requests can be recorded as cut by the shutdown).
+    pub on_cut: Option<Arc<dyn Fn() + Send + Sync>>,
 }
 
 impl std::fmt::Debug for ServerOptions {
@@ -120,6 +123,7 @@ impl Default for ServerOptions {
             grace: Duration::from_secs(30),
             on_refused: None,
             counters: Arc::default(),
+            on_cut: None,
         }
     }
 }
@@ -158,6 +162,9 @@ where
     let graceful = GracefulShutdown::new();
     let slots = Arc::new(Semaphore::new(opts.max_connections.max(1)));
     let mut accept_errors = AcceptBackoff::default();
+    // Connection tasks, so those still open when the grace period ends can be cut (their
+    // requests' records are written as they are dropped).
+    let mut conns = tokio::task::JoinSet::new();
     tokio::pin!(shutdown);
     loop {
         let permit = match Arc::clone(&slots).try_acquire_owned() {
@@ -207,7 +214,8 @@ where
         let builder = builder.clone();
         let watcher = graceful.watcher();
         let opts = opts.clone();
-        tokio::spawn(async move {
+        while conns.try_join_next().is_some() {}
+        conns.spawn(async move {
             let accepted = Instant::now();
             let conn = watcher.watch(builder.serve_connection(io, service));
             let result = supervise(conn, &state, &opts, accepted).await;
@@ -227,10 +235,23 @@ where
         });
     }
     drop(listener);
-    tokio::select! {
+    let drained = tokio::select! {
         () = graceful.shutdown() => true,
         () = tokio::time::sleep(opts.grace) => false,
+    };
+    if !drained {
+        if let Some(f) = &opts.on_cut {
+            f();
+        }
+        conns.abort_all();
+        // Aborted tasks drop their connections (and with them the requests' bodies) as they
+        // finish; a bounded wait, so a stuck drop cannot hold the shutdown.
+        let _ = tokio::time::timeout(Duration::from_secs(5), async {
+            while conns.join_next().await.is_some() {}
+        })
+        .await;
     }
+    drained
 }
 
 type ConnError = Box<dyn std::error::Error + Send + Sync>;

@@ -105,3 +105,94 @@ async fn sighup_with_a_bad_config_keeps_serving_and_sigterm_drains() {
         "every request logged and flushed before exit"
     );
 }
+
+/// Starts the binary on `yaml`; returns the child, data and admin addresses.
+fn serve(
+    path: &std::path::Path,
+) -> (
+    std::process::Child,
+    std::net::SocketAddr,
+    std::net::SocketAddr,
+) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_inferscope"))
+        .args(["serve", "--config"])
+        .arg(path)
+        .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let field = |k: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .unwrap()
+            .parse::<std::net::SocketAddr>()
+            .unwrap()
+    };
+    (child, field("data="), field("admin="))
+}
+
+async fn wait_metric(admin: std::net::SocketAddr, needle: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, m) = admin_get(admin, "/metrics").await;
+        if m.lines().any(|l| l == needle) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never saw `{needle}`"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigusr1_reopens_the_access_log_for_logrotate() {
+    let sim = start_sim(exact(1.0, 1.0), 1).await;
+    let dir = temp_dir();
+    let path = dir.join("gw.yaml");
+    let log = dir.join("access.jsonl");
+    std::fs::write(
+        &path,
+        format!(
+            "access_log: {{ path: {log:?} }}\nbackends:\n  - {{ name: s, url: \"http://{}\" }}\nroutes:\n  - {{ name: all, backends: [s] }}\n",
+            sim.addr
+        ),
+    )
+    .unwrap();
+    let (mut child, data, admin) = serve(&path);
+    for _ in 0..3 {
+        assert_eq!(
+            post(data, "/v1/chat/completions", &chat(false, 2, ""), &[])
+                .await
+                .status,
+            200
+        );
+    }
+    wait_metric(admin, "inferscope_access_log_written_total 3").await;
+    // logrotate: move the file away, then signal.
+    let moved = dir.join("access.jsonl.1");
+    std::fs::rename(&log, &moved).unwrap();
+    signal(child.id(), "-USR1");
+    wait_metric(admin, "inferscope_access_log_rotations_total 1").await;
+    for _ in 0..2 {
+        assert_eq!(
+            post(data, "/v1/chat/completions", &chat(false, 2, ""), &[])
+                .await
+                .status,
+            200
+        );
+    }
+    signal(child.id(), "-TERM");
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(status.success());
+    let count = |p: &std::path::Path| std::fs::read_to_string(p).unwrap().lines().count();
+    assert_eq!((count(&moved), count(&log)), (3, 2));
+}

@@ -157,8 +157,18 @@ fn metrics_text(state: &AdminState, router: &Router) -> String {
         ),
         counter(
             "inferscope_access_log_write_errors_total",
-            "Access-log writes that failed.",
+            "Access-log writes that failed (the file is cut back to whole lines and the lines retried).",
             rec.log.write_errors(),
+        ),
+        counter(
+            "inferscope_access_log_lost_total",
+            "Access-log lines given up on after writes kept failing.",
+            rec.log.lost(),
+        ),
+        counter(
+            "inferscope_access_log_rotations_total",
+            "Access-log files rotated (size, age) or reopened (SIGUSR1).",
+            rec.log.rotations(),
         ),
         gauge(
             "inferscope_ready",

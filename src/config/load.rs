@@ -146,6 +146,26 @@ pub fn validate(c: &Config) -> Result<(), Invalid> {
         if a.queue == 0 {
             return err(vec![K("access_log"), K("queue")], "must be greater than 0");
         }
+        if let Some(r) = &a.rotate {
+            if r.max_bytes.is_none() && r.max_age.is_none() {
+                return err(
+                    vec![K("access_log"), K("rotate")],
+                    "needs max_bytes or max_age",
+                );
+            }
+            if r.max_bytes == Some(0) {
+                return err(
+                    vec![K("access_log"), K("rotate"), K("max_bytes")],
+                    "must be greater than 0",
+                );
+            }
+            if a.path.as_os_str() == "-" {
+                return err(
+                    vec![K("access_log"), K("rotate")],
+                    "standard output cannot be rotated",
+                );
+            }
+        }
     }
     if let Some(t) = &c.telemetry {
         // The environment may still complete it at start; here only what the file says is judged.

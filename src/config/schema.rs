@@ -48,6 +48,9 @@ mod defaults {
     pub fn log_queue() -> usize {
         65_536
     }
+    pub fn rotate_keep() -> usize {
+        5
+    }
     pub fn weight() -> u32 {
         1
     }
@@ -99,6 +102,25 @@ pub struct AccessLogConfig {
     /// Records that may wait for the writer before new ones are dropped (and counted).
     #[serde(default = "defaults::log_queue")]
     pub queue: usize,
+    /// Rotate the file by size and age (absent: never; SIGUSR1 reopens it either way).
+    #[serde(default)]
+    pub rotate: Option<RotateConfig>,
+}
+
+/// Access-log rotation: the file is renamed to `PATH.1` (older ones shift, `keep` are kept)
+/// before a write would pass `max_bytes`, or once it is `max_age` old.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RotateConfig {
+    /// Largest file, bytes.
+    #[serde(default)]
+    pub max_bytes: Option<u64>,
+    /// Oldest file (e.g. `1h`, `1d`).
+    #[serde(default, with = "super::duration::option")]
+    pub max_age: Option<Duration>,
+    /// Rotated files kept.
+    #[serde(default = "defaults::rotate_keep")]
+    pub keep: usize,
 }
 
 /// Feedback storage.

@@ -129,11 +129,16 @@ impl Arm {
         e2e.push(ms(r.e2e));
     }
 
-    /// Errors (every outcome but `ok` and `client_cancelled`) over requests.
+    /// Errors (every outcome but `ok`, `client_cancelled` and `shutdown`) over requests.
     pub fn error_rate(&self) -> f64 {
         let bad: u64 = Outcome::ALL
             .iter()
-            .filter(|o| !matches!(o, Outcome::Ok | Outcome::ClientCancelled))
+            .filter(|o| {
+                !matches!(
+                    o,
+                    Outcome::Ok | Outcome::ClientCancelled | Outcome::Shutdown
+                )
+            })
             .map(|o| self.outcomes[o.index()])
             .sum();
         if self.requests == 0 {

@@ -67,6 +67,8 @@ pub struct Metering {
     ids: Arc<Ids>,
     settings: MeterSettings,
     in_flight: AtomicI64,
+    /// The shutdown grace period has ended: requests dropped now were cut by the gateway.
+    cutting: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Metering {
@@ -86,7 +88,19 @@ impl Metering {
             ids,
             settings,
             in_flight: AtomicI64::new(0),
+            cutting: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// From now on, requests that end without finishing were cut by the shutdown (the grace
+    /// period is over): recorded as `shutdown`, not as the client's cancellation.
+    pub fn cut_at_shutdown(&self) {
+        self.cutting.store(true, Ordering::Relaxed);
+    }
+
+    /// `cut_at_shutdown` was called.
+    pub fn cutting(&self) -> bool {
+        self.cutting.load(Ordering::Relaxed)
     }
 
     /// Requests started and not yet recorded.
@@ -205,13 +219,17 @@ impl Drop for Cell {
         // Every handle is gone and no response was metered: the client went away first (the
         // service's future was dropped). That is recorded too — with 499, as nginx logs it.
         if let Some(n) = self.notes.get_mut().take() {
-            let rec = RequestRecord::without_body(
-                n.meta,
-                499,
-                Outcome::ClientCancelled,
-                Some("client_disconnected"),
-                0,
-            );
+            let rec = if self.metering.cutting() {
+                RequestRecord::without_body(n.meta, 503, Outcome::Shutdown, Some("shutdown"), 0)
+            } else {
+                RequestRecord::without_body(
+                    n.meta,
+                    499,
+                    Outcome::ClientCancelled,
+                    Some("client_disconnected"),
+                    0,
+                )
+            };
             drop(n.held);
             self.metering.finish(rec);
         }

@@ -353,6 +353,7 @@ impl Meter {
         let p = &self.progress;
         let streamed = matches!(self.framing, Framing::Sse(_) | Framing::Ndjson(_));
         let judged = match end {
+            End::Dropped if self.metering.cutting() => (Outcome::Shutdown, Some("shutdown")),
             End::Dropped => (Outcome::ClientCancelled, Some("client_disconnected")),
             End::TimedOut(kind) => (Outcome::Timeout, Some(kind)),
             End::BodyError => (Outcome::Truncated, Some("upstream_body_error")),

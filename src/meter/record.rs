@@ -29,11 +29,13 @@ pub enum Outcome {
     Rejected,
     /// The gateway itself failed.
     GatewayError,
+    /// Still running when the shutdown grace period ended: cut by the gateway.
+    Shutdown,
 }
 
 impl Outcome {
     /// Every outcome, in the order used for counters.
-    pub const ALL: [Outcome; 8] = [
+    pub const ALL: [Outcome; 9] = [
         Outcome::Ok,
         Outcome::ClientError,
         Outcome::BackendError,
@@ -42,6 +44,7 @@ impl Outcome {
         Outcome::ClientCancelled,
         Outcome::Rejected,
         Outcome::GatewayError,
+        Outcome::Shutdown,
     ];
 
     /// The stable label used in logs, JSON and metrics.
@@ -55,6 +58,7 @@ impl Outcome {
             Outcome::ClientCancelled => "client_cancelled",
             Outcome::Rejected => "rejected",
             Outcome::GatewayError => "gateway_error",
+            Outcome::Shutdown => "shutdown",
         }
     }
 

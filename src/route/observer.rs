@@ -55,6 +55,7 @@ impl RecordSink for Observer {
                 // Neither proves anything about the backend.
                 Outcome::ClientError
                 | Outcome::ClientCancelled
+                | Outcome::Shutdown
                 | Outcome::Rejected
                 | Outcome::GatewayError => {}
             }
