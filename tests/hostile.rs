@@ -451,3 +451,69 @@ async fn a_very_long_stream_keeps_a_bounded_gap_list_and_every_gap_counted() {
     let counted = stats["groups"][0]["cumulative"]["itl"]["count"].as_u64();
     assert_eq!(counted, Some(gaps), "{stats}");
 }
+
+/// A backend that keeps every request head it receives and answers a small chat completion.
+async fn recording_backend() -> (SocketAddr, std::sync::Arc<parking_lot::Mutex<Vec<String>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let heads = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let seen = std::sync::Arc::clone(&heads);
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let seen = std::sync::Arc::clone(&seen);
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(n) if n > 0 => got.extend_from_slice(&buf[..n]),
+                        _ => return,
+                    }
+                }
+                let head = String::from_utf8_lossy(&got).to_ascii_lowercase();
+                let head = head.split("\r\n\r\n").next().unwrap_or("").to_owned();
+                seen.lock().push(head);
+                let body = r#"{"id":"x","object":"chat.completion","model":"demo","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}"#;
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = s.write_all(resp.as_bytes()).await;
+            });
+        }
+    });
+    (addr, heads)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_cannot_send_the_gateways_own_headers_upstream_and_are_named_in_forwarded() {
+    let (backend, heads) = recording_backend().await;
+    let dir = temp_dir();
+    let gw = start_gateway(&[("rec", backend)], &dir, "").await;
+    let r = post(
+        gw.data_addr,
+        "/v1/chat/completions",
+        &chat(false, 2, ""),
+        &[
+            ("x-inferscope-shadow", "1"),
+            ("x-inferscope-request-id", "forged"),
+            ("x-inferscope-variant", "int8"),
+            ("x-forwarded-for", "203.0.113.7"),
+        ],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let head = heads.lock()[0].clone();
+    assert!(!head.contains("x-inferscope-"), "{head}");
+    assert!(
+        head.contains("\r\nx-forwarded-for: 203.0.113.7, 127.0.0.1"),
+        "{head}"
+    );
+    assert!(
+        head.contains("\r\nforwarded: for=127.0.0.1;proto=http"),
+        "{head}"
+    );
+    let log = stop_and_read_log(gw, &dir).await;
+    assert_ne!(log[0]["request_id"], "forged");
+    assert!(log[0].get("shadow").is_none());
+}

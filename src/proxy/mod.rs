@@ -17,7 +17,10 @@ mod upstream;
 pub use body::{BodyBudget, Pace, PacedBody, Reservation, TooSlow, RATE_GRACE};
 pub use error::{Blame, ProxyError};
 pub use limit::{InFlightLimit, InFlightLimitLayer};
-pub use request::{prepare_body, remove_hop_headers, Prepared, TooDeep, MAX_JSON_DEPTH};
+pub use request::{
+    prepare_body, remove_hop_headers, upstream_headers, Prepared, TooDeep, MAX_JSON_DEPTH,
+    OWN_PREFIX,
+};
 pub use service::{Gateway, ProxyBody, ProxyFuture, ProxyService, TraceOptions, VARIANT_HEADER};
 pub use upstream::{UpstreamClient, UpstreamError, UpstreamRequestBody, UpstreamResponseBody};
 

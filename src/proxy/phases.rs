@@ -9,7 +9,7 @@
 
 use super::body::{read_whole, PacedBody};
 use super::error::ProxyError;
-use super::request::{prepare_body, remove_hop_headers, MAX_JSON_DEPTH};
+use super::request::{prepare_body, remove_hop_headers, upstream_headers, MAX_JSON_DEPTH};
 use super::service::{Gateway, ProxyBody, VARIANT_HEADER};
 use super::upstream::{UpstreamRequestBody, UpstreamResponseBody};
 use crate::dialect::Endpoint;
@@ -45,6 +45,8 @@ struct Ctx {
     method: Method,
     path_and_query: Option<PathAndQuery>,
     client_version: Version,
+    /// The client's address (the connection's peer), when the server knows it.
+    client: Option<std::net::IpAddr>,
     headers: HeaderMap,
     endpoint: Option<Endpoint>,
     model: Option<String>,
@@ -82,6 +84,10 @@ impl Ctx {
             method: parts.method,
             path_and_query: parts.uri.path_and_query().cloned(),
             client_version: parts.version,
+            client: parts
+                .extensions
+                .get::<crate::server::ClientAddr>()
+                .map(|c| c.0.ip()),
             headers: parts.headers,
             endpoint,
             model: None,
@@ -189,6 +195,7 @@ impl Ctx {
         );
         let copy = ShadowCopy {
             method: self.method.clone(),
+            client: self.client,
             path_and_query: self.path_and_query.clone(),
             headers: self.headers.clone(),
             body: body.clone(),
@@ -210,8 +217,7 @@ impl Ctx {
         sel: &Selection,
     ) -> Result<(Response<UpstreamResponseBody>, BackendGuard), ProxyError> {
         let route = &sel.route;
-        remove_hop_headers(&mut self.headers);
-        self.headers.remove(header::HOST);
+        upstream_headers(&mut self.headers, self.client);
         let first_token_at = nonzero(route.timeouts.first_token).map(|d| self.t0 + d);
         let max_attempts = if self.replay.is_some() {
             1 + route.retry.attempts as usize
@@ -399,6 +405,7 @@ fn upstream_error(e: super::upstream::UpstreamError) -> ProxyError {
 #[derive(Debug)]
 struct ShadowCopy {
     method: Method,
+    client: Option<std::net::IpAddr>,
     path_and_query: Option<PathAndQuery>,
     headers: HeaderMap,
     body: Bytes,
@@ -464,8 +471,7 @@ impl ShadowCopy {
         });
         let guard = backend.admit().await.map_err(ProxyError::Busy)?;
         let mut headers = self.headers.clone();
-        remove_hop_headers(&mut headers);
-        headers.remove(header::HOST);
+        upstream_headers(&mut headers, self.client);
         headers.remove(header::CONTENT_LENGTH);
         headers.remove("traceparent");
         headers.insert(super::SHADOW_HEADER, HeaderValue::from_static("1"));

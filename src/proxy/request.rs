@@ -3,7 +3,7 @@
 
 use crate::meter::RequestParams;
 use bytes::{Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderName};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 
 /// What the gateway learned from an inference request body, and the body to forward.
@@ -138,6 +138,52 @@ fn input_messages(v: &serde_json::Map<String, Value>, cap: usize) -> Option<Stri
         s.truncate(end);
     }
     Some(s)
+}
+
+/// Prefix of the gateway's own headers: never taken from a client on the way upstream.
+pub const OWN_PREFIX: &str = "x-inferscope-";
+
+/// Turns a client's request headers into the upstream request's: hop-by-hop headers and `Host`
+/// removed, every client-sent `x-inferscope-*` header removed (a client cannot mark its request
+/// as a shadow copy or speak for the gateway; the router has read the variant override already,
+/// where a route allows it), and the client's address appended to `X-Forwarded-For` and
+/// `Forwarded` (RFC 7239) with `X-Forwarded-Proto`.
+pub fn upstream_headers(h: &mut HeaderMap, client: Option<std::net::IpAddr>) {
+    remove_hop_headers(h);
+    h.remove(header::HOST);
+    let own: Vec<HeaderName> = h
+        .keys()
+        .filter(|k| k.as_str().starts_with(OWN_PREFIX))
+        .cloned()
+        .collect();
+    for k in own {
+        h.remove(k);
+    }
+    let Some(ip) = client else {
+        return;
+    };
+    let xff = HeaderName::from_static("x-forwarded-for");
+    let joined = match h.get(&xff).and_then(|v| v.to_str().ok()) {
+        Some(prior) if !prior.trim().is_empty() => format!("{prior}, {ip}"),
+        _ => ip.to_string(),
+    };
+    if let Ok(v) = HeaderValue::try_from(joined) {
+        h.insert(xff, v);
+    }
+    let node = match ip {
+        std::net::IpAddr::V4(v4) => format!("for={v4};proto=http"),
+        std::net::IpAddr::V6(v6) => format!("for=\"[{v6}]\";proto=http"),
+    };
+    let forwarded = match h.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
+        Some(prior) if !prior.trim().is_empty() => format!("{prior}, {node}"),
+        _ => node,
+    };
+    if let Ok(v) = HeaderValue::try_from(forwarded) {
+        h.insert(header::FORWARDED, v);
+    }
+    if !h.contains_key("x-forwarded-proto") {
+        h.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+    }
 }
 
 /// Removes hop-by-hop headers (RFC 9110 §7.6.1), including those the `Connection` header names.
