@@ -191,7 +191,9 @@ enum Cmd {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
-    /// Validate a config file: exit 0, or print the error (file:line: key: problem) and exit 2.
+    /// Validate a config file — and what `serve` would need of this machine: `api_key_env`
+    /// variables set, access-log and feedback paths writable, telemetry complete — exit 0, or
+    /// print the error (file:line: key: problem) and exit 2.
     Check {
         /// YAML config file.
         file: PathBuf,
@@ -236,7 +238,10 @@ pub fn main() -> ExitCode {
         };
     }
     if let Cmd::Check { file } = &cli.cmd {
-        return match config::load(file) {
+        let checked = config::load(file).and_then(|c| {
+            config::check_environment(file, &c, |k| std::env::var(k).ok()).map(|()| c)
+        });
+        return match checked {
             Ok(c) => {
                 println!(
                     "ok: {} ({} backends, {} routes)",

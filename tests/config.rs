@@ -121,16 +121,58 @@ fn check_command_reports_file_line_and_key() {
             && err.contains("retries"),
         "{err}"
     );
-    let good = concat!(env!("CARGO_MANIFEST_DIR"), "/config/vllm-two-backends.yaml");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_inferscope"))
-        .arg("check")
-        .arg(good)
-        .output()
-        .unwrap();
+    // The shipped example, with its log in a directory that exists here.
+    let example = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/config/vllm-two-backends.yaml"
+    ))
+    .unwrap()
+    .replace(
+        "/var/log/inferscope/access.jsonl",
+        &dir.join("access.jsonl").display().to_string(),
+    );
+    let good = dir.join("good.yaml");
+    std::fs::write(&good, &example).unwrap();
+    let check = |file: &std::path::Path, key: Option<&str>| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_inferscope"));
+        c.arg("check").arg(file).env_remove("INT8_KEY");
+        if let Some(k) = key {
+            c.env("INT8_KEY", k);
+        }
+        c.output().unwrap()
+    };
+    let out = check(&good, Some("secret"));
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+    // What `serve` would refuse, `check` refuses too: the key's variable unset…
+    let out = check(&good, None);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("{}:17:", good.display()))
+            && err.contains("backends[1].api_key_env")
+            && err.contains("INT8_KEY is not set"),
+        "{err}"
+    );
+    // … and an access log that is a directory.
+    let is_dir = dir.join("dir.yaml");
+    std::fs::write(
+        &is_dir,
+        example.replace(
+            &dir.join("access.jsonl").display().to_string(),
+            &dir.display().to_string(),
+        ),
+    )
+    .unwrap();
+    let out = check(&is_dir, Some("secret"));
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(":8:") && err.contains("access_log.path") && err.contains("is a directory"),
+        "{err}"
     );
 }
 

@@ -85,6 +85,74 @@ pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
     Ok(config)
 }
 
+/// What `serve` would refuse that the file alone does not show: an `api_key_env` variable that
+/// is unset or not a valid header value, an access-log or feedback path that is a directory or
+/// whose directory is missing, telemetry the environment leaves incomplete. `inferscope check`
+/// runs it after `load`, so a config it calls ok starts. (`env` reads the environment.)
+pub fn check_environment(
+    path: &Path,
+    c: &Config,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<(), ConfigError> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    environment(c, &env).map_err(|(keys, message)| ConfigError {
+        file: path.display().to_string(),
+        line: locate(&text, &keys),
+        column: None,
+        key: super::locate::render(&keys),
+        message,
+    })
+}
+
+fn environment(c: &Config, env: &dyn Fn(&str) -> Option<String>) -> Result<(), Invalid> {
+    use Seg::{Index as I, Key as K};
+    for (i, b) in c.backends.iter().enumerate() {
+        if let Some(var) = &b.api_key_env {
+            let at = || vec![K("backends"), I(i), K("api_key_env")];
+            match env(var) {
+                None => return err(at(), format!("environment variable {var} is not set")),
+                Some(v) if http::HeaderValue::try_from(format!("Bearer {v}")).is_err() => {
+                    return err(at(), format!("{var} is not a valid header value"))
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    let writable = |p: &Path| -> Result<(), String> {
+        if p.as_os_str() == "-" {
+            return Ok(());
+        }
+        match std::fs::metadata(p) {
+            Ok(m) if m.is_dir() => Err(format!("{} is a directory", p.display())),
+            Ok(_) => std::fs::OpenOptions::new()
+                .append(true)
+                .open(p)
+                .map(drop)
+                .map_err(|e| format!("{} cannot be opened for appending: {e}", p.display())),
+            Err(_) => {
+                let dir = match p.parent() {
+                    Some(d) if !d.as_os_str().is_empty() => d,
+                    _ => Path::new("."),
+                };
+                if dir.is_dir() {
+                    Ok(())
+                } else {
+                    Err(format!("directory {} does not exist", dir.display()))
+                }
+            }
+        }
+    };
+    if let Some(a) = &c.access_log {
+        writable(&a.path).map_err(|m| (vec![K("access_log"), K("path")], m))?;
+    }
+    if let Some(f) = &c.feedback {
+        writable(&f.path).map_err(|m| (vec![K("feedback"), K("path")], m))?;
+    }
+    super::telemetry::resolve(c.telemetry.as_ref(), |k| env(k))
+        .map_err(|m| (vec![K("telemetry")], m.to_string()))?;
+    Ok(())
+}
+
 type Invalid = (Vec<Seg>, String);
 
 fn err<T>(path: Vec<Seg>, msg: impl Into<String>) -> Result<T, Invalid> {

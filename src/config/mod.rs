@@ -9,7 +9,7 @@ mod schema;
 pub mod telemetry;
 
 pub use duration::{parse as parse_duration, BadDuration};
-pub use load::{load, parse, sim_profile, ConfigError, ProfileError};
+pub use load::{check_environment, load, parse, sim_profile, ConfigError, ProfileError};
 pub use schema::{
     AccessLogConfig, AdminConfig, BackendConfig, BatchConfig, Config, ExperimentConfig, Limits,
     MatchConfig, OtlpConfig, RouteConfig, SimBackend, TelemetryConfig, TelemetryFormat,
