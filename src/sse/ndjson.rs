@@ -62,6 +62,9 @@ impl NdjsonScanner {
                     self.line = line;
                 }
                 self.line.clear();
+            } else if piece.len() > self.max_line {
+                // Over the cap whether or not it spans chunks (see the SSE scanner).
+                self.issues.oversized_lines += 1;
             } else {
                 emit(piece, start, end, &mut on_event);
             }

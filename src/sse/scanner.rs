@@ -137,6 +137,11 @@ impl SseScanner {
                 }
             } else if line_end == pos {
                 true
+            } else if line_end - pos > self.max_line {
+                // Over the cap whether or not it spans chunks: how the stream was cut into
+                // chunks never changes what is measured.
+                self.issues.oversized_lines += 1;
+                false
             } else {
                 self.field(chunk, &chunk[pos..line_end], Some(pos));
                 false
