@@ -344,7 +344,7 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
     let admin_opts = ServerOptions {
         header_read_timeout: Some(limits.header_read_timeout),
         idle_timeout: Some(limits.client_idle_timeout),
-        max_connections: 256,
+        max_connections: 64,
         grace: std::time::Duration::from_secs(2),
         ..ServerOptions::default()
     };
@@ -355,12 +355,21 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         stopped(rest_rx),
     ));
 
+    let data_connections = server::connections_within_fd_limit(limits.max_connections);
+    if data_connections < limits.max_connections {
+        tracing::warn!(
+            configured = limits.max_connections,
+            effective = data_connections,
+            fd_limit = server::fd_limit().map_or(0, |l| l.0),
+            "max_connections lowered to what the open-file limit holds (raise `ulimit -n`)"
+        );
+    }
     let refused_to = Arc::clone(&metering);
     let cut = Arc::clone(&metering);
     let data_opts = ServerOptions {
         header_read_timeout: Some(limits.header_read_timeout),
         idle_timeout: Some(limits.client_idle_timeout),
-        max_connections: limits.max_connections,
+        max_connections: data_connections,
         max_headers: limits.max_header_count,
         max_header_bytes: limits.max_header_bytes,
         h2_max_streams: limits.h2_max_streams,

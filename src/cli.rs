@@ -287,6 +287,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 Some(path) => config::load(path)?,
                 None => Arc::new(config::embedded_default()?),
             };
+            crate::server::raise_fd_limit();
             let running = app::start(
                 cfg,
                 Overrides {

@@ -256,6 +256,49 @@ where
 
 type ConnError = Box<dyn std::error::Error + Send + Sync>;
 
+/// File descriptors kept aside from client connections: the admin listener's connections, the
+/// access log, simulators, the runtime's own.
+const FD_RESERVE: u64 = 128;
+
+/// The process's open-file limit (soft, hard), where the platform says.
+pub fn fd_limit() -> Option<(u64, u64)> {
+    #[cfg(unix)]
+    {
+        rlimit::getrlimit(rlimit::Resource::NOFILE).ok()
+    }
+    #[cfg(not(unix))]
+    {
+        None
+    }
+}
+
+/// Raises the soft open-file limit to the hard one (as Go's runtime and nginx's
+/// `worker_rlimit_nofile` do): a process-wide change, made by the `serve` command only. Returns
+/// the soft limit in force afterwards.
+pub fn raise_fd_limit() -> Option<u64> {
+    #[cfg(unix)]
+    {
+        rlimit::increase_nofile_limit(u64::MAX).ok()
+    }
+    #[cfg(not(unix))]
+    {
+        None
+    }
+}
+
+/// `max_connections` as the open-file limit allows: each client connection may need one upstream
+/// connection too, after `FD_RESERVE`. Out of descriptors, accept fails for the admin listener
+/// as well, so the cap keeps `/healthz` answering.
+pub fn connections_within_fd_limit(configured: usize) -> usize {
+    match fd_limit() {
+        Some((soft, _)) => {
+            let fit = usize::try_from(soft.saturating_sub(FD_RESERVE) / 2).unwrap_or(usize::MAX);
+            configured.min(fit.max(1))
+        }
+        None => configured,
+    }
+}
+
 /// Drives a connection, closing it (`None`) when no request is open and it stays silent past the
 /// idle timeout, or when no first request head arrives in time. Checks every half timeout, so a
 /// silent connection is closed between 1 and 1.5 timeouts after its last byte.

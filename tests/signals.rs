@@ -196,3 +196,70 @@ async fn sigusr1_reopens_the_access_log_for_logrotate() {
     let count = |p: &std::path::Path| std::fs::read_to_string(p).unwrap().lines().count();
     assert_eq!((count(&moved), count(&log)), (3, 2));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_low_fd_limit_caps_connections_keeps_admin_up_and_does_not_flood_the_log() {
+    if Command::new("prlimit").arg("--version").output().is_err() {
+        eprintln!("no prlimit here: skipped");
+        return;
+    }
+    let sim = start_sim(exact(1.0, 1.0), 1).await;
+    let dir = temp_dir();
+    let path = dir.join("gw.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "limits: {{ client_idle_timeout: 1s, header_read_timeout: 1s }}\nbackends:\n  - {{ name: s, url: \"http://{}\" }}\nroutes:\n  - {{ name: all, backends: [s] }}\n",
+            sim.addr
+        ),
+    )
+    .unwrap();
+    let stderr = std::fs::File::create(dir.join("stderr.txt")).unwrap();
+    let mut child = Command::new("prlimit")
+        .arg("--nofile=256:256")
+        .arg(env!("CARGO_BIN_EXE_inferscope"))
+        .args(["serve", "--config"])
+        .arg(&path)
+        .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let field = |k: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .unwrap()
+            .parse::<std::net::SocketAddr>()
+            .unwrap()
+    };
+    let (data, admin) = (field("data="), field("admin="));
+    // More silent connections than the gateway has descriptors for.
+    let mut silent = Vec::new();
+    for _ in 0..300 {
+        silent.push(tokio::net::TcpStream::connect(data).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, _) = tokio::time::timeout(Duration::from_secs(3), admin_get(admin, "/healthz"))
+        .await
+        .expect("/healthz did not answer with the data plane full");
+    assert_eq!(status, 200);
+    // Real traffic gets through once the silent ones are closed for idling.
+    let r = tokio::time::timeout(
+        Duration::from_secs(15),
+        post(data, "/v1/chat/completions", &chat(false, 2, ""), &[]),
+    )
+    .await
+    .expect("a real request never got through");
+    assert_eq!(r.status, 200);
+    drop(silent);
+    signal(child.id(), "-TERM");
+    let _ = tokio::task::spawn_blocking(move || child.wait()).await;
+    let log = std::fs::read_to_string(dir.join("stderr.txt")).unwrap();
+    assert!(log.contains("max_connections lowered"), "{log}");
+    let floods = log.matches("accept failed").count();
+    assert!(floods <= 2, "{floods} accept-failure lines:\n{log}");
+}

@@ -1,0 +1,500 @@
+//! Abuse soak driver, shared by `benches/abuse_soak.rs` (long form, numbers in
+//! docs/RELIABILITY.md) and `tests/abuse.rs` (short form in CI): one gateway in front of a good
+//! and a faulty simulator; normal streaming clients run alone (quiet phase), then alongside
+//! hostile clients and traffic to the faulty backend (abuse phase). Reports the normal clients'
+//! latency in both phases, what every hostile client got, and the account: every request whose
+//! head reached the gateway against the access-log lines written.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use inferscope::sim::{self, Faults, Profile, SimHandle, SimOptions};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
+
+/// Latencies of the normal clients in one phase, milliseconds.
+#[derive(Debug, Default, Clone)]
+pub struct Latency {
+    /// Requests that completed with `[DONE]`.
+    pub ok: u64,
+    /// Requests that did not.
+    pub failed: u64,
+    /// Time to the first body byte, per request.
+    pub ttfb: Vec<f64>,
+    /// End to end, per request.
+    pub e2e: Vec<f64>,
+}
+
+impl Latency {
+    /// Nearest-rank quantile of `v`.
+    pub fn q(v: &[f64], q: f64) -> f64 {
+        let mut s = v.to_vec();
+        s.sort_by(f64::total_cmp);
+        if s.is_empty() {
+            return f64::NAN;
+        }
+        let rank = ((q * s.len() as f64).ceil() as usize).clamp(1, s.len());
+        s[rank - 1]
+    }
+}
+
+/// What an abuse run saw.
+#[derive(Debug, Default)]
+pub struct Report {
+    /// Normal clients alone.
+    pub quiet: Latency,
+    /// Normal clients during the abuse.
+    pub abused: Latency,
+    /// Clients of the faulty backend during the abuse (completed / not).
+    pub faulty: (u64, u64),
+    /// Per hostile action: how many were made.
+    pub hostile: BTreeMap<&'static str, u64>,
+    /// What hostile requests got, by status line.
+    pub hostile_status: BTreeMap<String, u64>,
+    /// Request heads that reached the gateway (normal, faulty-route and hostile ones).
+    pub requests: u64,
+    /// Access-log lines written.
+    pub logged: u64,
+    /// Access-log lines by outcome and error.
+    pub outcomes: BTreeMap<String, u64>,
+    /// Resident memory (KiB) before the abuse and at its end.
+    pub rss_kib: (u64, u64),
+    /// Seconds of each phase.
+    pub seconds: (f64, f64),
+}
+
+impl Report {
+    /// Prints the account (the form docs/RELIABILITY.md quotes).
+    pub fn print(&self) {
+        let row = |name: &str, l: &Latency| {
+            println!(
+                "{name:>7}: {ok:>6} ok {failed:>3} failed | ttfb p50 {:>6.2} p99 {:>6.2} ms | e2e p50 {:>6.2} p99 {:>6.2} ms",
+                Latency::q(&l.ttfb, 0.5),
+                Latency::q(&l.ttfb, 0.99),
+                Latency::q(&l.e2e, 0.5),
+                Latency::q(&l.e2e, 0.99),
+                ok = l.ok,
+                failed = l.failed,
+            );
+        };
+        println!(
+            "normal traffic (quiet {:.0} s, then {:.0} s under abuse):",
+            self.seconds.0, self.seconds.1
+        );
+        row("quiet", &self.quiet);
+        row("abused", &self.abused);
+        println!(
+            "p99 ratio abused/quiet: ttfb {:.2}, e2e {:.2}",
+            Latency::q(&self.abused.ttfb, 0.99) / Latency::q(&self.quiet.ttfb, 0.99),
+            Latency::q(&self.abused.e2e, 0.99) / Latency::q(&self.quiet.e2e, 0.99)
+        );
+        println!(
+            "faulty backend: {} complete, {} failed or cut",
+            self.faulty.0, self.faulty.1
+        );
+        println!("hostile actions: {:?}", self.hostile);
+        println!("hostile answers: {:?}", self.hostile_status);
+        println!(
+            "requests in {} = log lines out {} ({})",
+            self.requests,
+            self.logged,
+            if self.requests == self.logged {
+                "equal"
+            } else {
+                "DIFFERENT"
+            }
+        );
+        println!("log outcomes: {:?}", self.outcomes);
+        println!("rss KiB: {} -> {}", self.rss_kib.0, self.rss_kib.1);
+    }
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+async fn start_sim(faults: Faults, seed: u64) -> SimHandle {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let profile = Profile {
+        ttft_base_ms: 5.0,
+        prefill_per_token_ms: 0.0,
+        tpot_ms: 2.0,
+        jitter: 0.1,
+        faults,
+        ..Profile::fp16()
+    };
+    let mut opts = SimOptions::new(profile);
+    opts.seed = seed;
+    sim::spawn(listener, opts, std::future::pending()).unwrap()
+}
+
+fn chat(model: &str, stream: bool, tokens: u32) -> String {
+    format!(
+        r#"{{"model":"{model}","stream":{stream},"max_tokens":{tokens},"messages":[{{"role":"user","content":"hello"}}]}}"#
+    )
+}
+
+/// Counts shared by every client.
+#[derive(Default)]
+struct Shared {
+    requests: AtomicU64,
+    stop_normal: AtomicBool,
+    stop_hostile: AtomicBool,
+    hostile: parking_lot::Mutex<BTreeMap<&'static str, u64>>,
+    statuses: parking_lot::Mutex<BTreeMap<String, u64>>,
+}
+
+impl Shared {
+    fn did(&self, what: &'static str) {
+        *self.hostile.lock().entry(what).or_default() += 1;
+    }
+
+    fn got(&self, status: Option<String>) {
+        let key = status.unwrap_or_else(|| "closed".into());
+        *self.statuses.lock().entry(key).or_default() += 1;
+    }
+}
+
+/// One normal client: closed-loop streaming requests on a kept-alive connection.
+async fn normal_client(addr: SocketAddr, shared: Arc<Shared>, model: &'static str) -> Latency {
+    let mut lat = Latency::default();
+    'conn: while !shared.stop_normal.load(Ordering::Relaxed) {
+        let Ok(stream) = TcpStream::connect(addr).await else {
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let Ok((mut sender, conn)) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await
+        else {
+            continue;
+        };
+        tokio::spawn(conn);
+        while !shared.stop_normal.load(Ordering::Relaxed) {
+            if sender.ready().await.is_err() {
+                continue 'conn;
+            }
+            let req = http::Request::post("/v1/chat/completions")
+                .header("host", "gw")
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(chat(model, true, 16))))
+                .unwrap();
+            let t0 = Instant::now();
+            shared.requests.fetch_add(1, Ordering::Relaxed);
+            let Ok(resp) = sender.send_request(req).await else {
+                lat.failed += 1;
+                continue 'conn;
+            };
+            let mut body = resp.into_body();
+            let mut first = None;
+            let mut all = Vec::new();
+            let mut broke = false;
+            while let Some(f) = body.frame().await {
+                match f {
+                    Ok(f) => {
+                        if let Ok(d) = f.into_data() {
+                            first.get_or_insert_with(Instant::now);
+                            all.extend_from_slice(&d);
+                        }
+                    }
+                    Err(_) => {
+                        broke = true;
+                        break;
+                    }
+                }
+            }
+            let e2e = t0.elapsed().as_secs_f64() * 1e3;
+            if !broke && all.ends_with(b"data: [DONE]\n\n") {
+                lat.ok += 1;
+                if model == "good" {
+                    lat.ttfb
+                        .push(first.map_or(e2e, |f| f.duration_since(t0).as_secs_f64() * 1e3));
+                    lat.e2e.push(e2e);
+                }
+            } else {
+                lat.failed += 1;
+                if broke {
+                    continue 'conn;
+                }
+            }
+        }
+    }
+    lat
+}
+
+/// Reads until a status line arrives (or the peer closes); returns it.
+async fn status_line(s: &mut TcpStream, within: Duration) -> Option<String> {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 2048];
+    let deadline = Instant::now() + within;
+    while !got.windows(2).any(|w| w == b"\r\n") {
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => got.extend_from_slice(&buf[..n]),
+            _ => return None,
+        }
+    }
+    let text = String::from_utf8_lossy(&got).into_owned();
+    text.lines()
+        .next()
+        .map(|l| l.split_whitespace().take(2).collect::<Vec<_>>().join(" "))
+}
+
+/// Holds `n` connections that never send a byte, reopening those the gateway closes.
+async fn silent(addr: SocketAddr, shared: Arc<Shared>) {
+    let mut buf = [0u8; 64];
+    while !shared.stop_hostile.load(Ordering::Relaxed) {
+        let Ok(mut s) = TcpStream::connect(addr).await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        shared.did("silent_connection");
+        // Wait until closed (or the end).
+        loop {
+            if shared.stop_hostile.load(Ordering::Relaxed) {
+                return;
+            }
+            let read = tokio::time::timeout(Duration::from_millis(200), s.read(&mut buf)).await;
+            if let Ok(Ok(0) | Err(_)) = read {
+                break;
+            }
+        }
+    }
+}
+
+/// Sends one raw request head (and optional body bytes), counts it, returns the status line.
+async fn raw_request(addr: SocketAddr, shared: &Shared, bytes: &[u8]) -> Option<String> {
+    let mut s = TcpStream::connect(addr).await.ok()?;
+    s.write_all(bytes).await.ok()?;
+    shared.requests.fetch_add(1, Ordering::Relaxed);
+    status_line(&mut s, Duration::from_secs(10)).await
+}
+
+/// Request bodies trickled a byte every 500 ms (far under the minimum rate).
+async fn trickler(addr: SocketAddr, shared: Arc<Shared>) {
+    while !shared.stop_hostile.load(Ordering::Relaxed) {
+        let Ok(s) = TcpStream::connect(addr).await else {
+            continue;
+        };
+        let (mut rd, mut wr) = s.into_split();
+        let head = "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{";
+        if wr.write_all(head.as_bytes()).await.is_err() {
+            continue;
+        }
+        shared.requests.fetch_add(1, Ordering::Relaxed);
+        shared.did("slow_body");
+        let drip = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                if wr.write_all(b" ").await.is_err() {
+                    return;
+                }
+            }
+        });
+        let mut got = Vec::new();
+        let mut buf = [0u8; 1024];
+        let status = loop {
+            match tokio::time::timeout(Duration::from_secs(30), rd.read(&mut buf)).await {
+                Ok(Ok(n)) if n > 0 => {
+                    got.extend_from_slice(&buf[..n]);
+                    if got.windows(2).any(|w| w == b"\r\n") {
+                        let t = String::from_utf8_lossy(&got).into_owned();
+                        break t
+                            .lines()
+                            .next()
+                            .map(|l| l.split_whitespace().take(2).collect::<Vec<_>>().join(" "));
+                    }
+                }
+                _ => break None,
+            }
+        };
+        drip.abort();
+        shared.got(status);
+    }
+}
+
+/// Loops one kind of malformed or oversize request.
+async fn repeat(addr: SocketAddr, shared: Arc<Shared>, what: &'static str, bytes: Vec<u8>) {
+    while !shared.stop_hostile.load(Ordering::Relaxed) {
+        let status = raw_request(addr, &shared, &bytes).await;
+        shared.did(what);
+        shared.got(status);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn post_bytes(body: &str) -> Vec<u8> {
+    format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// Runs the soak: `quiet` seconds of normal traffic alone, then `abuse` seconds with the hostile
+/// clients and faulty-backend traffic. `normal` closed-loop clients, `silent_conns` idle sockets.
+pub async fn run(quiet: f64, abuse: f64, normal: usize, silent_conns: usize) -> Report {
+    let good = start_sim(Faults::default(), 1).await;
+    let bad = start_sim(
+        Faults {
+            error_rate: 0.2,
+            die_after_chunks: Some(6),
+            malformed_rate: 0.05,
+            ..Faults::default()
+        },
+        2,
+    )
+    .await;
+    let dir = std::env::temp_dir().join(format!(
+        "inferscope-abuse-{}-{}",
+        std::process::id(),
+        Instant::now().elapsed().as_nanos()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("access.jsonl");
+    let yaml = format!(
+        "access_log: {{ path: {log:?} }}
+limits:
+  client_idle_timeout: 2s
+  header_read_timeout: 2s
+  body_read_timeout: 2s
+  max_connections: 4000
+backends:
+  - {{ name: good, url: \"http://{}\" }}
+  - {{ name: bad, url: \"http://{}\" }}
+routes:
+  - {{ name: bad, match: {{ model: bad }}, backends: [bad], retry: {{ attempts: 0 }} }}
+  - {{ name: good, backends: [good] }}
+",
+        good.addr, bad.addr
+    );
+    let config = inferscope::config::parse(&yaml, "abuse.yaml").unwrap();
+    let gw = inferscope::app::start_local(config).await.unwrap();
+    let addr = gw.data_addr;
+    let shared = Arc::new(Shared::default());
+
+    // Quiet phase.
+    let t = Instant::now();
+    let clients: Vec<_> = (0..normal)
+        .map(|_| tokio::spawn(normal_client(addr, Arc::clone(&shared), "good")))
+        .collect();
+    tokio::time::sleep(Duration::from_secs_f64(quiet)).await;
+    shared.stop_normal.store(true, Ordering::Relaxed);
+    let mut quiet_lat = Latency::default();
+    for c in clients {
+        merge(&mut quiet_lat, c.await.unwrap());
+    }
+    let quiet_secs = t.elapsed().as_secs_f64();
+    let rss_before = rss_kib();
+
+    // Abuse phase: the same normal clients, and everything else at once.
+    shared.stop_normal.store(false, Ordering::Relaxed);
+    let t = Instant::now();
+    let clients: Vec<_> = (0..normal)
+        .map(|_| tokio::spawn(normal_client(addr, Arc::clone(&shared), "good")))
+        .collect();
+    let faulty: Vec<_> = (0..4)
+        .map(|_| tokio::spawn(normal_client(addr, Arc::clone(&shared), "bad")))
+        .collect();
+    let mut hostile = Vec::new();
+    for _ in 0..silent_conns {
+        hostile.push(tokio::spawn(silent(addr, Arc::clone(&shared))));
+    }
+    for _ in 0..20 {
+        hostile.push(tokio::spawn(trickler(addr, Arc::clone(&shared))));
+    }
+    let mut many = String::from("GET /v1/models HTTP/1.1\r\nhost: gw\r\n");
+    for i in 0..300 {
+        many.push_str(&format!("x-h{i}: v\r\n"));
+    }
+    many.push_str("\r\n");
+    let huge_model = chat(&"m".repeat(256 << 10), false, 2);
+    let deep = format!(
+        r#"{{"model":"good","messages":[],"x":{}{}}}"#,
+        "[".repeat(500),
+        "]".repeat(500)
+    );
+    let spoof = "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\nx-inferscope-shadow: 1\r\nx-inferscope-request-id: forged\r\nconnection: close\r\ncontent-length: ";
+    let spoof_body = chat("good", false, 2);
+    let actions: Vec<(&'static str, Vec<u8>)> = vec![
+        ("header_flood", many.into_bytes()),
+        (
+            "smuggling",
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-length: 5\r\ncontent-length: 7\r\n\r\nhello".to_vec(),
+        ),
+        ("huge_model_name", post_bytes(&huge_model)),
+        ("deep_json", post_bytes(&deep)),
+        (
+            "spoofed_headers",
+            format!("{spoof}{}\r\n\r\n{spoof_body}", spoof_body.len()).into_bytes(),
+        ),
+    ];
+    for (what, bytes) in actions {
+        hostile.push(tokio::spawn(repeat(addr, Arc::clone(&shared), what, bytes)));
+    }
+    tokio::time::sleep(Duration::from_secs_f64(abuse)).await;
+    shared.stop_normal.store(true, Ordering::Relaxed);
+    let mut abused_lat = Latency::default();
+    for c in clients {
+        merge(&mut abused_lat, c.await.unwrap());
+    }
+    let mut faulty_lat = Latency::default();
+    for c in faulty {
+        merge(&mut faulty_lat, c.await.unwrap());
+    }
+    let abuse_secs = t.elapsed().as_secs_f64();
+    let rss_after = rss_kib();
+    shared.stop_hostile.store(true, Ordering::Relaxed);
+    for h in hostile {
+        let _ = tokio::time::timeout(Duration::from_secs(40), h).await;
+    }
+    gw.shutdown();
+    gw.wait().await;
+
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let mut outcomes = BTreeMap::new();
+    let mut logged = 0;
+    for line in text.lines() {
+        logged += 1;
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let key = format!(
+            "{}/{}",
+            v["outcome"].as_str().unwrap_or("?"),
+            v["error"].as_str().unwrap_or("-")
+        );
+        *outcomes.entry(key).or_default() += 1;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let hostile_counts = shared.hostile.lock().clone();
+    let statuses = shared.statuses.lock().clone();
+    Report {
+        quiet: quiet_lat,
+        abused: abused_lat,
+        faulty: (faulty_lat.ok, faulty_lat.failed),
+        hostile: hostile_counts,
+        hostile_status: statuses,
+        requests: shared.requests.load(Ordering::Relaxed),
+        logged,
+        outcomes,
+        rss_kib: (rss_before, rss_after),
+        seconds: (quiet_secs, abuse_secs),
+    }
+}
+
+fn merge(into: &mut Latency, l: Latency) {
+    into.ok += l.ok;
+    into.failed += l.failed;
+    into.ttfb.extend(l.ttfb);
+    into.e2e.extend(l.e2e);
+}
