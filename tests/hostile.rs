@@ -517,3 +517,85 @@ async fn clients_cannot_send_the_gateways_own_headers_upstream_and_are_named_in_
     assert_ne!(log[0]["request_id"], "forged");
     assert!(log[0].get("shadow").is_none());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_body_streamed_through_to_the_backend_is_a_408() {
+    // A backend that reads the whole body before it answers.
+    let backend = start_raw(
+        vec![b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok".to_vec()],
+        Duration::ZERO,
+    )
+    .await;
+    let dir = temp_dir();
+    let gw = start_gateway(
+        &[("raw", backend)],
+        &dir,
+        "limits:\n  body_read_timeout: 500ms\n",
+    )
+    .await;
+    // Not an inference endpoint: the body is streamed through, not read first.
+    let mut s = TcpStream::connect(gw.data_addr).await.unwrap();
+    s.write_all(b"POST /v1/files HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n0123456789")
+        .await
+        .unwrap();
+    let t = Instant::now();
+    let status = status_of(&mut s, Duration::from_secs(10)).await;
+    assert_eq!(status.as_deref(), Some("HTTP/1.1 408 Request Timeout"));
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    drop(s);
+    let log = stop_and_read_log(gw, &dir).await;
+    assert_eq!(log.len(), 1);
+    assert_eq!(log[0]["error"], "body_timeout");
+    assert_eq!(log[0]["backend"], "raw", "it was streamed to the backend");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_h2_connection_gets_at_most_h2_max_streams_at_once() {
+    use http_body_util::{BodyExt, Full};
+    let sim = start_sim(exact(300.0, 1.0), 1).await;
+    let dir = temp_dir();
+    let gw = start_gateway(&[("sim", sim.addr)], &dir, "limits:\n  h2_max_streams: 4\n").await;
+    let stream = TcpStream::connect(gw.data_addr).await.unwrap();
+    let (send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let addr = gw.data_addr;
+    let mut reqs = Vec::new();
+    for _ in 0..12 {
+        let mut send = send.clone();
+        reqs.push(tokio::spawn(async move {
+            let req = http::Request::post(format!("http://{addr}/v1/chat/completions"))
+                .header("content-type", "application/json")
+                .body(Full::new(bytes::Bytes::from(chat(true, 2, ""))))
+                .unwrap();
+            // Streams opened before the client saw the server's SETTINGS are refused
+            // (REFUSED_STREAM: never processed, safe to retry) — the limit working too.
+            let resp = send.send_request(req).await.ok()?;
+            let status = resp.status();
+            let _ = resp.into_body().collect().await;
+            Some(status)
+        }));
+    }
+    let mut most = 0;
+    while reqs.iter().any(|r| !r.is_finished()) {
+        most = most.max(sim.active());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut served = 0;
+    for r in reqs {
+        if let Some(status) = r.await.unwrap() {
+            assert_eq!(status, 200);
+            served += 1;
+        }
+    }
+    assert!(served >= 4, "{served}");
+    assert!(
+        most <= 4 && most > 0,
+        "{most} streams at once on one connection"
+    );
+    assert_eq!(stop_and_read_log(gw, &dir).await.len(), served);
+}
