@@ -32,6 +32,14 @@ impl Drop for SmallDisk {
     }
 }
 
+/// A gateway in front of `backend` with `access_log: LOG`.
+async fn logging_to(log: &str, backend: std::net::SocketAddr) -> inferscope::app::Running {
+    start_yaml(&format!(
+        "access_log: {log}\nbackends:\n  - {{ name: s, url: \"http://{backend}\" }}\nroutes:\n  - {{ name: all, backends: [s] }}\n"
+    ))
+    .await
+}
+
 fn metric(text: &str, name: &str) -> u64 {
     text.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
@@ -57,11 +65,7 @@ async fn a_full_disk_tears_no_line_and_loses_none_once_space_returns() {
     std::fs::write(&filler, vec![0u8; 244 << 10]).unwrap();
     let sim = start_sim(exact(1.0, 1.0), 1).await;
     let log_path = disk.0.join("access.jsonl");
-    let gw = start_yaml(&format!(
-        "access_log: {{ path: {log_path:?} }}\nbackends:\n  - {{ name: s, url: \"http://{}\" }}\nroutes:\n  - {{ name: all, backends: [s] }}\n",
-        sim.addr
-    ))
-    .await;
+    let gw = logging_to(&format!("{{ path: {log_path:?} }}"), sim.addr).await;
     let n = 100;
     for _ in 0..n {
         let r = post(
@@ -104,11 +108,7 @@ async fn a_full_disk_tears_no_line_and_loses_none_once_space_returns() {
 async fn a_log_that_cannot_be_written_says_so() {
     // /dev/full: every write fails with ENOSPC.
     let sim = start_sim(exact(1.0, 1.0), 1).await;
-    let gw = start_yaml(&format!(
-        "access_log: {{ path: /dev/full }}\nbackends:\n  - {{ name: s, url: \"http://{}\" }}\nroutes:\n  - {{ name: all, backends: [s] }}\n",
-        sim.addr
-    ))
-    .await;
+    let gw = logging_to("{ path: /dev/full }", sim.addr).await;
     for _ in 0..20 {
         post(
             gw.data_addr,
@@ -134,11 +134,8 @@ async fn size_rotation_keeps_whole_lines_and_a_bounded_number_of_files() {
     let sim = start_sim(exact(1.0, 1.0), 1).await;
     let dir = temp_dir();
     let log_path = dir.join("access.jsonl");
-    let gw = start_yaml(&format!(
-        "access_log: {{ path: {log_path:?}, rotate: {{ max_bytes: 4096, keep: 2 }} }}\nbackends:\n  - {{ name: s, url: \"http://{}\" }}\nroutes:\n  - {{ name: all, backends: [s] }}\n",
-        sim.addr
-    ))
-    .await;
+    let log = format!("{{ path: {log_path:?}, rotate: {{ max_bytes: 4096, keep: 2 }} }}");
+    let gw = logging_to(&log, sim.addr).await;
     let n = 60;
     for i in 0..n {
         post(

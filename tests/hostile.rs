@@ -555,14 +555,7 @@ async fn one_h2_connection_gets_at_most_h2_max_streams_at_once() {
     let sim = start_sim(exact(300.0, 1.0), 1).await;
     let dir = temp_dir();
     let gw = start_gateway(&[("sim", sim.addr)], &dir, "limits:\n  h2_max_streams: 4\n").await;
-    let stream = TcpStream::connect(gw.data_addr).await.unwrap();
-    let (send, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(stream),
-    )
-    .await
-    .unwrap();
-    tokio::spawn(conn);
+    let send = h2_connect(gw.data_addr).await;
     let addr = gw.data_addr;
     let mut reqs = Vec::new();
     for _ in 0..12 {

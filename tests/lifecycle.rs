@@ -201,14 +201,7 @@ async fn h2c_clients_are_served_and_measured() {
     let sim = start_sim(exact(5.0, 3.0), 5).await;
     let dir = temp_dir();
     let gw = start_gateway(&[("sim", sim.addr)], &dir, "").await;
-    let stream = tokio::net::TcpStream::connect(gw.data_addr).await.unwrap();
-    let (mut send, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(stream),
-    )
-    .await
-    .unwrap();
-    tokio::spawn(conn);
+    let mut send = h2_connect(gw.data_addr).await;
     let req = http::Request::post(format!("http://{}/v1/chat/completions", gw.data_addr))
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from(chat(true, 5, ""))))

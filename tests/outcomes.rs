@@ -199,14 +199,7 @@ async fn a_response_cut_off_upstream_is_aborted_not_ended() {
     assert!(r.aborted, "HTTP/1: closed without the terminating chunk");
 
     // Over h2c the stream is reset: the client's body read fails.
-    let stream = tokio::net::TcpStream::connect(gw.data_addr).await.unwrap();
-    let (mut send, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(stream),
-    )
-    .await
-    .unwrap();
-    tokio::spawn(conn);
+    let mut send = h2_connect(gw.data_addr).await;
     let req = http::Request::post(format!("http://{}/v1/chat/completions", gw.data_addr))
         .header("content-type", "application/json")
         .body(http_body_util::Full::new(bytes::Bytes::from(chat(

@@ -29,26 +29,7 @@ async fn sighup_with_a_bad_config_keeps_serving_and_sigterm_drains() {
         sim.addr
     );
     std::fs::write(&path, &good).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_inferscope"))
-        .args(["serve", "--config"])
-        .arg(&path)
-        .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let field = |k: &str| {
-        line.split_whitespace()
-            .find_map(|w| w.strip_prefix(k))
-            .unwrap()
-            .parse::<std::net::SocketAddr>()
-            .unwrap()
-    };
-    let (data, admin) = (field("data="), field("admin="));
+    let (mut child, data, admin) = serve(&path);
     let pid = child.id();
 
     assert_eq!(
@@ -106,7 +87,7 @@ async fn sighup_with_a_bad_config_keeps_serving_and_sigterm_drains() {
     );
 }
 
-/// Starts the binary on `yaml`; returns the child, data and admin addresses.
+/// Starts the binary on the config at `path`; returns the child, data and admin addresses.
 fn serve(
     path: &std::path::Path,
 ) -> (
@@ -114,12 +95,26 @@ fn serve(
     std::net::SocketAddr,
     std::net::SocketAddr,
 ) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_inferscope"))
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_inferscope"));
+    cmd.stderr(Stdio::null());
+    serve_with(cmd, path)
+}
+
+/// `serve` through `cmd` (the binary, or a wrapper such as `prlimit` with the binary as its
+/// first argument, and the stderr wanted).
+fn serve_with(
+    mut cmd: Command,
+    path: &std::path::Path,
+) -> (
+    std::process::Child,
+    std::net::SocketAddr,
+    std::net::SocketAddr,
+) {
+    let mut child = cmd
         .args(["serve", "--config"])
         .arg(path)
         .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let mut line = String::new();
@@ -215,28 +210,11 @@ async fn a_low_fd_limit_caps_connections_keeps_admin_up_and_does_not_flood_the_l
     )
     .unwrap();
     let stderr = std::fs::File::create(dir.join("stderr.txt")).unwrap();
-    let mut child = Command::new("prlimit")
-        .arg("--nofile=256:256")
+    let mut cmd = Command::new("prlimit");
+    cmd.arg("--nofile=256:256")
         .arg(env!("CARGO_BIN_EXE_inferscope"))
-        .args(["serve", "--config"])
-        .arg(&path)
-        .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
-        .stdout(Stdio::piped())
-        .stderr(stderr)
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let field = |k: &str| {
-        line.split_whitespace()
-            .find_map(|w| w.strip_prefix(k))
-            .unwrap()
-            .parse::<std::net::SocketAddr>()
-            .unwrap()
-    };
-    let (data, admin) = (field("data="), field("admin="));
+        .stderr(stderr);
+    let (mut child, data, admin) = serve_with(cmd, &path);
     // More silent connections than the gateway has descriptors for.
     let mut silent = Vec::new();
     for _ in 0..300 {

@@ -210,6 +210,16 @@ pub fn validate(c: &Config) -> Result<(), Invalid> {
             return err(vec![K("limits"), K(k)], "must be greater than 0");
         }
     }
+    let durations = [
+        ("header_read_timeout", l.header_read_timeout),
+        ("client_idle_timeout", l.client_idle_timeout),
+        ("body_read_timeout", l.body_read_timeout),
+    ];
+    for (k, d) in durations {
+        if d.is_zero() {
+            return err(vec![K("limits"), K(k)], "must be longer than 0");
+        }
+    }
     if let Some(a) = &c.access_log {
         if a.queue == 0 {
             return err(vec![K("access_log"), K("queue")], "must be greater than 0");

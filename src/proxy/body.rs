@@ -56,13 +56,20 @@ impl Progress {
 
     /// When the body is too slow unless more bytes arrive first.
     fn deadline(&self) -> Instant {
-        let silent = self.last + self.pace.silence;
+        // A year stands in for "never" (a configured duration may not fit an `Instant`).
+        let never = || self.last + Duration::from_secs(365 * 86_400);
+        let silent = self
+            .last
+            .checked_add(self.pace.silence)
+            .unwrap_or_else(never);
         if self.pace.min_rate == 0 {
             return silent;
         }
         // rate = received / elapsed falls below the minimum once elapsed > received / min_rate.
-        let earned = Duration::from_secs_f64(self.received as f64 / self.pace.min_rate as f64);
-        silent.min(self.started + earned.max(RATE_GRACE))
+        let earned = Duration::try_from_secs_f64(self.received as f64 / self.pace.min_rate as f64)
+            .unwrap_or(Duration::MAX)
+            .max(RATE_GRACE);
+        silent.min(self.started.checked_add(earned).unwrap_or_else(never))
     }
 }
 

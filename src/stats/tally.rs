@@ -23,19 +23,7 @@ impl Hist {
     /// more per recorded request, `per_request/record_64_token_stream` in benches/data_path.rs.)
     #[inline(always)]
     pub fn record(&mut self, d: Duration) {
-        let us = quantile::duration_us(d);
-        if self.h.is_none() {
-            let digits = if self.coarse {
-                quantile::WINDOW_DIGITS
-            } else {
-                quantile::DIGITS
-            };
-            self.h = Histogram::new_with_bounds(1, MAX_US, digits).ok();
-        }
-        if let Some(h) = &mut self.h {
-            h.saturating_record(us.min(MAX_US));
-        }
-        self.sum_us = self.sum_us.saturating_add(us);
+        self.record_us_n(quantile::duration_us(d), 1);
     }
 
     /// Records `n` samples of `us` microseconds.

@@ -240,6 +240,19 @@ impl Client {
     }
 }
 
+/// An h2c (prior knowledge) connection to `addr`, driven in the background.
+pub async fn h2_connect(addr: SocketAddr) -> hyper::client::conn::http2::SendRequest<Full<Bytes>> {
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    send
+}
+
 /// One request on a fresh connection.
 pub async fn post(addr: SocketAddr, path: &str, body: &str, headers: &[(&str, &str)]) -> Received {
     Client::connect(addr)
