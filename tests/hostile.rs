@@ -308,19 +308,18 @@ async fn bodies_past_the_global_budget_get_503_with_retry_after() {
     let (_sim, gw, dir) = gateway("limits:\n  max_buffered_body_bytes: 1000\n").await;
     let addr = gw.data_addr;
     let body = chat(false, 2, "");
-    // Holds 900 of the 1000 bytes while its body is incomplete.
-    let mut holder = start_body(addr, 900, body.as_bytes()).await;
+    // Sends 900 of its 1000 body bytes (the chat body padded with spaces: still valid JSON) and
+    // holds them while the rest does not come. The budget counts bytes held, not lengths
+    // declared.
+    let sent = format!("{body}{}", " ".repeat(900 - body.len()));
+    let mut holder = start_body(addr, 1000, sent.as_bytes()).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let r = post(addr, "/v1/chat/completions", &body, &[]).await;
     assert_eq!(r.status, 503);
     assert_eq!(r.headers["x-inferscope-error"], "body_budget");
     assert_eq!(r.headers["retry-after"], "1");
-    // The holder's body completes (padded with spaces: still valid JSON), and its bytes are
-    // given back once its response ends.
-    holder
-        .write_all(" ".repeat(900 - body.len()).as_bytes())
-        .await
-        .unwrap();
+    // The holder's body completes, and its bytes are given back once its response ends.
+    holder.write_all(" ".repeat(100).as_bytes()).await.unwrap();
     assert_eq!(
         status_of(&mut holder, Duration::from_secs(5))
             .await
@@ -331,9 +330,16 @@ async fn bodies_past_the_global_budget_get_503_with_retry_after() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     let r = post(addr, "/v1/chat/completions", &body, &[]).await;
     assert_eq!(r.status, 200);
+    // A head that only declares a large body holds nothing.
+    let _head_only = start_body(addr, 1000, b"").await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let r = post(addr, "/v1/chat/completions", &body, &[]).await;
+    assert_eq!(r.status, 200);
+    // (It hangs up without its body: `body_read`.)
+    drop(_head_only);
     let log = stop_and_read_log(gw, &dir).await;
     let errors: Vec<&str> = log.iter().filter_map(|l| l["error"].as_str()).collect();
-    assert_eq!(errors, ["body_budget"]);
+    assert_eq!(errors, ["body_budget", "body_read"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

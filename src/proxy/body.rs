@@ -129,8 +129,9 @@ impl Drop for Reservation {
     }
 }
 
-/// Reads a whole body of at most `limit` bytes at `pace`, holding its bytes against `budget`
-/// (`declared`, the content length, is reserved up front so an oversize wave fails fast).
+/// Reads a whole body of at most `limit` bytes at `pace`, holding its bytes against `budget` as
+/// they arrive. (Not the declared length up front: heads alone, cheap to send, would then
+/// reserve the budget and refuse everyone else until their bodies timed out.)
 pub async fn read_whole<B>(
     body: B,
     limit: usize,
@@ -145,11 +146,8 @@ where
         budget: Arc::clone(budget),
         bytes: 0,
     };
-    if let Some(n) = declared {
-        if n > limit as u64 {
-            return Err(ProxyError::BodyTooLarge(limit));
-        }
-        budget.grow(&mut reservation, n as usize)?;
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(ProxyError::BodyTooLarge(limit));
     }
     let mut progress = Progress::new(pace);
     let mut parts: Vec<Bytes> = Vec::new();
