@@ -18,7 +18,7 @@ use hyper::service::Service;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::GracefulConnection;
 use pin_project_lite::pin_project;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -159,7 +159,9 @@ where
         .timer(TokioTimer::new())
         .max_concurrent_streams(opts.h2_max_streams)
         .max_header_list_size(u32::try_from(opts.max_header_bytes).unwrap_or(u32::MAX));
-    let graceful = GracefulShutdown::new();
+    // Shutdown reaches every connection's supervisor, which closes it gracefully (HTTP/1: after
+    // the response in flight; h2: GOAWAY, then the open streams finish).
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let slots = Arc::new(Semaphore::new(opts.max_connections.max(1)));
     let mut accept_errors = AcceptBackoff::default();
     // Connection tasks, so those still open when the grace period ends can be cut (their
@@ -212,13 +214,13 @@ where
             peer: ClientAddr(peer),
         };
         let builder = builder.clone();
-        let watcher = graceful.watcher();
+        let stop = stop_rx.clone();
         let opts = opts.clone();
         while conns.try_join_next().is_some() {}
         conns.spawn(async move {
             let accepted = Instant::now();
-            let conn = watcher.watch(builder.serve_connection(io, service));
-            let result = supervise(conn, &state, &opts, accepted).await;
+            let conn = builder.serve_connection(io, service);
+            let result = supervise(conn, &state, &opts, accepted, stop).await;
             match result {
                 Some(Err(e)) => refused(&e, &state, &opts, peer, accepted),
                 Some(Ok(())) => {}
@@ -235,10 +237,12 @@ where
         });
     }
     drop(listener);
-    let drained = tokio::select! {
-        () = graceful.shutdown() => true,
-        () = tokio::time::sleep(opts.grace) => false,
-    };
+    let _ = stop_tx.send(true);
+    let drained = tokio::time::timeout(opts.grace, async {
+        while conns.join_next().await.is_some() {}
+    })
+    .await
+    .is_ok();
     if !drained {
         if let Some(f) = &opts.on_cut {
             f();
@@ -299,31 +303,48 @@ pub fn connections_within_fd_limit(configured: usize) -> usize {
     }
 }
 
-/// Drives a connection, closing it (`None`) when no request is open and it stays silent past the
-/// idle timeout, or when no first request head arrives in time. Checks every half timeout, so a
-/// silent connection is closed between 1 and 1.5 timeouts after its last byte.
-async fn supervise<F>(
-    conn: F,
+/// Drives a connection until it ends, or closes it gracefully (HTTP/1: at once when idle; h2:
+/// GOAWAY) and reports `None` when no request is open and it stays silent past the idle timeout,
+/// or when no first request head arrives in time; a close that does not finish within a second
+/// drops the connection. Checks every half timeout, so a silent connection is closed between 1
+/// and 1.5 timeouts after its last byte. On `stop` (shutdown) it closes gracefully and keeps
+/// driving the requests in flight.
+async fn supervise<C>(
+    conn: C,
     state: &ConnState,
     opts: &ServerOptions,
     accepted: Instant,
+    mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> Option<Result<(), ConnError>>
 where
-    F: Future<Output = Result<(), ConnError>>,
+    C: GracefulConnection<Error = ConnError>,
 {
     tokio::pin!(conn);
     let first = opts.header_read_timeout;
     let idle = opts.idle_timeout;
-    let Some(tick) = [first, idle].into_iter().flatten().min() else {
-        return Some(conn.await);
-    };
-    let tick = (tick / 2).max(Duration::from_millis(5));
+    let tick = [first, idle]
+        .into_iter()
+        .flatten()
+        .min()
+        .map(|t| (t / 2).max(Duration::from_millis(5)));
     let mut last_ops = 0;
     let mut quiet_since = accepted;
+    let mut stopping = false;
     loop {
+        let check = async {
+            match tick {
+                Some(t) if !stopping => tokio::time::sleep(t).await,
+                _ => std::future::pending().await,
+            }
+        };
         tokio::select! {
-            r = &mut conn => return Some(r),
-            () = tokio::time::sleep(tick) => {}
+            r = conn.as_mut() => return Some(r),
+            _ = stop.changed(), if !stopping => {
+                stopping = true;
+                conn.as_mut().graceful_shutdown();
+                continue;
+            }
+            () = check => {}
         }
         let now = Instant::now();
         let ops = state.io_ops.load(Ordering::Relaxed);
@@ -338,6 +359,8 @@ where
             && first.is_some_and(|t| now.duration_since(accepted) >= t);
         let silent = idle.is_some_and(|t| now.duration_since(quiet_since) >= t);
         if no_first_request || silent {
+            conn.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(Duration::from_secs(1), conn.as_mut()).await;
             return None;
         }
     }
