@@ -353,11 +353,16 @@ async fn bodies_past_the_global_budget_get_503_with_retry_after() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     let r = post(addr, "/v1/chat/completions", &body, &[]).await;
     assert_eq!(r.status, 200);
-    // (It hangs up without its body: `body_read`.)
+    // It hangs up without its body: the client's cancellation, not a bad request.
     drop(_head_only);
     let log = stop_and_read_log(gw, &dir).await;
     let errors: Vec<&str> = log.iter().filter_map(|l| l["error"].as_str()).collect();
-    assert_eq!(errors, ["body_budget", "body_read"]);
+    assert_eq!(errors, ["body_budget", "client_disconnected"]);
+    let last = log.last().unwrap();
+    assert_eq!(
+        (last["status"].as_u64(), last["outcome"].as_str()),
+        (Some(499), Some("client_cancelled"))
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -141,6 +141,7 @@ pub async fn read_whole<B>(
 ) -> Result<(Bytes, Reservation), ProxyError>
 where
     B: Body<Data = Bytes>,
+    B::Error: Into<crate::meter::BoxError>,
 {
     let mut reservation = Reservation {
         budget: Arc::clone(budget),
@@ -157,7 +158,14 @@ where
         let frame = match tokio::time::timeout_at(progress.deadline(), body.frame()).await {
             Err(_) => return Err(ProxyError::BodyTimeout),
             Ok(None) => break,
-            Ok(Some(Err(_))) => return Err(ProxyError::BodyRead),
+            Ok(Some(Err(e))) => {
+                let e: crate::meter::BoxError = e.into();
+                return Err(if client_left(e.as_ref()) {
+                    ProxyError::ClientGone
+                } else {
+                    ProxyError::BodyRead
+                });
+            }
             Ok(Some(Ok(f))) => f,
         };
         let Ok(data) = frame.into_data() else {
@@ -186,6 +194,28 @@ where
         }
     };
     Ok((bytes, reservation))
+}
+
+/// The body failed because the client went away (the connection ended before the body did).
+fn client_left(e: &(dyn std::error::Error + 'static)) -> bool {
+    use std::io::ErrorKind as K;
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if err
+            .downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_incomplete_message)
+        {
+            return true;
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                K::UnexpectedEof | K::ConnectionReset | K::ConnectionAborted | K::BrokenPipe
+            );
+        }
+        cur = err.source();
+    }
+    false
 }
 
 /// A request body too slow for its pace.

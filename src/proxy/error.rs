@@ -32,6 +32,9 @@ pub enum ProxyError {
     /// The request body could not be read.
     #[error("the request body could not be read")]
     BodyRead,
+    /// The client hung up before its request body was complete.
+    #[error("the client closed the connection before the request body was complete")]
+    ClientGone,
     /// The request body arrived too slowly (a silence or an average rate past the limits).
     #[error("the request body arrived too slowly")]
     BodyTimeout,
@@ -66,6 +69,7 @@ impl ProxyError {
             ProxyError::BodyTooLarge(_) => "body_too_large",
             ProxyError::BodyRead => "body_read",
             ProxyError::BodyTimeout => "body_timeout",
+            ProxyError::ClientGone => "client_disconnected",
             ProxyError::BodyBudget => "body_budget",
             ProxyError::JsonTooDeep(_) => "json_too_deep",
             ProxyError::Overloaded => "overloaded",
@@ -85,6 +89,7 @@ impl ProxyError {
             | ProxyError::BodyTooLarge(_)
             | ProxyError::BodyRead
             | ProxyError::BodyTimeout
+            | ProxyError::ClientGone
             | ProxyError::JsonTooDeep(_) => Blame::Downstream,
             ProxyError::Upstream(_) | ProxyError::UpstreamTimeout => Blame::Upstream,
             ProxyError::Overloaded
@@ -101,6 +106,8 @@ impl ProxyError {
             ProxyError::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::BodyRead | ProxyError::JsonTooDeep(_) => StatusCode::BAD_REQUEST,
             ProxyError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
+            // Nobody reads it; recorded as nginx logs a client that left.
+            ProxyError::ClientGone => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
             ProxyError::BodyBudget => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
@@ -117,6 +124,7 @@ impl ProxyError {
             ProxyError::BadUpstreamRequest => Outcome::GatewayError,
             ProxyError::Upstream(_) => Outcome::BackendError,
             ProxyError::UpstreamTimeout => Outcome::Timeout,
+            ProxyError::ClientGone => Outcome::ClientCancelled,
             _ => Outcome::Rejected,
         }
     }
