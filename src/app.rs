@@ -234,6 +234,16 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         .context("binding the admin listener")?;
     let data_addr = data_listener.local_addr()?;
     let admin_addr = admin_listener.local_addr()?;
+    if let Some(refusal) = crate::config::admin_exposure(&config.admin, admin_addr) {
+        anyhow::bail!("admin.listen: {refusal}");
+    }
+    let admin_token = match &config.admin.token_env {
+        Some(var) => Some(
+            std::env::var(var)
+                .with_context(|| format!("admin.token_env: environment variable {var}"))?,
+        ),
+        None => None,
+    };
 
     let log = match &config.access_log {
         Some(a) => {
@@ -338,6 +348,7 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         reloads: Arc::clone(&reloader.counters),
         accepting: Arc::clone(&accepting),
         connections: Arc::clone(&connections),
+        token: admin_token,
     });
     let admin_service =
         hyper::service::service_fn(move |req| admin::handle(Arc::clone(&admin_state), req));

@@ -40,6 +40,42 @@ pub struct AdminState {
     pub accepting: Arc<AtomicBool>,
     /// The data plane's connection counters.
     pub connections: Arc<crate::server::ConnCounters>,
+    /// Bearer token every endpoint but `/healthz` and `/readyz` requires, when set.
+    pub token: Option<String>,
+}
+
+/// Compares without stopping at the first difference (the time taken does not tell how much of a
+/// guessed token was right).
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = u8::from(a.len() != b.len());
+    for (i, x) in a.iter().enumerate() {
+        diff |= x ^ b.get(i).copied().unwrap_or(0);
+    }
+    diff == 0
+}
+
+/// Probes stay open (kubelets and load balancers carry no token); the rest needs the token.
+fn authorized(state: &AdminState, req: &Request<hyper::body::Incoming>) -> bool {
+    let Some(token) = &state.token else {
+        return true;
+    };
+    if matches!(req.uri().path(), "/healthz" | "/readyz") {
+        return true;
+    }
+    req.headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|given| same_secret(given.trim().as_bytes(), token.as_bytes()))
+}
+
+/// A JSON error body.
+fn json_error(status: StatusCode, msg: &str) -> Response<Full<Bytes>> {
+    reply(
+        status,
+        "application/json",
+        serde_json::json!({"error": {"message": msg}}).to_string(),
+    )
 }
 
 fn reply(status: StatusCode, ctype: &'static str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
@@ -57,6 +93,29 @@ pub async fn handle(
     state: Arc<AdminState>,
     req: Request<hyper::body::Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
+    if !authorized(&state, &req) {
+        let mut r = json_error(
+            StatusCode::UNAUTHORIZED,
+            "the admin API needs Authorization: Bearer <admin token>",
+        );
+        r.headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        return Ok(r);
+    }
+    // State changes only from requests a browser cannot forge cross-site without a preflight.
+    if req.method() == Method::POST {
+        let json = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim_start().starts_with("application/json"));
+        if !json {
+            return Ok(json_error(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "send Content-Type: application/json",
+            ));
+        }
+    }
     if req.method() == Method::POST && req.uri().path() == "/feedback" {
         return Ok(feedback(&state, req).await);
     }

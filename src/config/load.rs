@@ -118,6 +118,26 @@ fn environment(c: &Config, env: &dyn Fn(&str) -> Option<String>) -> Result<(), I
             }
         }
     }
+    if let Some(var) = &c.admin.token_env {
+        match env(var) {
+            None => {
+                return err(
+                    vec![K("admin"), K("token_env")],
+                    format!("environment variable {var} is not set"),
+                )
+            }
+            Some(t) if t.len() < 16 => {
+                return err(
+                    vec![K("admin"), K("token_env")],
+                    format!("{var} holds fewer than 16 characters: too short for a token"),
+                )
+            }
+            Some(_) => {}
+        }
+    }
+    if let Some(m) = super::admin_exposure(&c.admin, c.admin.listen) {
+        return err(vec![K("admin"), K("listen")], m);
+    }
     let writable = |p: &Path| -> Result<(), String> {
         if p.as_os_str() == "-" {
             return Ok(());

@@ -34,3 +34,16 @@ pub const DEFAULT_NAME: &str = "<embedded default>";
 pub fn embedded_default() -> Result<Config, ConfigError> {
     parse(DEFAULT_YAML, DEFAULT_NAME)
 }
+
+/// Why the admin plane may not listen on `addr` as configured: a non-loopback address without a
+/// token (and without `allow_unauthenticated`) would hand `/stats`, `/experiments` and
+/// `POST /feedback` to anyone who reaches it.
+pub fn admin_exposure(admin: &AdminConfig, addr: std::net::SocketAddr) -> Option<String> {
+    (!addr.ip().is_loopback() && admin.token_env.is_none() && !admin.allow_unauthenticated).then(
+        || {
+            format!(
+                "{addr} is not a loopback address: set admin.token_env (a bearer token) or admin.allow_unauthenticated: true"
+            )
+        },
+    )
+}

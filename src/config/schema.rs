@@ -83,12 +83,19 @@ mod defaults {
 pub struct AdminConfig {
     /// Admin listen address (`/metrics`, `/stats`, `/healthz`, `/readyz`).
     pub listen: SocketAddr,
+    /// Environment variable holding the admin bearer token: every endpoint but `/healthz` and
+    /// `/readyz` then requires `Authorization: Bearer <token>`.
+    pub token_env: Option<String>,
+    /// Serve a non-loopback admin address without a token (refused otherwise).
+    pub allow_unauthenticated: bool,
 }
 
 impl Default for AdminConfig {
     fn default() -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
+            token_env: None,
+            allow_unauthenticated: false,
         }
     }
 }

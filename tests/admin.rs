@@ -1,0 +1,130 @@
+//! The admin plane's exposure: a bearer token guards everything but the probes, state changes
+//! need a JSON body, and a non-loopback admin address without a token is refused (by `serve`
+//! and by `check`).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use inferscope::app::{self, Overrides};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const TOKEN: &str = "s3cret-admin-token-0123456789";
+
+fn yaml(sim: SocketAddr, admin: &str) -> String {
+    format!(
+        "admin: {{ listen: \"127.0.0.1:0\"{admin} }}\nbackends:\n  - {{ name: s, url: \"http://{sim}\" }}\nroutes:\n  - {{ name: all, backends: [s] }}\n"
+    )
+}
+
+/// One raw admin request; returns the status code and the whole response.
+async fn raw(addr: SocketAddr, head: &str) -> (u16, String) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).await.unwrap();
+    let text = String::from_utf8_lossy(&got).into_owned();
+    let code = text.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (code, text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_guards_everything_but_the_probes() {
+    let var = format!("INFERSCOPE_TEST_ADMIN_TOKEN_{}", std::process::id());
+    std::env::set_var(&var, TOKEN);
+    let sim = start_sim(exact(1.0, 1.0), 1).await;
+    let gw = start_yaml(&yaml(sim.addr, &format!(", token_env: {var}"))).await;
+    let a = gw.admin_addr;
+    let get = |path: &str, auth: Option<&str>| {
+        let auth = auth.map_or(String::new(), |t| format!("authorization: Bearer {t}\r\n"));
+        format!("GET {path} HTTP/1.1\r\nhost: x\r\n{auth}connection: close\r\n\r\n")
+    };
+    for probe in ["/healthz", "/readyz"] {
+        assert_eq!(raw(a, &get(probe, None)).await.0, 200, "{probe}");
+    }
+    for path in ["/stats", "/metrics", "/experiments"] {
+        let (code, text) = raw(a, &get(path, None)).await;
+        assert_eq!(code, 401, "{path}");
+        assert!(text
+            .to_ascii_lowercase()
+            .contains("www-authenticate: bearer"));
+        assert_eq!(
+            raw(a, &get(path, Some("wrong-token-0123456789"))).await.0,
+            401
+        );
+        assert_eq!(raw(a, &get(path, Some(TOKEN))).await.0, 200, "{path}");
+    }
+    // The token never shows in what the admin plane serves.
+    let (_, metrics) = raw(a, &get("/metrics", Some(TOKEN))).await;
+    let (_, stats) = raw(a, &get("/stats", Some(TOKEN))).await;
+    assert!(!metrics.contains(TOKEN) && !stats.contains(TOKEN));
+    gw.shutdown();
+    assert!(gw.wait().await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_changes_need_a_json_body() {
+    let sim = start_sim(exact(1.0, 1.0), 1).await;
+    let gw = start_yaml(&yaml(sim.addr, "")).await;
+    let body = r#"{"route":"all"}"#;
+    for (ctype, want) in [
+        ("text/plain", 415),
+        ("application/x-www-form-urlencoded", 415),
+    ] {
+        let head = format!(
+            "POST /experiments/reset HTTP/1.1\r\nhost: x\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        assert_eq!(raw(gw.admin_addr, &head).await.0, want, "{ctype}");
+    }
+    let head = format!(
+        "POST /feedback HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    assert_eq!(raw(gw.admin_addr, &head).await.0, 415, "no content type");
+    gw.shutdown();
+    assert!(gw.wait().await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_loopback_admin_address_needs_a_token_or_an_explicit_opt_out() {
+    let sim = start_sim(exact(1.0, 1.0), 1).await;
+    let start = |extra: &str| {
+        let cfg = inferscope::config::parse(&yaml(sim.addr, extra), "admin.yaml").unwrap();
+        app::start(
+            Arc::new(cfg),
+            Overrides {
+                listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+                admin: Some(SocketAddr::from(([0, 0, 0, 0], 0))),
+                config_path: None,
+            },
+        )
+    };
+    let refused = start("").await.unwrap_err().to_string();
+    assert!(refused.contains("not a loopback address"), "{refused}");
+    let opted_out = start(", allow_unauthenticated: true").await.unwrap();
+    opted_out.shutdown();
+    opted_out.wait().await;
+
+    // `check` says the same of a file that asks for it.
+    let dir = temp_dir();
+    let file = dir.join("exposed.yaml");
+    std::fs::write(
+        &file,
+        yaml(sim.addr, "").replace("127.0.0.1:0", "0.0.0.0:9464"),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_inferscope"))
+        .arg("check")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("admin.listen") && err.contains("token_env"),
+        "{err}"
+    );
+}
