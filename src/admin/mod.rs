@@ -246,38 +246,23 @@ fn metrics_text(state: &AdminState, router: &Router) -> String {
         ),
     ];
     let c = &state.connections;
-    scalars.extend([
-        gauge(
-            "inferscope_client_connections",
-            "Client connections open on the data plane.",
-            c.open.load(Relaxed) as f64,
-        ),
-        counter(
-            "inferscope_client_connections_total",
-            "Client connections accepted on the data plane.",
-            c.accepted.load(Relaxed),
-        ),
-        counter(
-            "inferscope_client_connections_idle_closed_total",
-            "Client connections closed for silence with no request open (or no first request in time).",
-            c.closed_idle.load(Relaxed),
-        ),
-        counter(
-            "inferscope_client_connections_at_capacity_total",
-            "Times accepting paused because max_connections were open.",
-            c.at_capacity.load(Relaxed),
-        ),
-        counter(
-            "inferscope_accept_errors_total",
-            "accept() failures (e.g. out of file descriptors); each backs off.",
-            c.accept_errors.load(Relaxed),
-        ),
-        counter(
-            "inferscope_http_refused_total",
-            "Request heads the HTTP layer refused (malformed 400, oversize 431, incomplete 408).",
-            c.refused.load(Relaxed),
-        ),
-    ]);
+    scalars.push(gauge(
+        "inferscope_client_connections",
+        "Client connections open on the data plane.",
+        c.open.load(Relaxed) as f64,
+    ));
+    let connection_counters = [
+        ("inferscope_client_connections_total", "Client connections accepted on the data plane.", &c.accepted),
+        ("inferscope_client_connections_idle_closed_total", "Client connections closed for silence with no request open (or no first request in time).", &c.closed_idle),
+        ("inferscope_client_connections_at_capacity_total", "Times accepting paused because max_connections were open.", &c.at_capacity),
+        ("inferscope_accept_errors_total", "accept() failures (e.g. out of file descriptors); each backs off.", &c.accept_errors),
+        ("inferscope_http_refused_total", "Request heads the HTTP layer refused (malformed 400, oversize 431, incomplete 408).", &c.refused),
+    ];
+    scalars.extend(
+        connection_counters
+            .into_iter()
+            .map(|(name, help, v)| counter(name, help, v.load(Relaxed))),
+    );
     if let Some(t) = &rec.telemetry {
         scalars.extend(t.counters.scalars());
     }
