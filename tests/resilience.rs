@@ -497,3 +497,57 @@ async fn reload_rejects_a_bad_config_and_applies_a_good_one_without_dropping_str
         "{backends:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_answering_429_rests_for_its_retry_after_and_traffic_fails_over() {
+    let limited = start_raw(
+        vec![b"HTTP/1.1 429 Too Many Requests\r\nretry-after: 30\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}".to_vec()],
+        Duration::ZERO,
+    )
+    .await;
+    let good = start_sim(exact(1.0, 1.0), 3).await;
+    let dir = temp_dir();
+    let yaml = format!(
+        "access_log: {{ path: {:?} }}\nbackends:\n  - {{ name: limited, url: \"http://{limited}\" }}\n  - {{ name: good, url: \"http://{}\" }}\nroutes:\n  - {{ name: solo, match: {{ model: solo }}, backends: [limited] }}\n  - {{ name: main, balancer: round_robin, backends: [limited, good] }}\n",
+        dir.join("access.jsonl"),
+        good.addr
+    );
+    let gw = start_yaml(&yaml).await;
+    // Every request succeeds: the first 429 fails over, then the backend rests.
+    for _ in 0..6 {
+        let r = post(
+            gw.data_addr,
+            "/v1/chat/completions",
+            &chat(false, 2, ""),
+            &[],
+        )
+        .await;
+        assert_eq!(r.status, 200);
+    }
+    let limited_stats = backend_stats(gw.admin_addr, "limited").await;
+    assert_eq!(limited_stats["rate_limited"], true);
+    assert_eq!(
+        limited_stats["rate_limited_total"], 1,
+        "asked again while resting"
+    );
+    assert_eq!(
+        limited_stats["ejections_total"], 0,
+        "a 429 is not a failure"
+    );
+    // With nowhere else to go, the client gets the backend's 429 and its Retry-After.
+    let solo = chat(false, 2, "").replace("\"demo\"", "\"solo\"");
+    let r = post(gw.data_addr, "/v1/chat/completions", &solo, &[]).await;
+    assert_eq!(r.status, 429);
+    assert_eq!(r.headers["retry-after"], "30");
+    let log = stop_and_read_log(gw, &dir).await;
+    let retried: Vec<&serde_json::Value> =
+        log.iter().filter(|l| l.get("retries").is_some()).collect();
+    assert_eq!(retried.len(), 1);
+    assert_eq!(retried[0]["retries"][0]["status"], 429);
+    assert_eq!(retried[0]["retries"][0]["backend"], "limited");
+    let last = log.last().unwrap();
+    assert_eq!(
+        (last["outcome"].as_str(), last["error"].as_str()),
+        (Some("rate_limited"), Some("upstream_rate_limited"))
+    );
+}

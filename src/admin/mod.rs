@@ -286,6 +286,8 @@ fn backend_json(router: &Router) -> serde_json::Value {
                 "probe_healthy": s.probe_healthy,
                 "ejected": s.ejected,
                 "ejections_total": s.ejections_total,
+                "rate_limited": s.rate_limited,
+                "rate_limited_total": s.rate_limited_total,
                 "in_flight": s.in_flight,
                 "queued": s.queued,
                 "ewma_ttft_ms": s.ewma_ttft_ms,
@@ -301,11 +303,11 @@ fn backend_metrics(router: &Router, w: &mut Writer) {
     use crate::route::BackendStatus;
     type Get = fn(&BackendStatus) -> f64;
     let all: Vec<BackendStatus> = router.backends().iter().map(|b| b.status()).collect();
-    let series: [(&str, &str, &str, Get); 5] = [
+    let series: [(&str, &str, &str, Get); 6] = [
         (
             "inferscope_backend_up",
             "gauge",
-            "1 when the backend is available (probe healthy, not ejected).",
+            "1 when the backend is available (probe healthy, not ejected, not resting after a 429).",
             |s| f64::from(u8::from(s.available)),
         ),
         (
@@ -313,6 +315,12 @@ fn backend_metrics(router: &Router, w: &mut Writer) {
             "counter",
             "Passive outlier ejections.",
             |s| s.ejections_total as f64,
+        ),
+        (
+            "inferscope_backend_rate_limited_total",
+            "counter",
+            "429 answers from the backend (each rests it for its Retry-After).",
+            |s| s.rate_limited_total as f64,
         ),
         (
             "inferscope_backend_in_flight",

@@ -358,6 +358,9 @@ impl Meter {
             End::TimedOut(kind) => (Outcome::Timeout, Some(kind)),
             End::BodyError => (Outcome::Truncated, Some("upstream_body_error")),
             End::Complete if self.status >= 500 => (Outcome::BackendError, Some("upstream_status")),
+            End::Complete if self.status == 429 => {
+                (Outcome::RateLimited, Some("upstream_rate_limited"))
+            }
             End::Complete if self.status >= 400 => (Outcome::ClientError, None),
             End::Complete if p.error_event => (Outcome::BackendError, Some("stream_error_event")),
             End::Complete if p.dialect.is_some() && streamed && (!p.done || truncated_partial) => {

@@ -31,11 +31,13 @@ pub enum Outcome {
     GatewayError,
     /// Still running when the shutdown grace period ended: cut by the gateway.
     Shutdown,
+    /// The backend answered 429 (and no other backend could take the request).
+    RateLimited,
 }
 
 impl Outcome {
     /// Every outcome, in the order used for counters.
-    pub const ALL: [Outcome; 9] = [
+    pub const ALL: [Outcome; 10] = [
         Outcome::Ok,
         Outcome::ClientError,
         Outcome::BackendError,
@@ -45,6 +47,7 @@ impl Outcome {
         Outcome::Rejected,
         Outcome::GatewayError,
         Outcome::Shutdown,
+        Outcome::RateLimited,
     ];
 
     /// The stable label used in logs, JSON and metrics.
@@ -59,6 +62,7 @@ impl Outcome {
             Outcome::Rejected => "rejected",
             Outcome::GatewayError => "gateway_error",
             Outcome::Shutdown => "shutdown",
+            Outcome::RateLimited => "rate_limited",
         }
     }
 

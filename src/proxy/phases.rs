@@ -18,7 +18,7 @@ use crate::meter::{Annotations, Attempt, Deadlines, MeasureOptions, RequestMeta,
 use crate::route::{Backend, BackendGuard, Route, Router, Selection, Target};
 use bytes::Bytes;
 use http::uri::PathAndQuery;
-use http::{header, HeaderMap, HeaderValue, Method, Request, Response, Uri, Version};
+use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
 use std::sync::Arc;
@@ -256,11 +256,19 @@ impl Ctx {
                 &self.notes,
             )
             .await;
+            let rate_limited =
+                matches!(&result, Ok(r) if r.status() == StatusCode::TOO_MANY_REQUESTS);
+            if let (true, Ok(r)) = (rate_limited, &result) {
+                backend.mark_rate_limited(retry_after(r.headers()));
+            }
             let (failure, retriable) = match result {
                 // No head before the first-token deadline: answer at once, no retry.
                 Err(e @ ProxyError::UpstreamTimeout) => return Err(e),
                 Err(e) => (Some(e), None),
-                Ok(r) if route.retry.statuses.contains(&r.status().as_u16()) => (None, Some(r)),
+                // A rate-limited backend: another one may have room (failover where allowed).
+                Ok(r) if rate_limited || route.retry.statuses.contains(&r.status().as_u16()) => {
+                    (None, Some(r))
+                }
                 Ok(r) => return Ok((r, guard)),
             };
             // Another attempt only if one is allowed, another backend exists and the budget
@@ -275,7 +283,9 @@ impl Ctx {
                 .filter(|_| route.budget.withdraw());
             match (next, retriable, failure) {
                 (Some(next), r, f) => {
-                    backend.observe_failure();
+                    if !rate_limited {
+                        backend.observe_failure();
+                    }
                     let span = self.gw.metering.ids().span_id();
                     self.notes.update(|m| {
                         m.attempts.push(Attempt {
@@ -490,6 +500,17 @@ impl ShadowCopy {
         .await;
         Ok((result?, guard))
     }
+}
+
+/// How long a backend that answered 429 rests: its `Retry-After` in seconds (an HTTP date, or
+/// none, counts as 1 s), at most a minute.
+fn retry_after(h: &HeaderMap) -> Duration {
+    let secs = h
+        .get(header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(1);
+    Duration::from_secs(secs.clamp(1, 60))
 }
 
 /// A route's response deadlines for a request that arrived at `t0`.

@@ -62,6 +62,9 @@ pub struct Backend {
     consecutive_failures: AtomicU32,
     ejections_in_a_row: AtomicU32,
     ejected_until_ms: AtomicU64,
+    /// Rests after a 429 until then (ms since the process's clock origin).
+    busy_until_ms: AtomicU64,
+    rate_limited_total: AtomicU64,
     ejections_total: AtomicU64,
     ewma_ttft_us: AtomicU64,
     ewma_tpot_us: AtomicU64,
@@ -93,6 +96,10 @@ pub struct BackendStatus {
     pub ejected: bool,
     /// Times ejected since start.
     pub ejections_total: u64,
+    /// Resting after a 429 until its `Retry-After` passes.
+    pub rate_limited: bool,
+    /// 429 answers since start.
+    pub rate_limited_total: u64,
     /// Requests in flight.
     pub in_flight: usize,
     /// Requests waiting in its queue.
@@ -142,15 +149,29 @@ impl Backend {
             consecutive_failures: AtomicU32::new(0),
             ejections_in_a_row: AtomicU32::new(0),
             ejected_until_ms: AtomicU64::new(0),
+            busy_until_ms: AtomicU64::new(0),
+            rate_limited_total: AtomicU64::new(0),
             ejections_total: AtomicU64::new(0),
             ewma_ttft_us: AtomicU64::new(0f64.to_bits()),
             ewma_tpot_us: AtomicU64::new(0f64.to_bits()),
         }
     }
 
-    /// Usable now: the last probe passed and it is not ejected.
+    /// Usable now: the last probe passed, it is not ejected and not resting after a 429.
     pub fn available(&self) -> bool {
-        self.probe_healthy.load(Relaxed) && !self.ejected()
+        self.probe_healthy.load(Relaxed) && !self.ejected() && !self.resting()
+    }
+
+    fn resting(&self) -> bool {
+        self.busy_until_ms.load(Relaxed) > now_ms()
+    }
+
+    /// The backend answered 429: balancers skip it for `rest` (its `Retry-After`). Not a
+    /// failure: it counts toward no ejection.
+    pub fn mark_rate_limited(&self, rest: Duration) {
+        let until = now_ms() + u64::try_from(rest.as_millis()).unwrap_or(u64::MAX);
+        self.busy_until_ms.fetch_max(until, Relaxed);
+        self.rate_limited_total.fetch_add(1, Relaxed);
     }
 
     fn ejected(&self) -> bool {
@@ -257,6 +278,8 @@ impl Backend {
             probe_healthy: self.probe_healthy.load(Relaxed),
             ejected: self.ejected(),
             ejections_total: self.ejections_total.load(Relaxed),
+            rate_limited: self.resting(),
+            rate_limited_total: self.rate_limited_total.load(Relaxed),
             in_flight: self.in_flight(),
             queued: self.limiter.as_ref().map_or(0, |l| l.queued.load(Relaxed)),
             ewma_ttft_ms: f64::from_bits(self.ewma_ttft_us.load(Relaxed)) / 1000.0,

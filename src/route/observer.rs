@@ -56,6 +56,7 @@ impl RecordSink for Observer {
                 Outcome::ClientError
                 | Outcome::ClientCancelled
                 | Outcome::Shutdown
+                | Outcome::RateLimited
                 | Outcome::Rejected
                 | Outcome::GatewayError => {}
             }
