@@ -81,7 +81,10 @@ impl Reloader {
             let old = Arc::clone(&self.current.lock());
             for (what, same) in [
                 ("listen", old.listen == new.listen),
-                ("admin", old.admin.listen == new.admin.listen),
+                (
+                    "admin",
+                    format!("{:?}", old.admin) == format!("{:?}", new.admin),
+                ),
                 (
                     "access_log",
                     format!("{:?}", old.access_log) == format!("{:?}", new.access_log),
