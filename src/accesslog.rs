@@ -248,28 +248,6 @@ impl Pending {
     }
 }
 
-/// Logs write errors at most once per 10 s, with how many happened since the last line.
-#[derive(Default)]
-struct ErrorLog {
-    since: u64,
-    at: Option<Instant>,
-}
-
-impl ErrorLog {
-    fn failed(&mut self, e: &std::io::Error, pending_lines: usize) {
-        self.since += 1;
-        let now = Instant::now();
-        if self
-            .at
-            .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(10))
-        {
-            tracing::error!(error = %e, failures = self.since, pending_lines, "access log write failed; lines kept and retried");
-            self.since = 0;
-            self.at = Some(now);
-        }
-    }
-}
-
 impl Sink {
     /// Writes `buf` (whole lines) completely, or leaves the file as it was. Returns the buffer,
     /// whether the file was rotated first, and the result.
@@ -393,7 +371,7 @@ async fn write_loop(mut rx: mpsc::Receiver<Msg>, mut sink: Sink, counters: Arc<C
     let mut line = Vec::with_capacity(1024);
     let mut pending = Pending::default();
     let mut spare = Vec::with_capacity(WRITE_AT * 2);
-    let mut errors = ErrorLog::default();
+    let mut errors = crate::util::errors::Sparse::every(Duration::from_secs(10));
     // Lines reach the file when enough are waiting or `FLUSH_EVERY` after they were queued, not
     // one write per request: at thousands of requests per second a write (and a hop through
     // Tokio's blocking pool) per line cost more CPU than proxying the request.
@@ -470,7 +448,7 @@ async fn write_out(
     pending: &mut Pending,
     spare: &mut Vec<u8>,
     counters: &Counters,
-    errors: &mut ErrorLog,
+    errors: &mut crate::util::errors::Sparse,
 ) {
     if pending.ends.is_empty() {
         return;
@@ -492,7 +470,9 @@ async fn write_out(
         }
         Err(e) => {
             counters.write_errors.fetch_add(1, Ordering::Relaxed);
-            errors.failed(&e, pending.ends.len());
+            if let Some(failures) = errors.hit() {
+                tracing::error!(error = %e, failures, pending_lines = pending.ends.len(), "access log write failed; lines kept and retried");
+            }
             // Nothing was written: the lines stay, oldest first.
             *spare = std::mem::replace(&mut pending.bytes, buf);
             spare.clear();

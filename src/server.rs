@@ -375,7 +375,7 @@ fn refused(
     peer: SocketAddr,
     accepted: Instant,
 ) {
-    let Some(h) = find_hyper_error(e.as_ref()) else {
+    let Some(h) = crate::util::errors::find::<hyper::Error>(e.as_ref()) else {
         tracing::debug!(error = %e, "connection ended with an error");
         return;
     };
@@ -410,38 +410,28 @@ fn report(
     }
 }
 
-fn find_hyper_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a hyper::Error> {
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = cur {
-        if let Some(h) = err.downcast_ref::<hyper::Error>() {
-            return Some(h);
-        }
-        cur = err.source();
-    }
-    None
-}
-
 /// Exponential back-off for failing `accept` calls (5 ms doubling to 1 s), logging at most once
 /// per 10 s with the number of failures since the last line.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct AcceptBackoff {
     pause: Duration,
-    unlogged: u64,
-    logged_at: Option<Instant>,
+    log: crate::util::errors::Sparse,
+}
+
+impl Default for AcceptBackoff {
+    fn default() -> Self {
+        Self {
+            pause: Duration::ZERO,
+            log: crate::util::errors::Sparse::every(Duration::from_secs(10)),
+        }
+    }
 }
 
 impl AcceptBackoff {
     fn failed(&mut self, e: &std::io::Error) -> Duration {
         self.pause = (self.pause * 2).clamp(Duration::from_millis(5), Duration::from_secs(1));
-        self.unlogged += 1;
-        let now = Instant::now();
-        if self
-            .logged_at
-            .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(10))
-        {
-            tracing::warn!(error = %e, failures = self.unlogged, pause_ms = self.pause.as_millis() as u64, "accept failed; backing off");
-            self.unlogged = 0;
-            self.logged_at = Some(now);
+        if let Some(failures) = self.log.hit() {
+            tracing::warn!(error = %e, failures, pause_ms = self.pause.as_millis() as u64, "accept failed; backing off");
         }
         self.pause
     }

@@ -211,7 +211,7 @@ fn metrics_text(state: &AdminState, router: &Router) -> String {
         ),
         counter(
             "inferscope_access_log_written_total",
-            "Access-log lines written.",
+            "Access-log lines that reached the file.",
             rec.log.written(),
         ),
         counter(

@@ -199,23 +199,14 @@ where
 /// The body failed because the client went away (the connection ended before the body did).
 fn client_left(e: &(dyn std::error::Error + 'static)) -> bool {
     use std::io::ErrorKind as K;
-    let mut cur = Some(e);
-    while let Some(err) = cur {
-        if err
-            .downcast_ref::<hyper::Error>()
-            .is_some_and(hyper::Error::is_incomplete_message)
-        {
-            return true;
-        }
-        if let Some(io) = err.downcast_ref::<std::io::Error>() {
-            return matches!(
-                io.kind(),
-                K::UnexpectedEof | K::ConnectionReset | K::ConnectionAborted | K::BrokenPipe
-            );
-        }
-        cur = err.source();
-    }
-    false
+    let incomplete = crate::util::errors::find::<hyper::Error>(e)
+        .is_some_and(hyper::Error::is_incomplete_message);
+    let io = crate::util::errors::find::<std::io::Error>(e).map(std::io::Error::kind);
+    incomplete
+        || matches!(
+            io,
+            Some(K::UnexpectedEof | K::ConnectionReset | K::ConnectionAborted | K::BrokenPipe)
+        )
 }
 
 /// A request body too slow for its pace.

@@ -401,12 +401,8 @@ async fn attempt_once(
 /// An attempt's failure: the client's own when its streamed body was too slow, else the
 /// backend's.
 fn upstream_error(e: super::upstream::UpstreamError) -> ProxyError {
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(&e);
-    while let Some(err) = cur {
-        if err.is::<super::body::TooSlow>() {
-            return ProxyError::BodyTimeout;
-        }
-        cur = err.source();
+    if crate::util::errors::find::<super::body::TooSlow>(&e).is_some() {
+        return ProxyError::BodyTimeout;
     }
     ProxyError::Upstream(e)
 }

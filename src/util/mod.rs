@@ -1,7 +1,8 @@
 //! Small shared pieces with no home of their own: stable hashing, a seeded RNG, request and span
-//! ids, time formatting, and the one Prometheus text writer. Nothing here depends on another
-//! module of the crate.
+//! ids, time formatting, error chains and sparse error logging, bounded label strings, and the one
+//! Prometheus text writer. Nothing here depends on another module of the crate.
 
+pub mod errors;
 pub mod hash;
 pub mod ids;
 pub mod label;
