@@ -534,6 +534,8 @@ struct LogLine<'a> {
     path: &'a str,
     protocol: &'static str,
     client: Option<Client>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key: Option<&'a str>,
     status: u16,
     stream: bool,
     outcome: &'static str,
@@ -593,6 +595,7 @@ impl<'a> From<&'a RequestRecord> for LogLine<'a> {
             path: &m.path,
             protocol: protocol(m.version),
             client: m.client.map(Client),
+            key: m.key.as_deref(),
             status: r.status,
             stream: m.stream,
             outcome: r.outcome.as_str(),

@@ -66,6 +66,8 @@ pub struct Reloader {
     loaded_mtime: parking_lot::Mutex<Option<std::time::SystemTime>>,
     /// Outcomes.
     pub counters: Arc<ReloadCounters>,
+    keys: Arc<arc_swap::ArcSwapOption<crate::access::Keys>>,
+    limiter: Arc<crate::access::Limiter>,
 }
 
 impl Reloader {
@@ -81,6 +83,7 @@ impl Reloader {
             let old = Arc::clone(&self.current.lock());
             for (what, same) in [
                 ("listen", old.listen == new.listen),
+                ("tls", old.tls == new.tls),
                 (
                     "admin",
                     format!("{:?}", old.admin) == format!("{:?}", new.admin),
@@ -105,10 +108,15 @@ impl Reloader {
                     );
                 }
             }
+            let keys = load_keys(new.auth.as_ref())
+                .await
+                .map_err(ReloadError::Build)?;
             let mut sims = self.sims.lock().await;
             let router = build_router(&new, &mut sims, &self.stop_sims)
                 .await
                 .map_err(ReloadError::Build)?;
+            self.keys.store(keys);
+            self.limiter.configure(new.rate_limits.as_ref());
             let router = Arc::new(router);
             crate::route::spawn_probes(&new, router.backends());
             self.routes.store(router);
@@ -139,6 +147,18 @@ async fn build_router(
 ) -> anyhow::Result<Router> {
     let mut bases = HashMap::new();
     for b in &config.backends {
+        let https = b.url.as_deref().is_some_and(|u| u.starts_with("https://"));
+        let tls = if https {
+            let files = b.tls.clone().unwrap_or_default().files();
+            let built = tokio::task::spawn_blocking(move || {
+                crate::tls::ClientTls::new(&files, &[b"http/1.1"])
+            })
+            .await?
+            .with_context(|| format!("backend {}: tls", b.name))?;
+            Some(Arc::new(built))
+        } else {
+            None
+        };
         let base: Uri = match (&b.url, &b.sim) {
             (Some(url), _) => url
                 .parse()
@@ -164,7 +184,7 @@ async fn build_router(
             }
             (None, None) => anyhow::bail!("backend {} has neither url nor sim", b.name),
         };
-        bases.insert(b.name.clone(), base);
+        bases.insert(b.name.clone(), (base, tls));
     }
     Ok(Router::new(config, &bases)?)
 }
@@ -248,6 +268,11 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         None => None,
     };
 
+    let data_tls = server_tls(config.tls.as_ref(), "tls").await?;
+    let admin_tls = server_tls(config.admin.tls.as_ref(), "admin.tls").await?;
+    let admin_connections = Arc::new(server::ConnCounters::default());
+    let tls_listeners: Vec<_> = data_tls.iter().chain(admin_tls.iter()).cloned().collect();
+
     let log = match &config.access_log {
         Some(a) => {
             let rotation = a.rotate.as_ref().map(|r| crate::accesslog::Rotation {
@@ -291,19 +316,29 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
             }
         }),
     ));
-    recorder.observe_with(vec![Arc::clone(&observer) as Arc<dyn RecordSink>]);
+    let keys = Arc::new(arc_swap::ArcSwapOption::new(
+        load_keys(config.auth.as_ref()).await?,
+    ));
+    let limiter = Arc::new(crate::access::Limiter::new(config.rate_limits.as_ref()));
+    recorder.observe_with(vec![
+        Arc::clone(&observer) as Arc<dyn RecordSink>,
+        Arc::clone(&limiter) as Arc<dyn RecordSink>,
+    ]);
     let metering = Metering::new(
         Arc::clone(&recorder),
         Arc::new(Ids::default()),
         meter_settings,
     );
     let limits = config.limits.clone();
-    let gateway = Arc::new(Gateway::new(
-        Arc::clone(&routes),
-        Arc::clone(&metering),
-        limits.clone(),
-        trace,
-    ));
+    let gateway = Arc::new(
+        Gateway::new(
+            Arc::clone(&routes),
+            Arc::clone(&metering),
+            limits.clone(),
+            trace,
+        )
+        .with_access(Arc::clone(&keys), Arc::clone(&limiter)),
+    );
 
     // The data-plane stack, outermost first. (The HTTP/1 header-read timeout is enforced by the
     // connection itself, see `ServerOptions::header_read_timeout`.)
@@ -328,9 +363,15 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
             overrides.config_path.as_deref().and_then(file_mtime),
         ),
         counters: Arc::default(),
+        keys,
+        limiter: Arc::clone(&limiter),
     });
-    if reloader.path.is_some() {
-        tokio::spawn(watch_config(Arc::clone(&reloader), data_rx.clone()));
+    if reloader.path.is_some() || !tls_listeners.is_empty() {
+        tokio::spawn(watch_config(
+            Arc::clone(&reloader),
+            tls_listeners,
+            data_rx.clone(),
+        ));
     }
     // Registered before `start` returns, so a SIGUSR1 sent once it is listening never finds the
     // default action (terminate) in place.
@@ -352,6 +393,8 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         accepting: Arc::clone(&accepting),
         connections: Arc::clone(&connections),
         token: admin_token,
+        limiter,
+        hosts: (admin_addr, config.admin.allowed_hosts.clone()),
     });
     let admin_service =
         hyper::service::service_fn(move |req| admin::handle(Arc::clone(&admin_state), req));
@@ -360,6 +403,8 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         idle_timeout: Some(limits.client_idle_timeout),
         max_connections: 64,
         grace: std::time::Duration::from_secs(2),
+        counters: Arc::clone(&admin_connections),
+        tls: admin_tls.clone(),
         ..ServerOptions::default()
     };
     let admin_task = tokio::spawn(server::run(
@@ -391,6 +436,7 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         on_refused: Some(Arc::new(move |r| refused_to.refused_by_http(&r))),
         counters: Arc::clone(&connections),
         on_cut: Some(Arc::new(move || cut.cut_at_shutdown())),
+        tls: data_tls.clone(),
     };
     let data_task = tokio::spawn(server::run(
         data_listener,
@@ -428,6 +474,59 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
     })
 }
 
+/// Client keys (reading `key_file`s off the runtime); `None` without an `auth` section.
+async fn load_keys(
+    auth: Option<&crate::config::AuthConfig>,
+) -> anyhow::Result<Option<Arc<crate::access::Keys>>> {
+    let Some(a) = auth.cloned() else {
+        return Ok(None);
+    };
+    let keys = tokio::task::spawn_blocking(move || {
+        crate::access::Keys::load(&a, |v| std::env::var(v).ok())
+    })
+    .await??;
+    Ok(Some(Arc::new(keys)))
+}
+
+/// A listener's TLS, loaded off the runtime.
+async fn server_tls(
+    c: Option<&crate::config::ServerTlsConfig>,
+    section: &'static str,
+) -> anyhow::Result<Option<Arc<crate::tls::ServerTls>>> {
+    let Some(c) = c else { return Ok(None) };
+    let files = c.files();
+    let tls = tokio::task::spawn_blocking(move || crate::tls::ServerTls::load(files))
+        .await?
+        .with_context(|| section)?;
+    Ok(Some(Arc::new(tls)))
+}
+
+/// Reloads listener certificates (SIGHUP, or a changed file): off the runtime, keeping the
+/// running ones when the new files are bad.
+async fn reload_tls(tls: &[Arc<crate::tls::ServerTls>], forced: bool) {
+    for t in tls {
+        let t = Arc::clone(t);
+        let outcome = tokio::task::spawn_blocking(move || {
+            let r = if forced {
+                Some(t.reload())
+            } else {
+                t.reload_if_changed()
+            };
+            (r, t.files().cert.clone())
+        })
+        .await;
+        match outcome {
+            Ok((Some(Ok(())), cert)) => {
+                tracing::info!(cert = %cert.display(), "TLS certificate reloaded")
+            }
+            Ok((Some(Err(e)), _)) => {
+                tracing::error!(error = %e, "TLS reload rejected; the running certificate stays")
+            }
+            _ => {}
+        }
+    }
+}
+
 fn file_mtime(p: &std::path::Path) -> Option<std::time::SystemTime> {
     std::fs::metadata(p).and_then(|m| m.modified()).ok()
 }
@@ -449,12 +548,15 @@ async fn reopen_log_on_usr1(
     }
 }
 
-/// Reloads on SIGHUP and when the file's modification time differs from the one last loaded
-/// (checked every second), until the gateway stops.
-async fn watch_config(reloader: Arc<Reloader>, stop: watch::Receiver<bool>) {
-    let Some(path) = reloader.path.clone() else {
-        return;
-    };
+/// Reloads the config and listener certificates on SIGHUP, and each when its files'
+/// modification times differ from those last loaded (checked every second), until the gateway
+/// stops.
+async fn watch_config(
+    reloader: Arc<Reloader>,
+    tls: Vec<Arc<crate::tls::ServerTls>>,
+    stop: watch::Receiver<bool>,
+) {
+    let path = reloader.path.clone();
     #[cfg(unix)]
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
@@ -474,14 +576,20 @@ async fn watch_config(reloader: Arc<Reloader>, stop: watch::Receiver<bool>) {
         let hup_fired = std::future::pending::<()>();
         tokio::select! {
             () = hup_fired => {
-                tracing::info!("SIGHUP: reloading the config");
-                let _ = reloader.reload().await;
-            }
-            _ = tick.tick() => {
-                let loaded = *reloader.loaded_mtime.lock();
-                if file_mtime(&path) != loaded {
+                tracing::info!("SIGHUP: reloading the config and certificates");
+                if path.is_some() {
                     let _ = reloader.reload().await;
                 }
+                reload_tls(&tls, true).await;
+            }
+            _ = tick.tick() => {
+                if let Some(path) = &path {
+                    let loaded = *reloader.loaded_mtime.lock();
+                    if file_mtime(path) != loaded {
+                        let _ = reloader.reload().await;
+                    }
+                }
+                reload_tls(&tls, false).await;
             }
             () = &mut stop => return,
         }

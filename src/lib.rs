@@ -26,6 +26,7 @@
 //! | [`app`] | assembles a running gateway from a config and shuts it down in order |
 //! | [`cli`] | the clap command line; thin, calls the entry points above |
 
+pub mod access;
 pub mod accesslog;
 pub mod admin;
 pub mod app;
@@ -43,4 +44,5 @@ pub mod sim;
 pub mod sse;
 pub mod stats;
 pub mod telemetry;
+pub mod tls;
 pub mod util;

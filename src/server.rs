@@ -10,8 +10,10 @@
 //! requests, h2 alike), header size and count, h2 streams per connection. Accept errors (out of
 //! file descriptors…) back off exponentially and are logged at most once per 10 s with a count.
 //!
-//! Requests get the peer address as a `ClientAddr` extension. TLS arrives in a later change at
-//! the `accept` seam below.
+//! With `tls`, each accepted connection first completes a TLS handshake (within
+//! `header_read_timeout`; ALPN picks h2 or HTTP/1.1), counted in `tls_failures` when it fails.
+//!
+//! Requests get the peer address as a `ClientAddr` extension.
 
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::service::Service;
@@ -68,6 +70,9 @@ pub struct ConnCounters {
     pub at_capacity: AtomicU64,
     /// Requests the HTTP layer refused (`Refused`).
     pub refused: AtomicU64,
+    /// TLS handshakes that failed or timed out (no certificate the CA signed, plain HTTP on a
+    /// TLS port, a scanner…).
+    pub tls_failures: AtomicU64,
 }
 
 /// Connection-level settings.
@@ -95,6 +100,8 @@ pub struct ServerOptions {
     /// Called when the grace period ends with connections still open, just before they are
     /// cut (so their requests can be recorded as cut by the shutdown).
     pub on_cut: Option<Arc<dyn Fn() + Send + Sync>>,
+    /// Terminate TLS on every connection.
+    pub tls: Option<Arc<crate::tls::ServerTls>>,
 }
 
 impl std::fmt::Debug for ServerOptions {
@@ -107,6 +114,7 @@ impl std::fmt::Debug for ServerOptions {
             .field("max_header_bytes", &self.max_header_bytes)
             .field("h2_max_streams", &self.h2_max_streams)
             .field("grace", &self.grace)
+            .field("tls", &self.tls.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -124,6 +132,7 @@ impl Default for ServerOptions {
             on_refused: None,
             counters: Arc::default(),
             on_cut: None,
+            tls: None,
         }
     }
 }
@@ -204,10 +213,10 @@ where
         opts.counters.accepted.fetch_add(1, Ordering::Relaxed);
         opts.counters.open.fetch_add(1, Ordering::Relaxed);
         let state = Arc::new(ConnState::default());
-        let io = TokioIo::new(Tracked {
+        let io = Tracked {
             inner: stream,
             state: Arc::clone(&state),
-        });
+        };
         let service = PerConnection {
             inner: service.clone(),
             state: Arc::clone(&state),
@@ -219,8 +228,32 @@ where
         while conns.try_join_next().is_some() {}
         conns.spawn(async move {
             let accepted = Instant::now();
-            let conn = builder.serve_connection(io, service);
-            let result = supervise(conn, &state, &opts, accepted, stop).await;
+            let result = match &opts.tls {
+                None => {
+                    let conn = builder.serve_connection(TokioIo::new(io), service);
+                    supervise(conn, &state, &opts, accepted, stop).await
+                }
+                Some(tls) => {
+                    let limit = opts.header_read_timeout.unwrap_or(Duration::from_secs(30));
+                    match tokio::time::timeout(limit, tls.acceptor().accept(io)).await {
+                        Ok(Ok(tls_stream)) => {
+                            state.after_handshake(tls_stream.get_ref().1.alpn_protocol());
+                            let conn = builder.serve_connection(TokioIo::new(tls_stream), service);
+                            supervise(conn, &state, &opts, accepted, stop).await
+                        }
+                        Ok(Err(e)) => {
+                            opts.counters.tls_failures.fetch_add(1, Ordering::Relaxed);
+                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                            Some(Ok(()))
+                        }
+                        Err(_) => {
+                            opts.counters.tls_failures.fetch_add(1, Ordering::Relaxed);
+                            tracing::debug!(%peer, "TLS handshake timed out");
+                            Some(Ok(()))
+                        }
+                    }
+                }
+            };
             match result {
                 Some(Err(e)) => refused(&e, &state, &opts, peer, accepted),
                 Some(Ok(())) => {}
@@ -469,6 +502,15 @@ impl ConnState {
         !self.h2.load(Ordering::Relaxed)
             && self.open.load(Ordering::Relaxed) == 0
             && self.reads.load(Ordering::Relaxed) > self.reads_when_idle.load(Ordering::Relaxed)
+    }
+
+    /// The handshake's reads were not a request head; ALPN `h2` means HTTP/2 frames follow.
+    fn after_handshake(&self, alpn: Option<&[u8]>) {
+        if alpn == Some(b"h2") {
+            self.h2.store(true, Ordering::Relaxed);
+        }
+        let reads = self.reads.load(Ordering::Relaxed);
+        self.reads_when_idle.store(reads, Ordering::Relaxed);
     }
 
     #[inline]

@@ -39,7 +39,7 @@ async fn a_token_guards_everything_but_the_probes() {
     let a = gw.admin_addr;
     let get = |path: &str, auth: Option<&str>| {
         let auth = auth.map_or(String::new(), |t| format!("authorization: Bearer {t}\r\n"));
-        format!("GET {path} HTTP/1.1\r\nhost: x\r\n{auth}connection: close\r\n\r\n")
+        format!("GET {path} HTTP/1.1\r\nhost: localhost\r\n{auth}connection: close\r\n\r\n")
     };
     for probe in ["/healthz", "/readyz"] {
         assert_eq!(raw(a, &get(probe, None)).await.0, 200, "{probe}");
@@ -74,13 +74,13 @@ async fn state_changes_need_a_json_body() {
         ("application/x-www-form-urlencoded", 415),
     ] {
         let head = format!(
-            "POST /experiments/reset HTTP/1.1\r\nhost: x\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            "POST /experiments/reset HTTP/1.1\r\nhost: localhost\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
             body.len()
         );
         assert_eq!(raw(gw.admin_addr, &head).await.0, want, "{ctype}");
     }
     let head = format!(
-        "POST /feedback HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        "POST /feedback HTTP/1.1\r\nhost: localhost\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
     );
     assert_eq!(raw(gw.admin_addr, &head).await.0, 415, "no content type");
@@ -127,4 +127,43 @@ async fn a_non_loopback_admin_address_needs_a_token_or_an_explicit_opt_out() {
         err.contains("admin.listen") && err.contains("token_env"),
         "{err}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_answer_only_to_their_own_host_names() {
+    let sim = start_sim(exact(1.0, 1.0), 1).await;
+    let gw = start_yaml(&yaml(sim.addr, ", allowed_hosts: [inferscope.internal]")).await;
+    let a = gw.admin_addr;
+    let get = |path: &str, host: &str| {
+        format!("GET {path} HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n")
+    };
+    let own = a.to_string();
+    for host in [
+        own.as_str(),
+        "localhost:9464",
+        "127.0.0.1",
+        "[::1]:1",
+        "Inferscope.Internal",
+    ] {
+        assert_eq!(raw(a, &get("/stats", host)).await.0, 200, "{host}");
+    }
+    // A rebinding page reaches the listener under the attacker's name: refused, reads and
+    // writes alike.
+    for path in ["/stats", "/experiments"] {
+        let (code, text) = raw(a, &get(path, "evil.example:9464")).await;
+        assert_eq!(code, 421, "{path}");
+        assert!(text.contains("allowed_hosts"));
+    }
+    let post = "POST /experiments/reset HTTP/1.1\r\nhost: evil.example\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}";
+    assert_eq!(raw(a, post).await.0, 421);
+    assert_eq!(
+        raw(a, &get("/stats", "10.1.2.3")).await.0,
+        421,
+        "another address"
+    );
+    // Machines name the listener as they like.
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        assert_eq!(raw(a, &get(path, "evil.example")).await.0, 200, "{path}");
+    }
+    gw.shutdown();
 }

@@ -197,3 +197,80 @@ fn telemetry_section_is_validated() {
         "{e}"
     );
 }
+
+#[test]
+fn tls_keys_and_limits_are_validated_where_they_are_written() {
+    let base = "\
+backends:
+  - name: a
+    url: \"http://127.0.0.1:1\"
+    tls: { ca_file: ca.pem }
+routes:
+  - { name: r, backends: [a] }
+";
+    let e = parse(base, "gw.yaml").unwrap_err();
+    assert_eq!(
+        (e.line, e.key.as_str()),
+        (Some(4), "backends[0].tls"),
+        "{e}"
+    );
+    assert!(e.message.contains("needs https://"), "{e}");
+    let https = base.replace("http://", "https://");
+    assert!(
+        parse(&https, "gw.yaml").is_ok(),
+        "https with a path-less URL"
+    );
+    let with_root = https.replace(":1\"", ":1/api/v1\"");
+    assert!(
+        parse(&with_root, "gw.yaml").is_ok(),
+        "an API root path is allowed"
+    );
+    let two_sources =
+        format!("{https}auth:\n  keys:\n    - {{ name: k, key_env: A, key_file: f }}\n");
+    let e = parse(&two_sources, "gw.yaml").unwrap_err();
+    assert_eq!(e.key, "auth.keys[0].name", "{e}");
+    assert!(e.message.contains("exactly one"), "{e}");
+    let unknown_key = format!(
+        "{https}auth:\n  keys:\n    - {{ name: k, key_env: A }}\nrate_limits:\n  keys:\n    other: {{ requests_per_minute: 1 }}\n"
+    );
+    let e = parse(&unknown_key, "gw.yaml").unwrap_err();
+    assert_eq!(
+        (e.line, e.key.as_str()),
+        (Some(11), "rate_limits.keys"),
+        "{e}"
+    );
+    assert!(e.message.contains("no key named `other`"), "{e}");
+    let per_key_without_auth =
+        format!("{https}rate_limits:\n  per_key: {{ tokens_per_minute: 100 }}\n");
+    let e = parse(&per_key_without_auth, "gw.yaml").unwrap_err();
+    assert_eq!(e.key, "rate_limits.per_key", "{e}");
+
+    // `check` loads the TLS material as `serve` would: a missing file names the key and file.
+    let dir = std::env::temp_dir().join(format!("inferscope-cfg-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("gw.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "tls:\n  cert: {:?}\n  key: {:?}\n{base}",
+            dir.join("none.pem"),
+            dir.join("none.key")
+        )
+        .replace(
+            "url: \"http://127.0.0.1:1\"\n    tls: { ca_file: ca.pem }",
+            "url: \"http://127.0.0.1:1\"",
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_inferscope"))
+        .arg("check")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(":1:") && err.contains("tls") && err.contains("none.pem"),
+        "{err}"
+    );
+}

@@ -9,12 +9,12 @@ use std::path::{Path, PathBuf};
 
 /// Lowest first. A module may use modules of lower layers only.
 const LAYERS: &[&[&str]] = &[
-    &["util"],
+    &["util", "tls"],
     &["sse", "dialect", "server"],
     &["sim"],
     &["config"],
     &["meter"],
-    &["stats", "accesslog", "experiment", "loadgen"],
+    &["stats", "accesslog", "experiment", "loadgen", "access"],
     &["telemetry"],
     &["route", "recorder"],
     &["proxy", "admin"],

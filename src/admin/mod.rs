@@ -42,6 +42,24 @@ pub struct AdminState {
     pub connections: Arc<crate::server::ConnCounters>,
     /// Bearer token every endpoint but `/healthz` and `/readyz` requires, when set.
     pub token: Option<String>,
+    /// Per-key counters and unauthorized requests.
+    pub limiter: Arc<crate::access::Limiter>,
+    /// The admin listener's bound address and the extra `Host` names allowed (DNS rebinding).
+    pub hosts: (std::net::SocketAddr, Vec<String>),
+}
+
+/// Whether `host` (a `Host` header or h2 authority) names this listener: a loopback address or
+/// `localhost`, the listen IP (any IP when bound to all interfaces), or a configured name. A
+/// rebinding attack reaches the listener under a name of the attacker's: refused.
+pub fn host_allowed(host: &str, listen: std::net::SocketAddr, allowed: &[String]) -> bool {
+    let Ok(auth) = host.parse::<http::uri::Authority>() else {
+        return false;
+    };
+    let name = auth.host().trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = name.parse::<std::net::IpAddr>() {
+        return ip.is_loopback() || ip == listen.ip() || listen.ip().is_unspecified();
+    }
+    name.eq_ignore_ascii_case("localhost") || allowed.iter().any(|a| a.eq_ignore_ascii_case(name))
 }
 
 /// Compares without stopping at the first difference (the time taken does not tell how much of a
@@ -101,6 +119,27 @@ pub async fn handle(
         r.headers_mut()
             .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         return Ok(r);
+    }
+    // Machines (probes, Prometheus) name the listener as they like; the pages a browser can be
+    // tricked into reading need a Host that is ours.
+    let machine = matches!(req.uri().path(), "/healthz" | "/readyz" | "/metrics");
+    let host = req
+        .uri()
+        .authority()
+        .map(|a| a.as_str().to_owned())
+        .or_else(|| {
+            req.headers()
+                .get(header::HOST)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        });
+    if let Some(h) = host.filter(|_| !machine) {
+        if !host_allowed(&h, state.hosts.0, &state.hosts.1) {
+            return Ok(json_error(
+                StatusCode::MISDIRECTED_REQUEST,
+                "this Host is not the admin listener's: add it to admin.allowed_hosts",
+            ));
+        }
     }
     // State changes only from requests a browser cannot forge cross-site without a preflight.
     if req.method() == Method::POST {
@@ -163,6 +202,7 @@ pub async fn handle(
                     state.recorder.log.dropped().into(),
                 );
                 m.insert("backends".into(), backend_json(&router));
+                m.insert("keys".into(), keys_json(&state.limiter));
             }
             reply(StatusCode::OK, "application/json", v.to_string())
         }
@@ -257,6 +297,7 @@ fn metrics_text(state: &AdminState, router: &Router) -> String {
         ("inferscope_client_connections_at_capacity_total", "Times accepting paused because max_connections were open.", &c.at_capacity),
         ("inferscope_accept_errors_total", "accept() failures (e.g. out of file descriptors); each backs off.", &c.accept_errors),
         ("inferscope_http_refused_total", "Request heads the HTTP layer refused (malformed 400, oversize 431, incomplete 408).", &c.refused),
+        ("inferscope_tls_handshake_failures_total", "TLS handshakes on the data plane that failed or timed out (e.g. no client certificate the CA signed).", &c.tls_failures),
     ];
     scalars.extend(
         connection_counters
@@ -269,6 +310,7 @@ fn metrics_text(state: &AdminState, router: &Router) -> String {
     let mut w = Writer::new();
     write_prometheus(&mut w, &rec.stats.snapshot(), &scalars);
     backend_metrics(router, &mut w);
+    key_metrics(&state.limiter, &mut w);
     guardrail_metrics(router, &mut w);
     w.finish()
 }
@@ -348,6 +390,85 @@ fn backend_metrics(router: &Router, w: &mut Writer) {
     for (name, kind, help, get) in series {
         w.series(name, kind, help, labels.iter().zip(all.iter().map(get)));
     }
+}
+
+/// Per client key (by name): requests, refusals, errors, tokens; and requests without a valid key.
+fn keys_json(limiter: &crate::access::Limiter) -> serde_json::Value {
+    let keys: Vec<serde_json::Value> = limiter
+        .key_counts()
+        .iter()
+        .map(|(name, c)| {
+            serde_json::json!({
+                "key": name.as_ref(),
+                "requests": c.requests,
+                "rate_limited": c.rate_limited,
+                "errors": c.errors,
+                "input_tokens": c.input_tokens,
+                "output_tokens": c.output_tokens,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "unauthorized": limiter.unauthorized.load(std::sync::atomic::Ordering::Relaxed),
+        "by_key": keys,
+    })
+}
+
+fn key_metrics(limiter: &crate::access::Limiter, w: &mut Writer) {
+    use crate::access::KeyCounts;
+    type Get = fn(&KeyCounts) -> u64;
+    let all = limiter.key_counts();
+    let series: [(&str, &str, Get); 5] = [
+        (
+            "inferscope_key_requests_total",
+            "Requests per client key name (refused ones included).",
+            |c| c.requests,
+        ),
+        (
+            "inferscope_key_rate_limited_total",
+            "Requests per client key name refused by a rate limit.",
+            |c| c.rate_limited,
+        ),
+        (
+            "inferscope_key_errors_total",
+            "Requests per client key name whose outcome was not ok.",
+            |c| c.errors,
+        ),
+        (
+            "inferscope_key_input_tokens_total",
+            "Prompt tokens per client key name.",
+            |c| c.input_tokens,
+        ),
+        (
+            "inferscope_key_output_tokens_total",
+            "Output tokens per client key name.",
+            |c| c.output_tokens,
+        ),
+    ];
+    let labels: Vec<Labels> = all
+        .iter()
+        .map(|(k, _)| Labels::new(&[("key", k)]))
+        .collect();
+    for (name, help, get) in series {
+        w.series(
+            name,
+            "counter",
+            help,
+            labels.iter().zip(all.iter().map(|(_, c)| get(c))),
+        );
+    }
+    w.family(
+        "inferscope_unauthorized_total",
+        "counter",
+        "Data-plane requests refused for a missing or unknown API key.",
+    );
+    w.sample(
+        "inferscope_unauthorized_total",
+        &Labels::new(&[]),
+        limiter
+            .unauthorized
+            .load(std::sync::atomic::Ordering::Relaxed),
+    );
 }
 
 /// Every experiment: per-variant summaries and comparisons with the control.

@@ -168,8 +168,47 @@ fn environment(c: &Config, env: &dyn Fn(&str) -> Option<String>) -> Result<(), I
     if let Some(f) = &c.feedback {
         writable(&f.path).map_err(|m| (vec![K("feedback"), K("path")], m))?;
     }
-    super::telemetry::resolve(c.telemetry.as_ref(), |k| env(k))
+    let telemetry = super::telemetry::resolve(c.telemetry.as_ref(), |k| env(k))
         .map_err(|m| (vec![K("telemetry")], m.to_string()))?;
+    if let Some(files) = telemetry.and_then(|t| t.tls) {
+        crate::tls::ClientTls::new(&files, &[])
+            .map_err(|e| (vec![K("telemetry"), K("otlp"), K("tls")], e.to_string()))?;
+    }
+    // TLS material loads as it will at start.
+    if let Some(t) = &c.tls {
+        crate::tls::ServerTls::load(t.files()).map_err(|e| (vec![K("tls")], e.to_string()))?;
+    }
+    if let Some(t) = &c.admin.tls {
+        crate::tls::ServerTls::load(t.files())
+            .map_err(|e| (vec![K("admin"), K("tls")], e.to_string()))?;
+    }
+    for (i, b) in c.backends.iter().enumerate() {
+        if b.url.as_deref().is_some_and(|u| u.starts_with("https://")) {
+            crate::tls::ClientTls::new(&b.tls.clone().unwrap_or_default().files(), &[])
+                .map_err(|e| (vec![K("backends"), I(i), K("tls")], e.to_string()))?;
+        }
+    }
+    // Client keys from the environment or a file are there and not empty.
+    if let Some(a) = &c.auth {
+        for (i, k) in a.keys.iter().enumerate() {
+            let at = |f: &'static str| vec![K("auth"), K("keys"), I(i), K(f)];
+            if let Some(var) = &k.key_env {
+                if env(var).is_none_or(|v| v.trim().is_empty()) {
+                    return err(
+                        at("key_env"),
+                        format!("environment variable {var} is not set"),
+                    );
+                }
+            }
+            if let Some(p) = &k.key_file {
+                match std::fs::read_to_string(p) {
+                    Ok(t) if !t.trim().is_empty() => {}
+                    Ok(_) => return err(at("key_file"), format!("{} is empty", p.display())),
+                    Err(e) => return err(at("key_file"), format!("{}: {e}", p.display())),
+                }
+            }
+        }
+    }
     Ok(())
 }
 
@@ -213,6 +252,7 @@ pub fn validate(c: &Config) -> Result<(), Invalid> {
             (full, m)
         })?;
     }
+    validate_auth(c)?;
     let l = &c.limits;
     let limits = [
         ("max_request_body_bytes", l.max_request_body_bytes),
@@ -273,6 +313,96 @@ pub fn validate(c: &Config) -> Result<(), Invalid> {
     Ok(())
 }
 
+fn validate_auth(c: &Config) -> Result<(), Invalid> {
+    use Seg::{Index as I, Key as K};
+    let mut key_names = HashSet::new();
+    if let Some(a) = &c.auth {
+        if a.keys.is_empty() {
+            return err(vec![K("auth"), K("keys")], "at least one key is required");
+        }
+        for (i, k) in a.keys.iter().enumerate() {
+            let at = |f: &'static str| vec![K("auth"), K("keys"), I(i), K(f)];
+            if k.name.is_empty()
+                || k.name.len() > 64
+                || !k
+                    .name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
+            {
+                return err(
+                    at("name"),
+                    format!("key name `{}`: 1 to 64 of A-Z a-z 0-9 - _ . :", k.name),
+                );
+            }
+            if !key_names.insert(k.name.as_str()) {
+                return err(at("name"), format!("key name `{}` is not unique", k.name));
+            }
+            let sources = [
+                k.sha256.is_some(),
+                k.key_env.is_some(),
+                k.key_file.is_some(),
+            ];
+            if sources.iter().filter(|s| **s).count() != 1 {
+                return err(
+                    at("name"),
+                    format!(
+                        "key `{}`: give exactly one of sha256, key_env, key_file",
+                        k.name
+                    ),
+                );
+            }
+            if let Some(h) = &k.sha256 {
+                if h.len() != 64 || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return err(at("sha256"), "must be 64 hex digits (a SHA-256 digest)");
+                }
+            }
+        }
+    }
+    let Some(r) = &c.rate_limits else {
+        return Ok(());
+    };
+    let check = |limit: &super::schema::RateLimit, at: Vec<Seg>| -> Result<(), Invalid> {
+        if limit.requests_per_minute.is_none() && limit.tokens_per_minute.is_none() {
+            return err(at, "needs requests_per_minute or tokens_per_minute");
+        }
+        for (k, v) in [
+            ("requests_per_minute", limit.requests_per_minute),
+            ("tokens_per_minute", limit.tokens_per_minute),
+        ] {
+            if v == Some(0) {
+                let mut at = at.clone();
+                at.push(K(k));
+                return err(at, "must be greater than 0");
+            }
+        }
+        Ok(())
+    };
+    if let Some(p) = &r.per_key {
+        if c.auth.is_none() {
+            return err(
+                vec![K("rate_limits"), K("per_key")],
+                "per-key limits need client keys (an `auth` section)",
+            );
+        }
+        check(p, vec![K("rate_limits"), K("per_key")])?;
+    }
+    for (name, limit) in &r.keys {
+        let at = vec![K("rate_limits"), K("keys")];
+        if !key_names.contains(name.as_str()) {
+            return err(at, format!("no key named `{name}` in auth.keys"));
+        }
+        check(limit, at).map_err(|(p, m)| (p, format!("{name}: {m}")))?;
+    }
+    for (name, limit) in &r.routes {
+        let at = vec![K("rate_limits"), K("routes")];
+        if !c.routes.iter().any(|rt| &rt.name == name) {
+            return err(at, format!("no route named `{name}`"));
+        }
+        check(limit, at).map_err(|(p, m)| (p, format!("{name}: {m}")))?;
+    }
+    Ok(())
+}
+
 fn validate_backend(b: &BackendConfig) -> Result<(), (&'static str, String)> {
     match (&b.url, &b.sim) {
         (Some(_), Some(_)) | (None, None) => {
@@ -283,24 +413,51 @@ fn validate_backend(b: &BackendConfig) -> Result<(), (&'static str, String)> {
                 .parse()
                 .map_err(|e| ("url", format!("`{url}` is not a URL: {e}")))?;
             match uri.scheme_str() {
-                Some("http") => {}
-                Some("https") => {
+                Some("http") => {
+                    if b.tls.is_some() {
+                        return Err(("tls", format!("`{url}` is http://: tls needs https://")));
+                    }
+                }
+                Some("https") => {}
+                _ => {
                     return Err((
                         "url",
-                        "https upstreams arrive with TLS support; use http:// for now".into(),
+                        format!("`{url}` must start with http:// or https://"),
                     ))
                 }
-                _ => return Err(("url", format!("`{url}` must start with http://"))),
             }
             if uri.host().is_none() {
                 return Err(("url", format!("`{url}` has no host")));
             }
-            if uri.path().len() > 1 || uri.query().is_some() {
-                return Err(("url", format!("`{url}`: give only scheme, host and port; the request path is forwarded as-is")));
+            if uri.query().is_some() {
+                return Err((
+                    "url",
+                    format!("`{url}`: no query string; the request's own is forwarded"),
+                ));
             }
         }
         (None, Some(sim)) => {
             sim_profile(&sim.profile).map_err(|m| ("sim", m.to_string()))?;
+        }
+    }
+    if b.sim.is_some() && b.tls.is_some() {
+        return Err((
+            "tls",
+            "a simulated backend is reached over plain http".into(),
+        ));
+    }
+    if http::HeaderName::try_from(b.api_key_header.as_str()).is_err() {
+        return Err((
+            "api_key_header",
+            format!("`{}` is not a header name", b.api_key_header),
+        ));
+    }
+    if let Some(t) = &b.tls {
+        if t.cert.is_some() != t.key.is_some() {
+            return Err(("tls", "a client certificate needs both cert and key".into()));
+        }
+        if t.roots == super::schema::RootsConfig::None && t.ca_file.is_none() {
+            return Err(("tls", "roots: none needs a ca_file to trust".into()));
         }
     }
     if b.max_concurrency == Some(0) {

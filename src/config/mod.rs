@@ -16,6 +16,10 @@ pub use schema::{
     VariantConfig,
 };
 pub use schema::{
+    ApiKeyConfig, AuthConfig, ClientAuth, ClientTlsConfig, RateLimit, RateLimitsConfig,
+    RootsConfig, ServerTlsConfig,
+};
+pub use schema::{
     Balancer, FeedbackConfig, GuardRule, GuardrailsConfig, OutlierConfig, ProbeConfig, RetryConfig,
     ShadowConfig, TimeoutsConfig,
 };
@@ -39,11 +43,17 @@ pub fn embedded_default() -> Result<Config, ConfigError> {
 /// token (and without `allow_unauthenticated`) would hand `/stats`, `/experiments` and
 /// `POST /feedback` to anyone who reaches it.
 pub fn admin_exposure(admin: &AdminConfig, addr: std::net::SocketAddr) -> Option<String> {
-    (!addr.ip().is_loopback() && admin.token_env.is_none() && !admin.allow_unauthenticated).then(
-        || {
+    let mtls = admin
+        .tls
+        .as_ref()
+        .is_some_and(|t| t.client_ca.is_some() && t.client_auth == ClientAuth::Required);
+    (!addr.ip().is_loopback()
+        && admin.token_env.is_none()
+        && !mtls
+        && !admin.allow_unauthenticated)
+        .then(|| {
             format!(
-                "{addr} is not a loopback address: set admin.token_env (a bearer token) or admin.allow_unauthenticated: true"
+                "{addr} is not a loopback address: set admin.token_env (a bearer token), admin.tls with a required client certificate, or admin.allow_unauthenticated: true"
             )
-        },
-    )
+        })
 }

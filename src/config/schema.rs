@@ -15,6 +15,15 @@ pub struct Config {
     /// Data-plane listen address.
     #[serde(default = "defaults::listen")]
     pub listen: SocketAddr,
+    /// Terminate TLS on the data plane (absent: plain HTTP).
+    #[serde(default)]
+    pub tls: Option<ServerTlsConfig>,
+    /// Client API keys on the data plane (absent: no authentication).
+    #[serde(default)]
+    pub auth: Option<AuthConfig>,
+    /// Request and token rate limits (absent: none).
+    #[serde(default)]
+    pub rate_limits: Option<RateLimitsConfig>,
     /// Admin plane.
     #[serde(default)]
     pub admin: AdminConfig,
@@ -57,6 +66,9 @@ mod defaults {
     pub fn max_queue() -> usize {
         128
     }
+    pub fn api_key_header() -> String {
+        "authorization".into()
+    }
     pub fn queue_timeout() -> Duration {
         Duration::from_secs(2)
     }
@@ -88,6 +100,12 @@ pub struct AdminConfig {
     pub token_env: Option<String>,
     /// Serve a non-loopback admin address without a token (refused otherwise).
     pub allow_unauthenticated: bool,
+    /// Terminate TLS on the admin listener; with a required client certificate (mTLS) it counts
+    /// as authentication for a non-loopback address.
+    pub tls: Option<ServerTlsConfig>,
+    /// Extra `Host` names the browser-facing admin pages answer to (besides the listen address,
+    /// `localhost` and loopback addresses): the names a proxy in front of it uses.
+    pub allowed_hosts: Vec<String>,
 }
 
 impl Default for AdminConfig {
@@ -96,8 +114,68 @@ impl Default for AdminConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
             token_env: None,
             allow_unauthenticated: false,
+            tls: None,
+            allowed_hosts: Vec::new(),
         }
     }
+}
+
+/// Client authentication on the data plane.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    /// The keys accepted, as `Authorization: Bearer KEY` (OpenAI SDKs) or `x-api-key: KEY`
+    /// (Anthropic SDKs).
+    pub keys: Vec<ApiKeyConfig>,
+    /// Send the client's own `Authorization` / `x-api-key` on to the backend (default: removed,
+    /// so a gateway key never reaches a backend; a backend `api_key_env` replaces it either way).
+    #[serde(default)]
+    pub forward_client_key: bool,
+}
+
+/// One client key: a name (what stats, log and spans show) and where its secret comes from —
+/// exactly one of `sha256`, `key_env`, `key_file`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKeyConfig {
+    /// Name shown instead of the key.
+    pub name: String,
+    /// Lower-case hex SHA-256 of the key (`printf %s "$KEY" | sha256sum`).
+    #[serde(default)]
+    pub sha256: Option<String>,
+    /// Environment variable holding the key.
+    #[serde(default)]
+    pub key_env: Option<String>,
+    /// File holding the key (surrounding whitespace ignored).
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
+}
+
+/// Rate limits: per key (each key its own bucket) and per route (shared by its clients).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitsConfig {
+    /// Applied to every authenticated key separately (needs `auth`).
+    #[serde(default)]
+    pub per_key: Option<RateLimit>,
+    /// Per key name: replaces `per_key` for that key.
+    #[serde(default)]
+    pub keys: std::collections::BTreeMap<String, RateLimit>,
+    /// Per route name: one bucket per route, shared by everyone.
+    #[serde(default)]
+    pub routes: std::collections::BTreeMap<String, RateLimit>,
+}
+
+/// A limit: requests per minute and tokens (prompt + output) per minute; either may be absent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimit {
+    /// Requests per minute (bursts up to this many).
+    #[serde(default)]
+    pub requests_per_minute: Option<u64>,
+    /// Tokens per minute, charged from each response's measured usage once it ends.
+    #[serde(default)]
+    pub tokens_per_minute: Option<u64>,
 }
 
 /// Access log settings.
@@ -209,18 +287,27 @@ impl Default for Limits {
 pub struct BackendConfig {
     /// Unique name (a label on every metric).
     pub name: String,
-    /// Base URL, `http://host:port` (TLS upstreams arrive with the TLS work).
+    /// Base URL: `http://host:port` or `https://host[:port]`, optionally with the API root path
+    /// of an OpenAI-compatible service (`https://api.example.com/v1`,
+    /// `https://openrouter.ai/api/v1`): that path stands for the gateway's `/v1`.
     #[serde(default)]
     pub url: Option<String>,
+    /// TLS settings for an `https://` URL (absent: verified against the bundled Mozilla roots).
+    #[serde(default)]
+    pub tls: Option<ClientTlsConfig>,
     /// Run a simulated backend in-process instead of `url`.
     #[serde(default)]
     pub sim: Option<SimBackend>,
     /// Provider label (`vllm`, `tgi`, `sglang`, `openai`…), for `gen_ai.provider.name`.
     #[serde(default)]
     pub provider: Option<String>,
-    /// Environment variable holding an API key sent as `Authorization: Bearer`.
+    /// Environment variable holding an API key sent upstream (replacing the client's).
     #[serde(default)]
     pub api_key_env: Option<String>,
+    /// Header the key goes in: `authorization` (as `Bearer KEY`, OpenAI-style; the default) or
+    /// another, sent as the bare key (`x-api-key` for Anthropic).
+    #[serde(default = "defaults::api_key_header")]
+    pub api_key_header: String,
     /// Relative share for the `weighted` balancer.
     #[serde(default = "defaults::weight")]
     pub weight: u32,
@@ -239,6 +326,97 @@ pub struct BackendConfig {
     /// Passive outlier ejection.
     #[serde(default)]
     pub outlier: OutlierConfig,
+}
+
+/// Which built-in roots verify an upstream's certificate.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RootsConfig {
+    /// Mozilla's roots, bundled in the binary.
+    #[default]
+    Webpki,
+    /// The host's certificate store.
+    Native,
+    /// None: only `ca_file`.
+    None,
+}
+
+/// TLS towards an upstream (a backend, an OTLP collector).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientTlsConfig {
+    /// Built-in roots trusted.
+    #[serde(default)]
+    pub roots: RootsConfig,
+    /// PEM CA bundle trusted as well (a private CA).
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate chain (for upstreams that require one).
+    #[serde(default)]
+    pub cert: Option<PathBuf>,
+    /// Its PEM private key.
+    #[serde(default)]
+    pub key: Option<PathBuf>,
+    /// Name sent in SNI and verified against the certificate instead of the URL's host.
+    #[serde(default)]
+    pub server_name: Option<String>,
+}
+
+impl ClientTlsConfig {
+    /// The files as the TLS layer takes them.
+    pub fn files(&self) -> crate::tls::ClientFiles {
+        crate::tls::ClientFiles {
+            roots: match self.roots {
+                RootsConfig::Webpki => crate::tls::Roots::Webpki,
+                RootsConfig::Native => crate::tls::Roots::Native,
+                RootsConfig::None => crate::tls::Roots::None,
+            },
+            ca_file: self.ca_file.clone(),
+            cert: self.cert.clone(),
+            key: self.key.clone(),
+            server_name: self.server_name.clone(),
+        }
+    }
+}
+
+/// TLS termination on a listener.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerTlsConfig {
+    /// PEM certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// PEM private key.
+    pub key: PathBuf,
+    /// PEM CA bundle that client certificates must chain to (mTLS).
+    #[serde(default)]
+    pub client_ca: Option<PathBuf>,
+    /// With `client_ca`: `required` (default) refuses clients without a certificate; `optional`
+    /// verifies one only when presented.
+    #[serde(default)]
+    pub client_auth: ClientAuth,
+}
+
+/// Whether a client certificate is required.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClientAuth {
+    /// No certificate, no connection.
+    #[default]
+    Required,
+    /// Verified when presented.
+    Optional,
+}
+
+impl ServerTlsConfig {
+    /// The files as the TLS layer takes them.
+    pub fn files(&self) -> crate::tls::ServerFiles {
+        crate::tls::ServerFiles {
+            cert: self.cert.clone(),
+            key: self.key.clone(),
+            client_ca: self.client_ca.clone(),
+            client_cert_required: self.client_auth == ClientAuth::Required,
+        }
+    }
 }
 
 /// Active health probing of a backend.
@@ -585,6 +763,10 @@ pub struct OtlpConfig {
     /// Export timeout.
     #[serde(with = "super::duration::option")]
     pub timeout: Option<Duration>,
+    /// TLS for an `https://` endpoint (absent: the bundled Mozilla roots; the standard
+    /// `OTEL_EXPORTER_OTLP_CERTIFICATE`, `_CLIENT_CERTIFICATE` and `_CLIENT_KEY` variables fill in
+    /// what this leaves out).
+    pub tls: Option<ClientTlsConfig>,
 }
 
 /// Which attribute conventions spans follow.

@@ -23,6 +23,8 @@ pub struct Settings {
     pub protocol: Protocol,
     /// Headers on every export.
     pub headers: BTreeMap<String, String>,
+    /// TLS, for an `https://` endpoint.
+    pub tls: Option<crate::tls::ClientFiles>,
     /// Export timeout.
     pub timeout: Duration,
     /// `service.name`.
@@ -104,9 +106,12 @@ pub enum SettingsError {
         /// Why it does not parse.
         reason: String,
     },
-    /// The endpoint is not `http://`.
-    #[error("otlp endpoint `{0}` must be http:// (TLS exporters arrive with TLS support)")]
+    /// The endpoint is neither `http://` nor `https://`.
+    #[error("otlp endpoint `{0}` must be http:// or https://")]
     NotHttp(String),
+    /// TLS settings given for a plain `http://` endpoint, or incomplete.
+    #[error("otlp tls: {0}")]
+    BadTls(String),
     /// Neither `grpc` nor `http/protobuf`.
     #[error("otlp protocol `{0}`: use grpc or http/protobuf")]
     BadProtocol(String),
@@ -148,9 +153,38 @@ pub fn resolve(
                 endpoint: endpoint.clone(),
                 reason: e.to_string(),
             })?;
-    if uri.scheme_str() != Some("http") {
-        return Err(SettingsError::NotHttp(endpoint));
-    }
+    let tls = match uri.scheme_str() {
+        Some("http") => {
+            if c.otlp.tls.is_some() {
+                return Err(SettingsError::BadTls(format!(
+                    "`{endpoint}` is http://: tls needs https://"
+                )));
+            }
+            None
+        }
+        Some("https") => {
+            let mut files = c.otlp.tls.clone().unwrap_or_default().files();
+            if files.ca_file.is_none() {
+                files.ca_file = env("OTEL_EXPORTER_OTLP_CERTIFICATE").map(Into::into);
+            }
+            if files.cert.is_none() && files.key.is_none() {
+                files.cert = env("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE").map(Into::into);
+                files.key = env("OTEL_EXPORTER_OTLP_CLIENT_KEY").map(Into::into);
+            }
+            if files.cert.is_some() != files.key.is_some() {
+                return Err(SettingsError::BadTls(
+                    "a client certificate needs both cert and key".into(),
+                ));
+            }
+            if files.roots == crate::tls::Roots::None && files.ca_file.is_none() {
+                return Err(SettingsError::BadTls(
+                    "roots: none needs a ca_file to trust".into(),
+                ));
+            }
+            Some(files)
+        }
+        _ => return Err(SettingsError::NotHttp(endpoint)),
+    };
     let protocol = match c
         .otlp
         .protocol
@@ -206,6 +240,7 @@ pub fn resolve(
         endpoint,
         protocol,
         headers,
+        tls,
         timeout,
         service_name,
         resource,

@@ -337,6 +337,8 @@ pub struct RequestMeta {
     pub path: Arc<str>,
     /// The client's address (the connection's peer), when known.
     pub client: Option<std::net::SocketAddr>,
+    /// Name of the client's API key (never the key), when the gateway authenticates clients.
+    pub key: Option<Arc<str>>,
     /// The client asked for a streamed response.
     pub stream: bool,
     /// Request body bytes (read bodies exactly; streamed-through ones by `content-length`).
@@ -370,6 +372,7 @@ impl RequestMeta {
             version: http::Version::HTTP_11,
             path: Arc::from(path),
             client: None,
+            key: None,
             stream: false,
             bytes_in: 0,
             t_sent: None,

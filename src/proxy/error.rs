@@ -59,6 +59,14 @@ pub enum ProxyError {
     /// The backend's admission queue refused or timed out.
     #[error("{}", match .0 { crate::route::Busy::QueueFull => "the backend's queue is full; retry later", crate::route::Busy::QueueTimeout => "waited too long for the backend; retry later" })]
     Busy(crate::route::Busy),
+    /// No key, or not one of the gateway's.
+    #[error(
+        "missing or invalid API key: send it as `Authorization: Bearer KEY` or `x-api-key: KEY`"
+    )]
+    Unauthorized,
+    /// A rate limit of the client's key or of the route.
+    #[error("rate limit reached for this {}; retry after {:.1} s", .0.scope, .0.retry_after.as_secs_f64())]
+    RateLimited(crate::access::Limited),
 }
 
 impl ProxyError {
@@ -79,6 +87,8 @@ impl ProxyError {
             ProxyError::UpstreamTimeout => "upstream_timeout",
             ProxyError::Busy(crate::route::Busy::QueueFull) => "backend_queue_full",
             ProxyError::Busy(crate::route::Busy::QueueTimeout) => "backend_queue_timeout",
+            ProxyError::Unauthorized => "invalid_api_key",
+            ProxyError::RateLimited(_) => "rate_limit_exceeded",
         }
     }
 
@@ -90,7 +100,9 @@ impl ProxyError {
             | ProxyError::BodyRead
             | ProxyError::BodyTimeout
             | ProxyError::ClientGone
-            | ProxyError::JsonTooDeep(_) => Blame::Downstream,
+            | ProxyError::JsonTooDeep(_)
+            | ProxyError::Unauthorized
+            | ProxyError::RateLimited(_) => Blame::Downstream,
             ProxyError::Upstream(_) | ProxyError::UpstreamTimeout => Blame::Upstream,
             ProxyError::Overloaded
             | ProxyError::BodyBudget
@@ -115,6 +127,8 @@ impl ProxyError {
             ProxyError::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::Busy(crate::route::Busy::QueueFull) => StatusCode::TOO_MANY_REQUESTS,
             ProxyError::Busy(crate::route::Busy::QueueTimeout) => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ProxyError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 
@@ -125,19 +139,21 @@ impl ProxyError {
             ProxyError::Upstream(_) => Outcome::BackendError,
             ProxyError::UpstreamTimeout => Outcome::Timeout,
             ProxyError::ClientGone => Outcome::ClientCancelled,
+            ProxyError::RateLimited(_) => Outcome::RateLimited,
             _ => Outcome::Rejected,
         }
     }
 
     /// The one place an error becomes a response.
     pub fn into_response(self) -> Response<Full<Bytes>> {
-        let typ = match self.blame() {
-            Blame::Downstream => "invalid_request_error",
-            Blame::Upstream => "upstream_error",
-            Blame::Gateway => "gateway_error",
+        let typ = match (&self, self.blame()) {
+            // As OpenAI names a rate-limit refusal.
+            (ProxyError::RateLimited(_), _) => "requests",
+            (_, Blame::Downstream) => "invalid_request_error",
+            (_, Blame::Upstream) => "upstream_error",
+            (_, Blame::Gateway) => "gateway_error",
         };
-        let body =
-            json!({"error": {"message": self.to_string(), "type": typ, "code": self.kind()}});
+        let body = json!({"error": {"message": self.to_string(), "type": typ, "param": null, "code": self.kind()}});
         let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
         *r.status_mut() = self.status();
         let h = r.headers_mut();
@@ -151,6 +167,18 @@ impl ProxyError {
             ProxyError::Overloaded | ProxyError::BodyBudget | ProxyError::Busy(_)
         ) {
             h.insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if let ProxyError::RateLimited(l) = &self {
+            // Whole seconds, rounded up: a client that waits that long is admitted.
+            let secs = l.retry_after.as_secs() + u64::from(l.retry_after.subsec_nanos() > 0);
+            h.insert(http::header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+            l.state.write(h);
+        }
+        if let ProxyError::Unauthorized = &self {
+            h.insert(
+                http::header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer"),
+            );
         }
         r
     }

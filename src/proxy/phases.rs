@@ -59,6 +59,8 @@ struct Ctx {
     /// body has nothing to hold; a streamed body cannot be replayed.
     replay: Option<Bytes>,
     capture_output: Option<usize>,
+    /// The rate limit that applies, as it stood at admission (for the response headers).
+    rate: Option<crate::access::RateState>,
 }
 
 impl Ctx {
@@ -96,16 +98,54 @@ impl Ctx {
             strip_usage: false,
             first_body: None,
             replay: None,
+            rate: None,
         };
         (cx, body)
     }
 
     async fn run(&mut self, body: Incoming) -> Result<Response<ProxyBody>, ProxyError> {
+        self.authenticate()?;
         self.read_body(body).await?;
         let sel = self.route()?;
+        if let Some(state) = self
+            .gw
+            .limiter
+            .admit_route(&sel.route.name)
+            .map_err(ProxyError::RateLimited)?
+        {
+            // A key's own limit is what its client watches; the route's when it has none.
+            self.rate.get_or_insert(state);
+        }
         self.shadow(&sel);
         let (resp, guard) = self.attempt(&sel).await?;
         Ok(self.respond(&sel.route, resp, guard))
+    }
+
+    /// Phase 1½: with client keys configured, the request must present one (its name goes into
+    /// the record), and the key's rate limit must admit it — before its body is read. The
+    /// credential headers then stay behind unless the operator forwards them.
+    fn authenticate(&mut self) -> Result<(), ProxyError> {
+        let keys = self.gw.keys.load();
+        let Some(keys) = keys.as_ref() else {
+            return Ok(());
+        };
+        let Some(name) = keys.identify(&self.headers) else {
+            self.gw
+                .limiter
+                .unauthorized
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return Err(ProxyError::Unauthorized);
+        };
+        if !keys.forward_client_key {
+            crate::access::Keys::strip(&mut self.headers);
+        }
+        self.notes.update(|m| m.key = Some(Arc::clone(&name)));
+        self.rate = self
+            .gw
+            .limiter
+            .admit_key(&name)
+            .map_err(ProxyError::RateLimited)?;
+        Ok(())
     }
 
     /// Phase 2: read the body of known inference endpoints (bounded) and prepare it; stream
@@ -344,6 +384,9 @@ impl Ctx {
             deadlines: deadlines(route, self.t0),
         });
         self.notes.hold(guard);
+        if let Some(rate) = &self.rate {
+            rate.write(&mut parts.headers);
+        }
         Response::from_parts(parts, Either::Left(body))
     }
 
@@ -369,12 +412,12 @@ async fn attempt_once(
     notes: &Annotations,
 ) -> (Instant, Result<Response<UpstreamResponseBody>, ProxyError>) {
     let mut uri = backend.base.clone().into_parts();
-    uri.path_and_query = path_and_query.cloned();
+    uri.path_and_query = backend.upstream_path(path_and_query);
     let Ok(uri) = Uri::from_parts(uri) else {
         return (Instant::now(), Err(ProxyError::BadUpstreamRequest));
     };
-    if let Some(auth) = &backend.authorization {
-        headers.insert(header::AUTHORIZATION, auth.clone());
+    if let Some((name, value)) = &backend.authorization {
+        headers.insert(name.clone(), value.clone());
     }
     // The backend's spans join this trace as children of this attempt's CLIENT span.
     if let Some(v) = traceparent.and_then(|t| HeaderValue::try_from(t).ok()) {
@@ -387,7 +430,7 @@ async fn attempt_once(
     *up.headers_mut() = headers;
     let t_sent = Instant::now();
     notes.update(|m| m.t_sent = Some(t_sent));
-    let sent = gw.client.request(up);
+    let sent = gw.client.request(up, backend.tls.as_ref());
     let result = match deadline {
         Some(at) => match tokio::time::timeout_at(at, sent).await {
             Ok(r) => r.map_err(upstream_error),

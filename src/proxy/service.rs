@@ -53,6 +53,10 @@ pub struct Gateway {
     pub trace: TraceOptions,
     /// Request bodies held at once, against `limits.max_buffered_body_bytes`.
     pub body_budget: Arc<BodyBudget>,
+    /// Client keys (absent: no authentication); swapped on reload.
+    pub keys: Arc<arc_swap::ArcSwapOption<crate::access::Keys>>,
+    /// Rate limits and per-key accounting.
+    pub limiter: Arc<crate::access::Limiter>,
     pub(super) client: UpstreamClient,
 }
 
@@ -72,8 +76,21 @@ impl Gateway {
             body_budget: Arc::new(BodyBudget::new(limits.max_buffered_body_bytes)),
             limits,
             trace,
+            keys: Arc::default(),
+            limiter: Arc::default(),
             client,
         }
+    }
+
+    /// Authenticates clients with `keys` and limits them with `limiter`.
+    pub fn with_access(
+        mut self,
+        keys: Arc<arc_swap::ArcSwapOption<crate::access::Keys>>,
+        limiter: Arc<crate::access::Limiter>,
+    ) -> Self {
+        self.keys = keys;
+        self.limiter = limiter;
+        self
     }
 
     /// The pace client request bodies must keep.

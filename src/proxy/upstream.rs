@@ -17,6 +17,7 @@
 //! linger. A request that the backend never saw because its pooled connection had just closed is
 //! sent again on a new connection.
 
+use crate::tls::{ClientTls, Stream};
 use bytes::Bytes;
 use http::uri::{Authority, PathAndQuery};
 use http::{header, HeaderValue, Request, Response, Uri};
@@ -31,14 +32,21 @@ use std::pin::Pin;
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 /// Body sent upstream.
 pub type UpstreamRequestBody =
     http_body_util::Either<http_body_util::Full<Bytes>, super::body::PacedBody<Incoming>>;
 
-type Conn = Connection<TokioIo<TcpStream>, UpstreamRequestBody>;
+type Conn = Connection<TokioIo<Stream>, UpstreamRequestBody>;
+
+/// Connections are pooled per authority and TLS configuration (one backend's client
+/// certificate or CA is not another's).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Key {
+    authority: Authority,
+    tls: usize,
+}
 
 /// Why an upstream request failed before a response head arrived.
 #[derive(Debug, thiserror::Error)]
@@ -49,8 +57,9 @@ pub enum UpstreamError {
     /// The connection failed while sending the request or waiting for the response head.
     #[error(transparent)]
     Http(#[from] hyper::Error),
-    /// The request URI has no authority, or names a scheme other than `http`.
-    #[error("upstream URI needs http://host:port")]
+    /// The request URI has no authority, names a scheme other than `http` or `https`, or `https`
+    /// without a TLS configuration.
+    #[error("upstream URI needs http://host[:port] or https://host[:port] with TLS")]
     BadUri,
 }
 
@@ -72,7 +81,7 @@ struct Driver {
     sender: SendRequest<UpstreamRequestBody>,
     /// `None` once the connection future finished (closed or failed).
     conn: Option<Conn>,
-    key: Authority,
+    key: Key,
     pool: Weak<Pool>,
 }
 
@@ -89,11 +98,11 @@ impl Driver {
 
 #[derive(Default)]
 struct Pool {
-    idle: Mutex<HashMap<Authority, Vec<Idle>>>,
+    idle: Mutex<HashMap<Key, Vec<Idle>>>,
 }
 
 impl Pool {
-    fn lock(&self) -> parking_lot::MutexGuard<'_, HashMap<Authority, Vec<Idle>>> {
+    fn lock(&self) -> parking_lot::MutexGuard<'_, HashMap<Key, Vec<Idle>>> {
         self.idle.lock()
     }
 }
@@ -142,17 +151,24 @@ impl UpstreamClient {
         }
     }
 
-    /// Sends `req` (absolute `http://` URI) and waits for the response head. The response body
-    /// drives the connection; read to its end, the connection goes back to the pool.
+    /// Sends `req` (absolute `http://` URI, or `https://` with `tls`) and waits for the response
+    /// head. The response body drives the connection; read to its end, the connection goes back
+    /// to the pool.
     pub async fn request(
         &self,
         mut req: Request<UpstreamRequestBody>,
+        tls: Option<&Arc<ClientTls>>,
     ) -> Result<Response<UpstreamResponseBody>, UpstreamError> {
         let uri = req.uri().clone();
-        if uri.scheme_str().is_some_and(|s| s != "http") {
-            return Err(UpstreamError::BadUri);
+        match (uri.scheme_str(), tls) {
+            (Some("http") | None, None) | (Some("https"), Some(_)) => {}
+            _ => return Err(UpstreamError::BadUri),
         }
-        let key = uri.authority().cloned().ok_or(UpstreamError::BadUri)?;
+        let authority = uri.authority().cloned().ok_or(UpstreamError::BadUri)?;
+        let key = Key {
+            tls: tls.map_or(0, |t| Arc::as_ptr(t) as usize),
+            authority,
+        };
         // Origin form on the wire, and the Host header the absolute URI implied.
         let pq = uri
             .path_and_query()
@@ -160,14 +176,14 @@ impl UpstreamClient {
             .unwrap_or_else(|| PathAndQuery::from_static("/"));
         *req.uri_mut() = Uri::from(pq);
         if !req.headers().contains_key(header::HOST) {
-            if let Ok(v) = HeaderValue::from_str(key.as_str()) {
+            if let Ok(v) = HeaderValue::from_str(key.authority.as_str()) {
                 req.headers_mut().insert(header::HOST, v);
             }
         }
         loop {
             let (mut driver, reused) = match self.checkout(&key) {
                 Some(d) => (d, true),
-                None => (self.connect(&key).await?, false),
+                None => (self.connect(&key, tls).await?, false),
             };
             let sent = driver.sender.try_send_request(req);
             tokio::pin!(sent);
@@ -194,7 +210,7 @@ impl UpstreamClient {
         }
     }
 
-    fn checkout(&self, key: &Authority) -> Option<Driver> {
+    fn checkout(&self, key: &Key) -> Option<Driver> {
         let mut pool = self.pool.lock();
         let list = pool.get_mut(key)?;
         // Alive but not yet asking for a request (the end of its last response is still being
@@ -221,20 +237,21 @@ impl UpstreamClient {
         found
     }
 
-    async fn connect(&self, key: &Authority) -> Result<Driver, UpstreamError> {
-        let port = key.port_u16().unwrap_or(80);
-        let addr = format!("{}:{port}", key.host());
-        let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(addr))
-            .await
-            .map_err(|_| {
-                UpstreamError::Connect(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "connect timed out",
-                ))
-            })?
-            .map_err(UpstreamError::Connect)?;
-        // Small SSE writes must leave at once: no Nagle delay.
-        let _ = stream.set_nodelay(true);
+    async fn connect(
+        &self,
+        key: &Key,
+        tls: Option<&Arc<ClientTls>>,
+    ) -> Result<Driver, UpstreamError> {
+        let default_port = if tls.is_some() { 443 } else { 80 };
+        let port = key.authority.port_u16().unwrap_or(default_port);
+        let stream = crate::tls::connect(
+            key.authority.host(),
+            port,
+            tls.map(|t| t.as_ref()),
+            self.connect_timeout,
+        )
+        .await
+        .map_err(UpstreamError::Connect)?;
         let (sender, conn) = http1::Builder::new()
             .handshake(TokioIo::new(stream))
             .await

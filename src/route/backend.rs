@@ -3,6 +3,7 @@
 //! TPOT measured through it (for latency-aware balancing).
 
 use crate::config::OutlierConfig;
+use http::uri::PathAndQuery;
 use http::{HeaderValue, Uri};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
@@ -45,12 +46,15 @@ pub enum Busy {
 pub struct Backend {
     /// Configured name.
     pub name: Arc<str>,
-    /// Base URI (scheme and authority).
+    /// Base URI: scheme, authority, and the API root path when the URL has one.
     pub base: Uri,
+    /// TLS for `https://` backends.
+    pub tls: Option<Arc<crate::tls::ClientTls>>,
     /// Provider label.
     pub provider: Arc<str>,
-    /// `Authorization` value sent upstream, from `api_key_env`.
-    pub authorization: Option<HeaderValue>,
+    /// The key header sent upstream (`Authorization: Bearer …` or e.g. `x-api-key`), from
+    /// `api_key_env`; marked sensitive.
+    pub authorization: Option<(http::HeaderName, HeaderValue)>,
     /// Share for the weighted balancer.
     pub weight: u32,
     /// What records say about it (provider, host, port).
@@ -83,6 +87,20 @@ impl Drop for BackendGuard {
     }
 }
 
+/// `pq` under the API root `root` (see `Backend::upstream_path`).
+pub fn join_root(root: &str, pq: Option<&PathAndQuery>) -> Option<PathAndQuery> {
+    let root = root.trim_end_matches('/');
+    if root.is_empty() {
+        return pq.cloned();
+    }
+    let full = pq.map_or("/", |p| p.as_str());
+    let rest = match full.strip_prefix("/v1") {
+        Some(r) if r.is_empty() || r.starts_with(['/', '?']) => r,
+        _ => full,
+    };
+    PathAndQuery::try_from(format!("{root}{rest}")).ok()
+}
+
 /// A point-in-time view of a backend, for `/stats` and `/metrics`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BackendStatus {
@@ -111,13 +129,27 @@ pub struct BackendStatus {
 }
 
 impl Backend {
+    /// Reaches the backend over TLS.
+    pub fn with_tls(mut self, tls: Option<Arc<crate::tls::ClientTls>>) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    /// The upstream path and query for a request's: the request's own, under the base URL's API
+    /// root when it has one. An OpenAI-style root stands for the gateway's `/v1`
+    /// (`https://host/api/v1` sends `/v1/chat/completions` to `/api/v1/chat/completions`); other
+    /// paths go under the root whole (`/health` to `/api/v1/health`).
+    pub fn upstream_path(&self, pq: Option<&PathAndQuery>) -> Option<PathAndQuery> {
+        join_root(self.base.path(), pq)
+    }
+
     /// A backend with no traffic yet, healthy until shown otherwise.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         name: &str,
         base: Uri,
         provider: &str,
-        authorization: Option<HeaderValue>,
+        authorization: Option<(http::HeaderName, HeaderValue)>,
         weight: u32,
         max_concurrency: Option<usize>,
         max_queue: usize,
@@ -133,6 +165,7 @@ impl Backend {
         Self {
             name: name.into(),
             base,
+            tls: None,
             provider,
             authorization,
             weight,

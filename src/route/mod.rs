@@ -266,11 +266,14 @@ pub struct Router {
 impl Router {
     /// Builds the router from a validated config and each backend's resolved base URI (simulated
     /// backends get theirs when they start).
-    pub fn new(config: &Config, bases: &HashMap<String, Uri>) -> Result<Self, RouterError> {
+    pub fn new(
+        config: &Config,
+        bases: &HashMap<String, (Uri, Option<Arc<crate::tls::ClientTls>>)>,
+    ) -> Result<Self, RouterError> {
         let mut by_name = HashMap::new();
         let mut all = Vec::new();
         for b in &config.backends {
-            let base = bases
+            let (base, tls) = bases
                 .get(&b.name)
                 .cloned()
                 .ok_or_else(|| RouterError::NoAddress(b.name.clone()))?;
@@ -280,28 +283,37 @@ impl Router {
                         backend: b.name.clone(),
                         var: var.clone(),
                     })?;
-                    let mut v = HeaderValue::try_from(format!("Bearer {key}")).map_err(|_| {
-                        RouterError::BadKey {
-                            backend: b.name.clone(),
-                            var: var.clone(),
-                        }
-                    })?;
+                    let bad = || RouterError::BadKey {
+                        backend: b.name.clone(),
+                        var: var.clone(),
+                    };
+                    let name =
+                        http::HeaderName::try_from(b.api_key_header.as_str()).map_err(|_| bad())?;
+                    let value = if name == http::header::AUTHORIZATION {
+                        format!("Bearer {key}")
+                    } else {
+                        key
+                    };
+                    let mut v = HeaderValue::try_from(value).map_err(|_| bad())?;
                     v.set_sensitive(true);
-                    Some(v)
+                    Some((name, v))
                 }
                 None => None,
             };
-            let backend = Arc::new(Backend::new(
-                &b.name,
-                base,
-                b.provider.as_deref().unwrap_or("openai"),
-                authorization,
-                b.weight,
-                b.max_concurrency,
-                b.max_queue,
-                b.queue_timeout,
-                b.outlier.clone(),
-            ));
+            let backend = Arc::new(
+                Backend::new(
+                    &b.name,
+                    base,
+                    b.provider.as_deref().unwrap_or("openai"),
+                    authorization,
+                    b.weight,
+                    b.max_concurrency,
+                    b.max_queue,
+                    b.queue_timeout,
+                    b.outlier.clone(),
+                )
+                .with_tls(tls),
+            );
             by_name.insert(Arc::clone(&backend.name), Arc::clone(&backend));
             all.push(backend);
         }

@@ -93,7 +93,36 @@ async fn respond(
     faults: Faults,
 ) -> Response<SimBody> {
     let arrival = Instant::now();
-    let path = req.uri().path().to_owned();
+    if state.opts.keep_credentials {
+        let mut seen = state.credentials.lock();
+        for name in ["authorization", "x-api-key"] {
+            for v in req.headers().get_all(name) {
+                seen.push((
+                    name.to_owned(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                ));
+            }
+        }
+    }
+    if let Some(key) = &state.opts.api_key {
+        let bearer = req
+            .headers()
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        let x_api_key = req.headers().get("x-api-key").and_then(|v| v.to_str().ok());
+        if bearer != Some(key.as_str()) && x_api_key != Some(key.as_str()) {
+            return error(StatusCode::UNAUTHORIZED, "invalid api key");
+        }
+    }
+    let mut path = req.uri().path().to_owned();
+    if let Some(root) = &state.opts.api_root {
+        let root = root.trim_end_matches('/');
+        match path.strip_prefix(root) {
+            Some(rest) if rest.is_empty() || rest.starts_with('/') => path = format!("/v1{rest}"),
+            _ => return error(StatusCode::NOT_FOUND, "not under the API root"),
+        }
+    }
     let traceparent = req
         .headers()
         .get("traceparent")

@@ -41,6 +41,15 @@ pub struct SimOptions {
     /// request's arrival to the write — ground truth for an out-of-process observer. SSE clients
     /// ignore comments; off by default.
     pub truth_comments: bool,
+    /// Serve the API under this root instead of `/v1` (a hosted API's shape: `/api/v1`).
+    pub api_root: Option<String>,
+    /// Require this key, as `Authorization: Bearer KEY` or `x-api-key: KEY`; 401 otherwise.
+    pub api_key: Option<String>,
+    /// Serve over TLS.
+    pub tls: Option<Arc<crate::tls::ServerTls>>,
+    /// Last `Authorization` / `x-api-key` header values seen (for tests that check what reached
+    /// the backend).
+    pub keep_credentials: bool,
 }
 
 impl SimOptions {
@@ -52,6 +61,10 @@ impl SimOptions {
             model: "demo".into(),
             record_truth: false,
             truth_comments: false,
+            api_root: None,
+            api_key: None,
+            tls: None,
+            keep_credentials: false,
         }
     }
 }
@@ -164,6 +177,8 @@ struct SimState {
     truth: Mutex<Vec<Truth>>,
     /// Bumped whenever a request finishes (completed or cancelled), for waiters.
     finished: watch::Sender<u64>,
+    /// Credential headers seen, when `keep_credentials`.
+    credentials: Mutex<Vec<(String, String)>>,
 }
 
 /// In-process access to a running simulator's ground truth.
@@ -185,6 +200,12 @@ impl SimHandle {
     /// Replaces the injected faults; requests arriving from now on see the new ones.
     pub fn set_faults(&self, f: Faults) {
         *self.state.faults.write() = f;
+    }
+
+    /// Credential headers (`authorization`, `x-api-key`) of every request so far, with
+    /// `keep_credentials`.
+    pub fn credentials(&self) -> Vec<(String, String)> {
+        self.state.credentials.lock().clone()
     }
 
     /// Streams currently being generated.
@@ -217,6 +238,7 @@ pub fn spawn(
         active: AtomicUsize::new(0),
         truth: Mutex::new(Vec::new()),
         finished,
+        credentials: Mutex::new(Vec::new()),
     });
     let svc_state = Arc::clone(&state);
     let service = hyper::service::service_fn(move |req| {
@@ -228,6 +250,7 @@ pub fn spawn(
         header_read_timeout: None,
         idle_timeout: None,
         grace: Duration::from_secs(5),
+        tls: state.opts.tls.clone(),
         ..ServerOptions::default()
     };
     tokio::spawn(server::run(listener, service, opts, shutdown));

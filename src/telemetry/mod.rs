@@ -6,6 +6,7 @@
 //! and metric instruments are recorded there too. A slow or dead collector costs a proxied request
 //! nothing but a failed `try_send`. Failures are counted and logged at most once a minute.
 
+mod http_client;
 mod metrics;
 pub mod names;
 mod spans;
@@ -148,55 +149,157 @@ fn grpc_metadata(s: &Settings) -> opentelemetry_otlp::tonic_types::metadata::Met
 #[error("building the OTLP {signal} exporter: {error}")]
 pub struct ExporterError {
     signal: &'static str,
-    error: opentelemetry_otlp::ExporterBuildError,
+    error: String,
 }
 
-fn span_exporter(s: &Settings) -> Result<SpanExporter, ExporterError> {
+/// How the exporters reach the endpoint: gRPC's TLS settings, or the HTTP client.
+struct Transport {
+    grpc_tls: Option<opentelemetry_otlp::tonic_types::transport::ClientTlsConfig>,
+    http: Option<Arc<http_client::ExportClient>>,
+}
+
+impl Transport {
+    fn new(s: &Settings) -> Result<Self, ExporterError> {
+        let fail = |error: String| ExporterError {
+            signal: "TLS",
+            error,
+        };
+        Ok(match s.protocol {
+            Protocol::Grpc => Self {
+                grpc_tls: s.tls.as_ref().map(grpc_tls).transpose().map_err(fail)?,
+                http: None,
+            },
+            Protocol::HttpProtobuf => {
+                let tls = match &s.tls {
+                    Some(files) => Some(Arc::new(
+                        crate::tls::ClientTls::new(files, &[b"http/1.1"])
+                            .map_err(|e| fail(e.to_string()))?,
+                    )),
+                    None => None,
+                };
+                Self {
+                    grpc_tls: None,
+                    http: Some(Arc::new(http_client::ExportClient::new(tls, s.timeout))),
+                }
+            }
+        })
+    }
+}
+
+/// tonic's TLS settings from ours.
+fn grpc_tls(
+    files: &crate::tls::ClientFiles,
+) -> Result<opentelemetry_otlp::tonic_types::transport::ClientTlsConfig, String> {
+    use opentelemetry_otlp::tonic_types::transport::{Certificate, ClientTlsConfig, Identity};
+    let read = |p: &std::path::Path| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
+    let mut t = match files.roots {
+        crate::tls::Roots::Webpki => ClientTlsConfig::new().with_webpki_roots(),
+        crate::tls::Roots::Native => ClientTlsConfig::new().with_native_roots(),
+        crate::tls::Roots::None => ClientTlsConfig::new(),
+    };
+    if let Some(ca) = &files.ca_file {
+        t = t.ca_certificate(Certificate::from_pem(read(ca)?));
+    }
+    if let (Some(c), Some(k)) = (&files.cert, &files.key) {
+        t = t.identity(Identity::from_pem(read(c)?, read(k)?));
+    }
+    if let Some(n) = &files.server_name {
+        t = t.domain_name(n.clone());
+    }
+    Ok(t)
+}
+
+fn span_exporter(s: &Settings, t: &Transport) -> Result<SpanExporter, ExporterError> {
     let built = match s.protocol {
-        Protocol::Grpc => SpanExporter::builder()
-            .with_tonic()
-            .with_endpoint(s.traces_endpoint())
-            .with_timeout(s.timeout)
-            .with_metadata(grpc_metadata(s))
-            .build(),
-        Protocol::HttpProtobuf => SpanExporter::builder()
-            .with_http()
-            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-            .with_endpoint(s.traces_endpoint())
-            .with_timeout(s.timeout)
-            .with_headers(s.headers.clone().into_iter().collect())
-            .build(),
+        Protocol::Grpc => {
+            let b = SpanExporter::builder()
+                .with_tonic()
+                .with_endpoint(s.traces_endpoint())
+                .with_timeout(s.timeout)
+                .with_metadata(grpc_metadata(s));
+            match &t.grpc_tls {
+                Some(tls) => b.with_tls_config(tls.clone()).build(),
+                None => b.build(),
+            }
+        }
+        Protocol::HttpProtobuf => {
+            let b = SpanExporter::builder()
+                .with_http()
+                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                .with_endpoint(s.traces_endpoint())
+                .with_timeout(s.timeout)
+                .with_headers(s.headers.clone().into_iter().collect());
+            match &t.http {
+                Some(c) => b.with_http_client(SharedClient(Arc::clone(c))).build(),
+                None => b.build(),
+            }
+        }
     };
     built.map_err(|error| ExporterError {
         signal: "span",
-        error,
+        error: error.to_string(),
     })
+}
+
+/// One export client shared by the span and metric exporters.
+#[derive(Debug, Clone)]
+struct SharedClient(Arc<http_client::ExportClient>);
+
+impl opentelemetry_http::HttpClient for SharedClient {
+    fn send_bytes<'life0, 'async_trait>(
+        &'life0 self,
+        request: http::Request<bytes::Bytes>,
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<
+                    Output = Result<http::Response<bytes::Bytes>, opentelemetry_http::HttpError>,
+                > + Send
+                + 'async_trait,
+        >,
+    >
+    where
+        'life0: 'async_trait,
+        Self: 'async_trait,
+    {
+        self.0.send_bytes(request)
+    }
 }
 
 fn meter_provider(
     s: &Settings,
+    t: &Transport,
     interval: Duration,
     counters: &Arc<Counters>,
 ) -> Result<SdkMeterProvider, ExporterError> {
     let b = opentelemetry_otlp::MetricExporter::builder();
     let exporter = match s.protocol {
-        Protocol::Grpc => b
-            .with_tonic()
-            .with_endpoint(s.metrics_endpoint())
-            .with_timeout(s.timeout)
-            .with_metadata(grpc_metadata(s))
-            .build(),
-        Protocol::HttpProtobuf => b
-            .with_http()
-            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-            .with_endpoint(s.metrics_endpoint())
-            .with_timeout(s.timeout)
-            .with_headers(s.headers.clone().into_iter().collect())
-            .build(),
+        Protocol::Grpc => {
+            let b = b
+                .with_tonic()
+                .with_endpoint(s.metrics_endpoint())
+                .with_timeout(s.timeout)
+                .with_metadata(grpc_metadata(s));
+            match &t.grpc_tls {
+                Some(tls) => b.with_tls_config(tls.clone()).build(),
+                None => b.build(),
+            }
+        }
+        Protocol::HttpProtobuf => {
+            let b = b
+                .with_http()
+                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                .with_endpoint(s.metrics_endpoint())
+                .with_timeout(s.timeout)
+                .with_headers(s.headers.clone().into_iter().collect());
+            match &t.http {
+                Some(c) => b.with_http_client(SharedClient(Arc::clone(c))).build(),
+                None => b.build(),
+            }
+        }
     }
     .map_err(|error| ExporterError {
         signal: "metric",
-        error,
+        error: error.to_string(),
     })?;
     let exporter = metrics::CountingExporter {
         inner: exporter,
@@ -216,10 +319,11 @@ impl Telemetry {
     /// reported on SERVER spans.
     pub fn start(settings: Settings, listen: SocketAddr) -> Result<Self, ExporterError> {
         let counters = Arc::new(Counters::default());
-        let mut exporter = span_exporter(&settings)?;
+        let transport = Transport::new(&settings)?;
+        let mut exporter = span_exporter(&settings, &transport)?;
         exporter.set_resource(&resource(&settings));
         let meters = match settings.metrics_interval {
-            Some(interval) => Some(meter_provider(&settings, interval, &counters)?),
+            Some(interval) => Some(meter_provider(&settings, &transport, interval, &counters)?),
             None => None,
         };
         let instruments = meters

@@ -40,6 +40,8 @@ pub const GEN_AI_TOKEN_TYPE: &str = "gen_ai.token.type";
 // inferscope's own measurements (seconds, like the GenAI conventions).
 pub const IS_REQUEST_ID: &str = "inferscope.request_id";
 pub const IS_ROUTE: &str = "inferscope.route";
+/// Name of the client's API key (never the key).
+pub const IS_CLIENT_KEY: &str = "inferscope.client.key";
 pub const IS_BACKEND: &str = "inferscope.backend";
 pub const IS_VARIANT: &str = "inferscope.variant";
 pub const IS_OUTCOME: &str = "inferscope.outcome";

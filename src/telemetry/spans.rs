@@ -106,6 +106,11 @@ pub fn build(
         KeyValue::new(n::IS_ROUTE, Value::from(Arc::clone(&m.route))),
         KeyValue::new(n::IS_OUTCOME, rec.outcome.as_str()),
     ];
+    if let Some(k) = &m.key {
+        server
+            .attributes
+            .push(KeyValue::new(n::IS_CLIENT_KEY, Value::from(Arc::clone(k))));
+    }
     if let Some(e) = &err {
         server
             .attributes

@@ -4,6 +4,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 pub mod otlp;
+pub mod pki;
 
 use bytes::Bytes;
 use http::{HeaderMap, Request};
@@ -138,32 +139,49 @@ impl Received {
 pub struct Client {
     sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
     conn: JoinHandle<()>,
+    /// `Host` sent: the address connected to.
+    host: String,
 }
 
 impl Client {
     pub async fn connect(addr: SocketAddr) -> Self {
         let stream = TcpStream::connect(addr).await.unwrap();
         stream.set_nodelay(true).unwrap();
+        let mut c = Self::over(stream).await;
+        c.host = addr.to_string();
+        c
+    }
+
+    /// HTTP/1.1 over an established connection (e.g. TLS).
+    pub async fn over<I>(io: I) -> Self
+    where
+        I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
         let (sender, conn) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io))
                 .await
                 .unwrap();
         let conn = tokio::spawn(async move {
             let _ = conn.await;
         });
-        Self { sender, conn }
+        Self {
+            sender,
+            conn,
+            host: "localhost".into(),
+        }
     }
 
     fn request(
+        &self,
         method: &str,
         path: &str,
         body: &str,
         headers: &[(&str, &str)],
     ) -> Request<Full<Bytes>> {
-        let mut b = Request::builder()
-            .method(method)
-            .uri(path)
-            .header("host", "inferscope.test");
+        let mut b = Request::builder().method(method).uri(path);
+        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+            b = b.header("host", &self.host);
+        }
         if !body.is_empty() {
             b = b.header("content-type", "application/json");
         }
@@ -194,7 +212,7 @@ impl Client {
         headers: &[(&str, &str)],
         max_frames: usize,
     ) -> Received {
-        let req = Self::request(method, path, body, headers);
+        let req = self.request(method, path, body, headers);
         self.sender.ready().await.unwrap();
         let t_send = Instant::now();
         let resp = self.sender.send_request(req).await.unwrap();

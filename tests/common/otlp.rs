@@ -130,10 +130,24 @@ impl MetricsService for Collected {
 
 /// An OTLP/gRPC receiver on a loopback port.
 pub async fn start_grpc() -> (SocketAddr, Collected) {
+    start_grpc_with(None).await
+}
+
+/// An OTLP/gRPC receiver, over TLS with `identity` (certificate and key PEM) when given.
+pub async fn start_grpc_with(identity: Option<(Vec<u8>, Vec<u8>)>) -> (SocketAddr, Collected) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let c = Collected::default();
-    let server = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some((cert, key)) = identity {
+        builder = builder
+            .tls_config(
+                tonic::transport::ServerTlsConfig::new()
+                    .identity(tonic::transport::Identity::from_pem(cert, key)),
+            )
+            .unwrap();
+    }
+    let server = builder
         .add_service(TraceServiceServer::new(c.clone()))
         .add_service(MetricsServiceServer::new(c.clone()));
     tokio::spawn(server.serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)));
@@ -142,6 +156,13 @@ pub async fn start_grpc() -> (SocketAddr, Collected) {
 
 /// An OTLP/HTTP (protobuf) receiver on a loopback port: `POST /v1/traces`, `POST /v1/metrics`.
 pub async fn start_http() -> (SocketAddr, Collected) {
+    start_http_with(None).await
+}
+
+/// An OTLP/HTTP receiver, over TLS when given.
+pub async fn start_http_with(
+    tls: Option<std::sync::Arc<inferscope::tls::ServerTls>>,
+) -> (SocketAddr, Collected) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let c = Collected::default();
@@ -207,7 +228,10 @@ pub async fn start_http() -> (SocketAddr, Collected) {
     tokio::spawn(inferscope::server::run(
         listener,
         service,
-        inferscope::server::ServerOptions::default(),
+        inferscope::server::ServerOptions {
+            tls,
+            ..inferscope::server::ServerOptions::default()
+        },
         std::future::pending(),
     ));
     (addr, c)

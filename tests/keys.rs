@@ -1,0 +1,255 @@
+//! Client API keys and rate limits on the data plane, over real sockets: both key headers, 401
+//! for the rest, the key's name (never the key) in log, stats and metrics, credentials kept from
+//! the backend unless forwarded, request and token limits with `Retry-After` and `x-ratelimit-*`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use inferscope::sim::{self, SimHandle, SimOptions};
+use serde_json::Value;
+use tokio::net::TcpListener;
+
+async fn sim_keeping_credentials() -> SimHandle {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut opts = SimOptions::new(exact(1.0, 1.0));
+    opts.record_truth = true;
+    opts.keep_credentials = true;
+    sim::spawn(listener, opts, std::future::pending()).unwrap()
+}
+
+const TEAM_A: &str = "sk-team-a-0123456789abcdef";
+const TEAM_B: &str = "sk-team-b-fedcba9876543210";
+
+fn sha256_hex(s: &str) -> String {
+    let d = ring::digest::digest(&ring::digest::SHA256, s.as_bytes());
+    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn auth_yaml(dir: &std::path::Path, forward: bool) -> String {
+    let file = dir.join("team-b.key");
+    std::fs::write(&file, format!("{TEAM_B}\n")).unwrap();
+    format!(
+        "auth:\n  forward_client_key: {forward}\n  keys:\n    - {{ name: team-a, sha256: \"{}\" }}\n    - {{ name: team-b, key_file: {:?} }}\n",
+        sha256_hex(TEAM_A),
+        file
+    )
+}
+
+#[tokio::test]
+async fn keys_in_either_header_pass_and_everything_else_gets_401() {
+    let dir = temp_dir();
+    let sim = sim_keeping_credentials().await;
+    let gw = start_gateway(&[("a", sim.addr)], &dir, &auth_yaml(&dir, false)).await;
+    let body = chat(true, 3, "");
+    let bearer = format!("Bearer {TEAM_A}");
+    let ok_a = post(
+        gw.data_addr,
+        "/v1/chat/completions",
+        &body,
+        &[("authorization", &bearer)],
+    )
+    .await;
+    assert_eq!(ok_a.status, 200);
+    let ok_b = post(
+        gw.data_addr,
+        "/v1/chat/completions",
+        &body,
+        &[("x-api-key", TEAM_B)],
+    )
+    .await;
+    assert_eq!(ok_b.status, 200);
+    for headers in [
+        vec![],
+        vec![("authorization", "Bearer sk-team-a-0123456789abcdeF")],
+        vec![("x-api-key", "nope")],
+        vec![("authorization", TEAM_A)],
+    ] {
+        let r = post(gw.data_addr, "/v1/chat/completions", &body, &headers).await;
+        assert_eq!(r.status, 401, "{headers:?}");
+        let v: Value = serde_json::from_slice(&r.body()).unwrap();
+        assert_eq!(v["error"]["code"], "invalid_api_key", "{v}");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert!(v["error"]["param"].is_null());
+        assert_eq!(r.headers["www-authenticate"], "Bearer");
+    }
+    assert_eq!(
+        sim.truth().len(),
+        2,
+        "refused requests never reach the backend"
+    );
+    assert!(
+        sim.credentials().is_empty(),
+        "the gateway's keys stay at the gateway: {:?}",
+        sim.credentials()
+    );
+    let (_, stats) = admin_get(gw.admin_addr, "/stats").await;
+    let stats: Value = serde_json::from_str(&stats).unwrap();
+    assert_eq!(stats["keys"]["unauthorized"], 4);
+    let by_key = stats["keys"]["by_key"].as_array().unwrap();
+    assert_eq!(by_key.len(), 2);
+    for k in by_key {
+        assert_eq!(k["requests"], 1, "{k}");
+        assert!(k["output_tokens"].as_u64().unwrap() > 0, "{k}");
+    }
+    let (_, metrics) = admin_get(gw.admin_addr, "/metrics").await;
+    assert!(metrics.contains("inferscope_key_requests_total{key=\"team-a\"} 1"));
+    assert!(metrics.contains("inferscope_unauthorized_total 4"));
+    let log = stop_and_read_log(gw, &dir).await;
+    assert_eq!(log.len(), 6, "every request is one line, refused ones too");
+    let keys: Vec<_> = log.iter().map(|l| l["key"].clone()).collect();
+    assert_eq!(keys.iter().filter(|k| **k == "team-a").count(), 1);
+    assert_eq!(keys.iter().filter(|k| **k == "team-b").count(), 1);
+    assert_eq!(
+        log.iter()
+            .filter(|l| l["status"] == 401 && l["error"] == "invalid_api_key")
+            .count(),
+        4
+    );
+    let text = std::fs::read_to_string(dir.join("access.jsonl")).unwrap();
+    assert!(!text.contains(TEAM_A) && !text.contains(TEAM_B));
+}
+
+#[tokio::test]
+async fn a_forwarded_key_reaches_the_backend() {
+    let dir = temp_dir();
+    let sim = sim_keeping_credentials().await;
+    let gw = start_gateway(&[("a", sim.addr)], &dir, &auth_yaml(&dir, true)).await;
+    let r = post(
+        gw.data_addr,
+        "/v1/chat/completions",
+        &chat(false, 2, ""),
+        &[("x-api-key", TEAM_B)],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        sim.credentials(),
+        vec![("x-api-key".to_string(), TEAM_B.to_string())]
+    );
+    gw.shutdown();
+}
+
+#[tokio::test]
+async fn request_limits_per_key_answer_429_with_the_openai_headers() {
+    let dir = temp_dir();
+    let sim = sim_keeping_credentials().await;
+    let extra = format!(
+        "{}rate_limits:\n  per_key: {{ requests_per_minute: 3 }}\n  keys:\n    team-b: {{ requests_per_minute: 1 }}\n",
+        auth_yaml(&dir, false)
+    );
+    let gw = start_gateway(&[("a", sim.addr)], &dir, &extra).await;
+    let bearer = format!("Bearer {TEAM_A}");
+    let a = [("authorization", bearer.as_str())];
+    for left in ["2", "1", "0"] {
+        let r = post(
+            gw.data_addr,
+            "/v1/chat/completions",
+            &chat(false, 2, ""),
+            &a,
+        )
+        .await;
+        assert_eq!(r.status, 200);
+        assert_eq!(r.headers["x-ratelimit-limit-requests"], "3");
+        assert_eq!(r.headers["x-ratelimit-remaining-requests"], left);
+        assert!(r.headers.contains_key("x-ratelimit-reset-requests"));
+    }
+    let refused = post(
+        gw.data_addr,
+        "/v1/chat/completions",
+        &chat(false, 2, ""),
+        &a,
+    )
+    .await;
+    assert_eq!(refused.status, 429);
+    // A request's worth refills in 20 s at 3 per minute.
+    let retry: u64 = refused.headers["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((19..=20).contains(&retry), "{retry}");
+    assert_eq!(refused.headers["x-ratelimit-remaining-requests"], "0");
+    let v: Value = serde_json::from_slice(&refused.body()).unwrap();
+    assert_eq!(v["error"]["code"], "rate_limit_exceeded");
+    // Another key has its own bucket (and its own, smaller limit).
+    let b = [("x-api-key", TEAM_B)];
+    let r = post(
+        gw.data_addr,
+        "/v1/chat/completions",
+        &chat(false, 2, ""),
+        &b,
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.headers["x-ratelimit-limit-requests"], "1");
+    let r = post(
+        gw.data_addr,
+        "/v1/chat/completions",
+        &chat(false, 2, ""),
+        &b,
+    )
+    .await;
+    assert_eq!(r.status, 429);
+    assert_eq!(sim.truth().len(), 4);
+    let log = stop_and_read_log(gw, &dir).await;
+    let limited: Vec<_> = log
+        .iter()
+        .filter(|l| l["outcome"] == "rate_limited")
+        .collect();
+    assert_eq!(limited.len(), 2);
+    assert!(limited.iter().all(|l| l["error"] == "rate_limit_exceeded"));
+}
+
+#[tokio::test]
+async fn token_limits_per_route_charge_measured_usage_after_the_response() {
+    let dir = temp_dir();
+    let sim = start_sim(exact(1.0, 1.0), 1).await;
+    // 60 tokens a minute: one token a second. The first request (prompt ~7 + 100 output) leaves
+    // the route in debt; the next waits that debt out.
+    let gw = start_gateway(
+        &[("a", sim.addr)],
+        &dir,
+        "rate_limits:\n  routes:\n    main: { tokens_per_minute: 60 }\n",
+    )
+    .await;
+    let r = post(
+        gw.data_addr,
+        "/v1/chat/completions",
+        &chat(true, 100, ""),
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.headers["x-ratelimit-limit-tokens"], "60");
+    assert_eq!(r.headers["x-ratelimit-remaining-tokens"], "60");
+    // The charge lands when the record is written, right after the body ends.
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let refused = post(
+        gw.data_addr,
+        "/v1/chat/completions",
+        &chat(false, 2, ""),
+        &[],
+    )
+    .await;
+    assert_eq!(
+        refused.status,
+        429,
+        "{}",
+        String::from_utf8_lossy(&refused.body())
+    );
+    assert_eq!(refused.headers["x-ratelimit-remaining-tokens"], "0");
+    let retry: u64 = refused.headers["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let log = stop_and_read_log(gw, &dir).await;
+    let used = log[0]["input_tokens"].as_u64().unwrap() + log[0]["output_tokens"].as_u64().unwrap();
+    // In debt by `used - 60` tokens at one a second (less the moment that passed).
+    assert!(
+        retry + 1 >= used - 60 && retry <= used - 60 + 1,
+        "retry {retry}, used {used}"
+    );
+    assert_eq!(log[1]["outcome"], "rate_limited");
+}
