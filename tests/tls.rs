@@ -19,21 +19,23 @@ use tokio::net::TcpListener;
 /// A simulator shaped like a hosted API: TLS with `pki`'s server certificate, the API under
 /// `/api/v1`, key `sk-upstream-secret` required.
 async fn hosted_sim(p: &pki::Pki) -> SimHandle {
+    hosted_sim_with(ServerFiles {
+        cert: p.server_cert.clone(),
+        key: p.server_key.clone(),
+        client_ca: None,
+        client_cert_required: false,
+    })
+    .await
+}
+
+async fn hosted_sim_with(files: ServerFiles) -> SimHandle {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let mut opts = SimOptions::new(common::exact(5.0, 2.0));
     opts.record_truth = true;
     opts.keep_credentials = true;
     opts.api_root = Some("/api/v1".into());
     opts.api_key = Some("sk-upstream-secret".into());
-    opts.tls = Some(Arc::new(
-        ServerTls::load(ServerFiles {
-            cert: p.server_cert.clone(),
-            key: p.server_key.clone(),
-            client_ca: None,
-            client_cert_required: false,
-        })
-        .unwrap(),
-    ));
+    opts.tls = Some(Arc::new(ServerTls::load(files).unwrap()));
     sim::spawn(listener, opts, std::future::pending()).unwrap()
 }
 
@@ -372,4 +374,112 @@ async fn otlp_exports_over_tls_with_grpc() {
 #[tokio::test]
 async fn otlp_exports_over_tls_with_http() {
     otlp_over_tls("http/protobuf").await;
+}
+
+#[tokio::test]
+async fn an_upstream_that_wants_a_client_certificate_and_a_server_name_gets_both() {
+    let dir = common::temp_dir();
+    let p = pki::make(&dir);
+    // The backend's certificate names only `api.hosted.test`, and it requires a client
+    // certificate from the test CA.
+    let sim = hosted_sim_with(ServerFiles {
+        cert: p.named_cert.clone(),
+        key: p.named_key.clone(),
+        client_ca: Some(p.ca.clone()),
+        client_cert_required: true,
+    })
+    .await;
+    std::env::set_var("INFERSCOPE_TEST_TLS_UPSTREAM_KEY_2", "sk-upstream-secret");
+    let yaml = |tls: &str| {
+        format!(
+            "access_log: {{ path: {:?} }}
+backends:
+  - name: hosted
+    url: \"https://127.0.0.1:{}/api/v1\"
+    api_key_env: INFERSCOPE_TEST_TLS_UPSTREAM_KEY_2
+    tls: {{ roots: none, ca_file: {:?}{tls} }}
+routes:
+  - {{ name: main, backends: [hosted] }}
+",
+            dir.join("access.jsonl"),
+            sim.addr.port(),
+            p.ca
+        )
+    };
+    let full = format!(
+        ", server_name: api.hosted.test, cert: {:?}, key: {:?}",
+        p.client_cert, p.client_key
+    );
+    let gw = common::start_yaml(&yaml(&full)).await;
+    let r = common::post(
+        gw.data_addr,
+        "/v1/chat/completions",
+        &common::chat(true, 3, ""),
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body()));
+    assert_eq!(sim.truth().len(), 1);
+    gw.shutdown();
+    // Without the server name the certificate does not match the address; without the client
+    // certificate the backend refuses the handshake: a connect failure either way, and the
+    // backend never sees a request.
+    let no_name = format!(", cert: {:?}, key: {:?}", p.client_cert, p.client_key);
+    for tls in [no_name.as_str(), ", server_name: api.hosted.test"] {
+        let gw = common::start_yaml(&yaml(tls)).await;
+        let r = common::post(
+            gw.data_addr,
+            "/v1/chat/completions",
+            &common::chat(false, 2, ""),
+            &[],
+        )
+        .await;
+        assert_eq!(r.status, 502, "{tls}");
+        assert_eq!(r.headers["x-inferscope-error"], "upstream_connect", "{tls}");
+        gw.shutdown();
+    }
+    assert_eq!(sim.truth().len(), 1);
+}
+
+#[tokio::test]
+async fn an_admin_plane_behind_mtls_serves_only_certified_clients() {
+    let dir = common::temp_dir();
+    let p = pki::make(&dir);
+    let sim = common::start_sim(common::exact(1.0, 1.0), 1).await;
+    let yaml = format!(
+        "admin:\n  tls: {{ cert: {:?}, key: {:?}, client_ca: {:?} }}\nbackends:\n  - {{ name: a, url: \"http://{}\" }}\nroutes:\n  - {{ name: main, backends: [a] }}\n",
+        p.server_cert, p.server_key, p.ca, sim.addr
+    );
+    // Counted as authentication: a non-loopback admin address would be allowed.
+    let cfg = inferscope::config::parse(&yaml, "gw.yaml").unwrap();
+    assert!(
+        inferscope::config::admin_exposure(&cfg.admin, "0.0.0.0:9464".parse().unwrap()).is_none()
+    );
+    let gw = common::start_yaml(&yaml).await;
+    let certified =
+        pki::client_config(&p.ca, Some((&p.client_cert, &p.client_key)), &[b"http/1.1"]);
+    let tls = pki::connect(gw.admin_addr, certified).await.unwrap();
+    let r = common::Client::over(tls)
+        .await
+        .send("GET", "/stats", "", &[])
+        .await;
+    assert_eq!(r.status, 200);
+    let anonymous = pki::client_config(&p.ca, None, &[b"http/1.1"]);
+    let refused = match pki::connect(gw.admin_addr, anonymous).await {
+        Err(_) => true,
+        Ok(tls) => {
+            let (mut sender, conn) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+                    .await
+                    .unwrap();
+            tokio::spawn(conn);
+            let req = http::Request::get("/stats")
+                .header("host", "localhost")
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+            sender.send_request(req).await.is_err()
+        }
+    };
+    assert!(refused, "no certificate, no admin page");
+    gw.shutdown();
 }

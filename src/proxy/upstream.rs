@@ -205,7 +205,7 @@ impl UpstreamClient {
                     Some(back) => req = back,
                     None => return Err(UpstreamError::Http(e.into_error())),
                 },
-                Err(e) => return Err(UpstreamError::Http(e.into_error())),
+                Err(e) => return Err(tls_refusal(e.into_error())),
             }
         }
     }
@@ -262,6 +262,19 @@ impl UpstreamClient {
             key: key.clone(),
             pool: Arc::downgrade(&self.pool),
         })
+    }
+}
+
+/// A TLS alert on the first read is the backend refusing the handshake (TLS 1.3 servers check a
+/// client certificate after the client considers the handshake done): the request never reached
+/// it, so it is a connect failure (failover applies), not a failed request.
+fn tls_refusal(e: hyper::Error) -> UpstreamError {
+    match crate::util::errors::find::<rustls::Error>(&e) {
+        Some(tls) => UpstreamError::Connect(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            format!("TLS: {tls}"),
+        )),
+        None => UpstreamError::Http(e),
     }
 }
 

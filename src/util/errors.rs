@@ -5,9 +5,18 @@
 use std::error::Error;
 use std::time::{Duration, Instant};
 
-/// `e` and each of its sources in turn.
+/// `e` and each of its sources in turn — including the error an `io::Error` wraps (its own
+/// `source` skips it).
 pub fn chain<'a>(e: &'a (dyn Error + 'static)) -> impl Iterator<Item = &'a (dyn Error + 'static)> {
-    std::iter::successors(Some(e), |&e| e.source())
+    std::iter::successors(Some(e), |&e| {
+        match e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            Some(inner) => Some(inner as &(dyn Error + 'static)),
+            None => e.source(),
+        }
+    })
 }
 
 /// The first error of type `T` in `e`'s chain.

@@ -22,6 +22,9 @@ pub struct Pki {
     /// A client certificate signed by `other_ca`.
     pub stranger_cert: PathBuf,
     pub stranger_key: PathBuf,
+    /// A server certificate for the DNS name `api.hosted.test` only (no IP address).
+    pub named_cert: PathBuf,
+    pub named_key: PathBuf,
 }
 
 fn ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
@@ -65,6 +68,7 @@ pub fn make(dir: &Path) -> Pki {
     );
     let (client_cert, client_key) = leaf(&ca1, "client-a", &["client-a"], dir, "client");
     let (stranger_cert, stranger_key) = leaf(&ca2, "stranger", &["stranger"], dir, "stranger");
+    let (named_cert, named_key) = leaf(&ca1, "api.hosted.test", &["api.hosted.test"], dir, "named");
     let (ca, other_ca) = (dir.join("ca.pem"), dir.join("other-ca.pem"));
     std::fs::write(&ca, ca1.pem()).unwrap();
     std::fs::write(&other_ca, ca2.pem()).unwrap();
@@ -77,6 +81,8 @@ pub fn make(dir: &Path) -> Pki {
         other_ca,
         stranger_cert,
         stranger_key,
+        named_cert,
+        named_key,
     }
 }
 
