@@ -59,6 +59,7 @@ async fn level(streams: usize) {
         // and the gateway's upstream ones, so the measured requests see a running gateway's
         // steady state.
         warmup: streams,
+        connector: inferscope::tls::Connector::new(None, std::time::Duration::from_secs(5)),
     };
     let (samples, _) = loadgen::run(&o).await;
     gw.shutdown();

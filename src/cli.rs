@@ -146,6 +146,9 @@ enum Cmd {
         /// the run will use).
         #[arg(long, default_value_t = 0)]
         warmup: usize,
+        /// For an https:// URL: a PEM CA bundle trusted besides the bundled Mozilla roots.
+        #[arg(long)]
+        ca_file: Option<PathBuf>,
     },
     /// Report from an access log: TTFT, TPOT, tokens/s, P99, error rate per group, and each group
     /// compared with a control (median and p99 change with 95% intervals, Mann-Whitney p).
@@ -190,6 +193,12 @@ enum Cmd {
         /// Seed of the generated items.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Extra header NAME:VALUE (repeatable), e.g. authorization:Bearer KEY.
+        #[arg(long = "header")]
+        headers: Vec<String>,
+        /// For an https:// URL: a PEM CA bundle trusted besides the bundled Mozilla roots.
+        #[arg(long)]
+        ca_file: Option<PathBuf>,
     },
     /// Validate a config file — and what `serve` would need of this machine: `api_key_env`
     /// variables set, access-log and feedback paths writable, telemetry complete — exit 0, or
@@ -366,6 +375,8 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             concurrency,
             generate,
             seed,
+            headers,
+            ca_file,
         } => {
             if let Some(n) = generate {
                 for item in crate::sim::quiz::generate(n, seed) {
@@ -378,11 +389,15 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 .with_context(|| format!("reading {}", path.display()))?;
             let items = crate::experiment::eval::load_dataset(&text)
                 .with_context(|| path.display().to_string())?;
+            let connector = crate::tls::Connector::for_url(&url, ca_file, &[b"http/1.1"])
+                .context("--ca-file")?;
             let opts = crate::experiment::eval::EvalOptions {
                 url,
                 model,
                 variants,
                 concurrency,
+                headers: parse_headers(&headers)?,
+                connector,
             };
             let scores = crate::experiment::eval::run(&opts, &items).await;
             print!("{}", crate::experiment::eval::render(&scores));
@@ -408,8 +423,16 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             seed,
             http2_connections,
             warmup,
+            ca_file,
         } => {
             use crate::loadgen::{self, Arrivals, BenchOptions};
+            let alpn: &[&[u8]] = if http2_connections.is_some() {
+                &[b"h2"]
+            } else {
+                &[b"http/1.1"]
+            };
+            let connector =
+                crate::tls::Connector::for_url(&url, ca_file, alpn).context("--ca-file")?;
             let prompts = match &dataset {
                 Some(p) => loadgen::load_prompts(
                     &std::fs::read_to_string(p)
@@ -429,14 +452,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 (Some(r), _) => anyhow::bail!("--rate {r}: must be above 0"),
                 (None, c) => Arrivals::Concurrency(c.unwrap_or(1)),
             };
-            let headers = headers
-                .iter()
-                .map(|h| {
-                    h.split_once(':')
-                        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-                        .context("--header NAME:VALUE")
-                })
-                .collect::<anyhow::Result<Vec<_>>>()?;
+            let headers = parse_headers(&headers)?;
             let opts = BenchOptions {
                 url,
                 model,
@@ -459,6 +475,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
                 http2_connections,
                 warmup,
+                connector,
             };
             if !sweep.is_empty() {
                 let mut rows = Vec::new();
@@ -532,6 +549,18 @@ async fn terminated() {
     {
         let _ = tokio::signal::ctrl_c().await;
     }
+}
+
+/// `--header NAME:VALUE` arguments.
+fn parse_headers(headers: &[String]) -> anyhow::Result<Vec<(String, String)>> {
+    headers
+        .iter()
+        .map(|h| {
+            h.split_once(':')
+                .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+                .context("--header NAME:VALUE")
+        })
+        .collect()
 }
 
 /// `GET {admin}/stats`.

@@ -399,3 +399,130 @@ impl AsyncWrite for Stream {
         }
     }
 }
+
+/// A connector for hyper-util's pooled client (the load generator, the eval runner): `http://`
+/// over TCP, `https://` over TLS with `tls` (refused without it), within `timeout`.
+#[derive(Debug, Clone)]
+pub struct Connector {
+    tls: Option<Arc<ClientTls>>,
+    timeout: Duration,
+}
+
+impl Connector {
+    /// A connector; `tls` is used for `https://` URIs.
+    pub fn new(tls: Option<Arc<ClientTls>>, timeout: Duration) -> Self {
+        Self { tls, timeout }
+    }
+
+    /// For `url`: TLS with the bundled roots (plus `ca_file`) when it is `https://` (blocking
+    /// file reads), offering `alpn`.
+    pub fn for_url(
+        url: &str,
+        ca_file: Option<PathBuf>,
+        alpn: &[&[u8]],
+    ) -> Result<Self, TlsError> {
+        let tls = if url.starts_with("https://") {
+            let files = ClientFiles {
+                ca_file,
+                ..ClientFiles::default()
+            };
+            Some(Arc::new(ClientTls::new(&files, alpn)?))
+        } else {
+            None
+        };
+        Ok(Self::new(tls, Duration::from_secs(30)))
+    }
+}
+
+impl tower::Service<http::Uri> for Connector {
+    type Response = Connection;
+    type Error = io::Error;
+    type Future =
+        Pin<Box<dyn std::future::Future<Output = io::Result<Connection>> + Send + 'static>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: http::Uri) -> Self::Future {
+        let tls = match uri.scheme_str() {
+            Some("https") => match &self.tls {
+                Some(t) => Some(Arc::clone(t)),
+                None => {
+                    return Box::pin(std::future::ready(Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        "https:// without TLS settings",
+                    ))))
+                }
+            },
+            _ => None,
+        };
+        let timeout = self.timeout;
+        Box::pin(async move {
+            let host = uri
+                .host()
+                .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "URI has no host"))?
+                .to_owned();
+            let port = uri
+                .port_u16()
+                .unwrap_or(if tls.is_some() { 443 } else { 80 });
+            let s = connect(&host, port, tls.as_deref(), timeout).await?;
+            Ok(Connection(hyper_util::rt::TokioIo::new(s)))
+        })
+    }
+}
+
+/// A connection made by `Connector`.
+#[derive(Debug)]
+pub struct Connection(hyper_util::rt::TokioIo<Stream>);
+
+impl hyper_util::client::legacy::connect::Connection for Connection {
+    fn connected(&self) -> hyper_util::client::legacy::connect::Connected {
+        let c = hyper_util::client::legacy::connect::Connected::new();
+        if self.0.inner().alpn() == Some(b"h2") {
+            c.negotiated_h2()
+        } else {
+            c
+        }
+    }
+}
+
+impl hyper::rt::Read for Connection {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_read(cx, buf)
+    }
+}
+
+impl hyper::rt::Write for Connection {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().0).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.0.is_write_vectored()
+    }
+}

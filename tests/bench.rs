@@ -24,6 +24,7 @@ fn options(url: String, arrivals: Arrivals, requests: usize) -> BenchOptions {
         progress: false,
         http2_connections: None,
         warmup: 0,
+        connector: inferscope::tls::Connector::new(None, std::time::Duration::from_secs(5)),
     }
 }
 

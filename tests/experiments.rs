@@ -413,6 +413,8 @@ async fn eval_recovers_each_variants_accuracy_within_its_interval() {
         model: "demo".into(),
         variants: vec!["fp16".into(), "int8".into()],
         concurrency: 8,
+        headers: Vec::new(),
+        connector: inferscope::tls::Connector::new(None, std::time::Duration::from_secs(5)),
     };
     let scores = inferscope::experiment::eval::run(&opts, &items).await;
     let report = inferscope::experiment::eval::render(&scores);

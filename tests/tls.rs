@@ -483,3 +483,69 @@ async fn an_admin_plane_behind_mtls_serves_only_certified_clients() {
     assert!(refused, "no certificate, no admin page");
     gw.shutdown();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_load_generator_speaks_tls_and_sends_a_key() {
+    use inferscope::loadgen::{self, Arrivals, BenchOptions};
+    let dir = common::temp_dir();
+    let p = pki::make(&dir);
+    let sim = common::start_sim(common::exact(2.0, 1.0), 1).await;
+    let key_file = dir.join("k");
+    std::fs::write(&key_file, "sk-bench-key").unwrap();
+    let yaml = format!(
+        "{}auth:\n  keys: [{{ name: bench, key_file: {:?} }}]\nbackends:\n  - {{ name: a, url: \"http://{}\" }}\nroutes:\n  - {{ name: main, backends: [a] }}\n",
+        listener_tls(&p, false),
+        key_file,
+        sim.addr
+    );
+    let gw = common::start_yaml(&yaml).await;
+    let url = format!("https://localhost:{}", gw.data_addr.port());
+    for (h2, alpn) in [(None, &b"http/1.1"[..]), (Some(1), &b"h2"[..])] {
+        let o = BenchOptions {
+            url: url.clone(),
+            model: "demo".into(),
+            prompts: loadgen::synthetic_prompts(4, 8, 1),
+            arrivals: Arrivals::Concurrency(2),
+            requests: 6,
+            duration: None,
+            stream: true,
+            max_tokens: 4,
+            slo: Vec::new(),
+            headers: vec![("authorization".into(), "Bearer sk-bench-key".into())],
+            seed: 1,
+            progress: false,
+            http2_connections: h2,
+            warmup: 0,
+            connector: inferscope::tls::Connector::for_url(&url, Some(p.ca.clone()), &[alpn])
+                .unwrap(),
+        };
+        let (samples, _) = loadgen::run(&o).await;
+        assert_eq!(samples.len(), 6);
+        assert!(
+            samples.iter().all(|s| s.status == 200 && s.complete),
+            "{h2:?}: {:?}",
+            samples.iter().map(|s| s.status).collect::<Vec<_>>()
+        );
+    }
+    // Without the CA the handshake fails: nothing measured as a success.
+    let o = BenchOptions {
+        url: url.clone(),
+        model: "demo".into(),
+        prompts: loadgen::synthetic_prompts(1, 8, 1),
+        arrivals: Arrivals::Concurrency(1),
+        requests: 1,
+        duration: None,
+        stream: true,
+        max_tokens: 4,
+        slo: Vec::new(),
+        headers: Vec::new(),
+        seed: 1,
+        progress: false,
+        http2_connections: None,
+        warmup: 0,
+        connector: inferscope::tls::Connector::for_url(&url, None, &[b"http/1.1"]).unwrap(),
+    };
+    let (samples, _) = loadgen::run(&o).await;
+    assert!(samples.iter().all(|s| s.status != 200));
+    gw.shutdown();
+}

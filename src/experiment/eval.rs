@@ -11,7 +11,6 @@
 use crate::sim::quiz;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde::Deserialize;
@@ -42,6 +41,10 @@ pub struct EvalOptions {
     pub variants: Vec<String>,
     /// Requests in flight at once.
     pub concurrency: usize,
+    /// Extra request headers (an API key).
+    pub headers: Vec<(String, String)>,
+    /// Makes the connections (TCP, or TLS for an `https://` URL).
+    pub connector: crate::tls::Connector,
 }
 
 /// Accuracy of one variant.
@@ -129,7 +132,7 @@ fn correct(item: &EvalItem, reply: &str) -> bool {
 }
 
 async fn ask(
-    client: &Client<HttpConnector, Full<Bytes>>,
+    client: &Client<crate::tls::Connector, Full<Bytes>>,
     o: &EvalOptions,
     variant: &str,
     item: &EvalItem,
@@ -141,14 +144,16 @@ async fn ask(
     };
     let body = json!({"model": o.model, "stream": false, "max_tokens": 8, "temperature": 0,
         "messages": [{"role": "user", "content": content}]});
-    let req = http::Request::post(format!(
+    let mut req = http::Request::post(format!(
         "{}/v1/chat/completions",
         o.url.trim_end_matches('/')
     ))
     .header("content-type", "application/json")
-    .header(super::VARIANT_HEADER, variant)
-    .body(Full::new(Bytes::from(body.to_string())))
-    .ok()?;
+    .header(super::VARIANT_HEADER, variant);
+    for (k, v) in &o.headers {
+        req = req.header(k.as_str(), v.as_str());
+    }
+    let req = req.body(Full::new(Bytes::from(body.to_string()))).ok()?;
     let resp = client.request(req).await.ok()?;
     if !resp.status().is_success() {
         return None;
@@ -170,9 +175,8 @@ async fn ask(
 
 /// Runs every item through every variant.
 pub async fn run(o: &EvalOptions, items: &[EvalItem]) -> Vec<Score> {
-    let mut http = HttpConnector::new();
-    http.set_nodelay(true);
-    let client: Client<HttpConnector, Full<Bytes>> =
+    let http = o.connector.clone();
+    let client: Client<crate::tls::Connector, Full<Bytes>> =
         Client::builder(TokioExecutor::new()).build(http);
     let items = Arc::new(items.to_vec());
     let mut scores = Vec::new();

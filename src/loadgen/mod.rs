@@ -16,7 +16,6 @@ use crate::sse::SseScanner;
 use crate::util::quantile;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use parking_lot::Mutex;
@@ -73,6 +72,8 @@ pub struct BenchOptions {
     /// connections the run will use (on both sides of a gateway), so the run measures a warm
     /// steady state rather than connection set-up.
     pub warmup: usize,
+    /// Makes the connections (TCP, or TLS for an `https://` URL).
+    pub connector: crate::tls::Connector,
 }
 
 /// One request as the client saw it.
@@ -150,7 +151,7 @@ pub fn parse_slo(s: &str) -> Result<Vec<(String, Duration)>, SloError> {
 }
 
 async fn one(
-    client: &Client<HttpConnector, Full<Bytes>>,
+    client: &Client<crate::tls::Connector, Full<Bytes>>,
     o: &BenchOptions,
     prompt: &str,
 ) -> Sample {
@@ -239,11 +240,10 @@ async fn one(
 
 /// Runs the benchmark; returns every sample and the wall time of the run.
 pub async fn run(o: &BenchOptions) -> (Vec<Sample>, Duration) {
-    let mut http = HttpConnector::new();
-    http.set_nodelay(true);
+    let http = o.connector.clone();
     // One client per HTTP/2 connection: a client multiplexes everything onto one connection per
     // host, and a server caps the streams of a connection (nginx: 128, hyper: 200).
-    let clients: Arc<Vec<Client<HttpConnector, Full<Bytes>>>> =
+    let clients: Arc<Vec<Client<crate::tls::Connector, Full<Bytes>>>> =
         Arc::new(match o.http2_connections {
             None => vec![Client::builder(TokioExecutor::new())
                 .pool_max_idle_per_host(4096)
