@@ -416,11 +416,7 @@ impl Connector {
 
     /// For `url`: TLS with the bundled roots (plus `ca_file`) when it is `https://` (blocking
     /// file reads), offering `alpn`.
-    pub fn for_url(
-        url: &str,
-        ca_file: Option<PathBuf>,
-        alpn: &[&[u8]],
-    ) -> Result<Self, TlsError> {
+    pub fn for_url(url: &str, ca_file: Option<PathBuf>, alpn: &[&[u8]]) -> Result<Self, TlsError> {
         let tls = if url.starts_with("https://") {
             let files = ClientFiles {
                 ca_file,

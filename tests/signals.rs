@@ -1,5 +1,6 @@
 //! The real binary under real signals: SIGHUP with a broken config keeps serving the old one;
-//! SIGTERM lets an in-flight stream finish, flushes the access log and exits 0.
+//! SIGHUP reads listener certificates again; SIGTERM lets an in-flight stream finish, flushes the
+//! access log and exits 0.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -240,4 +241,60 @@ async fn a_low_fd_limit_caps_connections_keeps_admin_up_and_does_not_flood_the_l
     assert!(log.contains("max_connections lowered"), "{log}");
     let floods = log.matches("accept failed").count();
     assert!(floods <= 2, "{floods} accept-failure lines:\n{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reads_the_listener_certificate_again() {
+    let sim = start_sim(exact(1.0, 1.0), 1).await;
+    let dir = temp_dir();
+    let p = pki::make(&dir);
+    let path = dir.join("gw.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "tls: {{ cert: {:?}, key: {:?} }}\nbackends:\n  - {{ name: s, url: \"http://{}\" }}\nroutes:\n  - {{ name: all, backends: [s] }}\n",
+            p.server_cert, p.server_key, sim.addr
+        ),
+    )
+    .unwrap();
+    let (mut child, data, _admin) = serve(&path);
+    let works = |ca: std::path::PathBuf| async move {
+        let Ok(tls) = pki::connect(data, pki::client_config(&ca, None, &[b"http/1.1"])).await
+        else {
+            return false;
+        };
+        let r = Client::over(tls)
+            .await
+            .send("GET", "/v1/models", "", &[])
+            .await;
+        r.status == 200
+    };
+    assert!(works(p.ca.clone()).await);
+    // New files with the old modification times: only the signal can make them noticed.
+    let stamp = |f: &std::path::Path| std::fs::metadata(f).unwrap().modified().unwrap();
+    let (cert_t, key_t) = (stamp(&p.server_cert), stamp(&p.server_key));
+    let new_ca = dir.join("new-ca.pem");
+    pki::reissue_server(&dir, &new_ca);
+    for (f, t) in [(&p.server_cert, cert_t), (&p.server_key, key_t)] {
+        std::fs::File::options()
+            .write(true)
+            .open(f)
+            .unwrap()
+            .set_modified(t)
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(works(p.ca.clone()).await, "not reloaded without the signal");
+    signal(child.id(), "-HUP");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !works(new_ca.clone()).await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "SIGHUP did not reload the certificate"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!works(p.ca.clone()).await);
+    signal(child.id(), "-TERM");
+    assert!(child.wait().unwrap().success());
 }

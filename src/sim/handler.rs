@@ -119,6 +119,8 @@ async fn respond(
     if let Some(root) = &state.opts.api_root {
         let root = root.trim_end_matches('/');
         match path.strip_prefix(root) {
+            // `/health` lives under the root too (as a hosted API's status path would).
+            Some("/health") => path = "/health".into(),
             Some(rest) if rest.is_empty() || rest.starts_with('/') => path = format!("/v1{rest}"),
             _ => return error(StatusCode::NOT_FOUND, "not under the API root"),
         }
