@@ -120,6 +120,7 @@ fn record_path(c: &mut Criterion) {
         tpot: Some(Duration::from_millis(21)),
         e2e: Duration::from_millis(1500),
         upstream_ttft: Some(Duration::from_millis(119)),
+        forward_lag: None,
         overhead: Some(Duration::from_micros(80)),
         itl: (0..64)
             .map(|i| ItlSample::new(Duration::from_micros(20_000 + i * 37), 1))

@@ -29,6 +29,10 @@ use tokio::task::JoinHandle;
 /// counted under `__other__`.
 const MAX_GROUPS: usize = 1024;
 
+/// The heartbeat's tick: fine enough to see a late wake-up of a few milliseconds, 100 wake-ups a
+/// second (a few microseconds of CPU each).
+const HEARTBEAT_TICK: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// Listen-address overrides from the command line.
 #[derive(Debug, Clone, Default)]
 pub struct Overrides {
@@ -330,6 +334,7 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         meter_settings,
     );
     let limits = config.limits.clone();
+    let heartbeat = Arc::new(crate::clock::Heartbeat::new(HEARTBEAT_TICK));
     let gateway = Arc::new(
         Gateway::new(
             Arc::clone(&routes),
@@ -395,7 +400,10 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         token: admin_token,
         limiter,
         hosts: (admin_addr, config.admin.allowed_hosts.clone()),
+        heartbeat: Arc::clone(&heartbeat),
+        kernel_clock: limits.kernel_clock,
     });
+    tokio::spawn(Arc::clone(&heartbeat).run(limits.lateness_warning, stopped(data_rx.clone())));
     let admin_service =
         hyper::service::service_fn(move |req| admin::handle(Arc::clone(&admin_state), req));
     let admin_opts = ServerOptions {
@@ -437,6 +445,7 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         counters: Arc::clone(&connections),
         on_cut: Some(Arc::new(move || cut.cut_at_shutdown())),
         tls: data_tls.clone(),
+        kernel_clock: limits.kernel_clock,
     };
     let data_task = tokio::spawn(server::run(
         data_listener,

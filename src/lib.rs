@@ -31,6 +31,7 @@ pub mod accesslog;
 pub mod admin;
 pub mod app;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod dialect;
 pub mod experiment;

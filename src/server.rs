@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
@@ -102,6 +102,8 @@ pub struct ServerOptions {
     pub on_cut: Option<Arc<dyn Fn() + Send + Sync>>,
     /// Terminate TLS on every connection.
     pub tls: Option<Arc<crate::tls::ServerTls>>,
+    /// Read with kernel receive stamps (Linux) and give each request its `clock::Arrival`.
+    pub kernel_clock: bool,
 }
 
 impl std::fmt::Debug for ServerOptions {
@@ -133,6 +135,7 @@ impl Default for ServerOptions {
             counters: Arc::default(),
             on_cut: None,
             tls: None,
+            kernel_clock: true,
         }
     }
 }
@@ -171,6 +174,8 @@ where
     // Shutdown reaches every connection's supervisor, which closes it gracefully (HTTP/1: after
     // the response in flight; h2: GOAWAY, then the open streams finish).
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    // Accepted sockets inherit the option.
+    let stamps = opts.kernel_clock && crate::clock::enable_rx_stamps(&listener);
     let slots = Arc::new(Semaphore::new(opts.max_connections.max(1)));
     let mut accept_errors = AcceptBackoff::default();
     // Connection tasks, so those still open when the grace period ends can be cut (their
@@ -214,7 +219,7 @@ where
         opts.counters.open.fetch_add(1, Ordering::Relaxed);
         let state = Arc::new(ConnState::default());
         let io = Tracked {
-            inner: stream,
+            inner: crate::clock::StampedTcp::new(stream, stamps),
             state: Arc::clone(&state),
         };
         let service = PerConnection {
@@ -486,7 +491,16 @@ struct ConnState {
     requests: AtomicU64,
     /// The connection began with the HTTP/2 preface (frames between requests are not heads).
     h2: std::sync::atomic::AtomicBool,
+    /// Kernel stamp (`clock::pack`) of the first read since the connection last had no request
+    /// open: the read that brought the next head's first byte. 0: none; `UNSTAMPED`: that read
+    /// had no stamp.
+    head_rx: AtomicU64,
+    /// Kernel stamp of the latest read.
+    last_rx: AtomicU64,
 }
+
+/// `head_rx` when the head's first read carried no stamp.
+const UNSTAMPED: u64 = u64::MAX;
 
 impl ConnState {
     // One writer (the connection's task): plain stores, no locked instruction.
@@ -511,21 +525,48 @@ impl ConnState {
         }
         let reads = self.reads.load(Ordering::Relaxed);
         self.reads_when_idle.store(reads, Ordering::Relaxed);
+        self.head_rx.store(0, Ordering::Relaxed);
     }
 
     #[inline]
-    fn read(&self) {
+    fn read(&self, stamp: Option<std::time::Instant>) {
         self.progressed();
         let n = self.reads.load(Ordering::Relaxed);
         self.reads.store(n + 1, Ordering::Relaxed);
+        let packed = stamp.map(crate::clock::pack);
+        if let Some(p) = packed {
+            self.last_rx.store(p, Ordering::Relaxed);
+        }
+        if self.open.load(Ordering::Relaxed) == 0 && self.head_rx.load(Ordering::Relaxed) == 0 {
+            self.head_rx
+                .store(packed.unwrap_or(UNSTAMPED), Ordering::Relaxed);
+        }
+    }
+
+    /// The arrival of the request being handed to the service now: over HTTP/1 with no other
+    /// request open, the stamp of the read that brought its head's first byte; otherwise (h2,
+    /// pipelining) the stamp of the latest read, which carried its head or came after it.
+    fn arrival(&self) -> Option<crate::clock::Arrival> {
+        let head = self.head_rx.swap(0, Ordering::Relaxed);
+        let packed = if self.h2.load(Ordering::Relaxed) || self.open.load(Ordering::Relaxed) > 0 {
+            self.last_rx.load(Ordering::Relaxed)
+        } else {
+            match head {
+                UNSTAMPED => 0,
+                0 => self.last_rx.load(Ordering::Relaxed),
+                p => p,
+            }
+        };
+        crate::clock::unpack(packed).map(crate::clock::Arrival)
     }
 }
 
 pin_project! {
-    /// A socket that counts the reads and writes that moved bytes.
+    /// A socket that counts the reads and writes that moved bytes, and notes their kernel
+    /// receive stamps.
     struct Tracked {
         #[pin]
-        inner: TcpStream,
+        inner: crate::clock::StampedTcp,
         state: Arc<ConnState>,
     }
 }
@@ -536,16 +577,16 @@ impl AsyncRead for Tracked {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        let this = self.project();
+        let mut this = self.project();
         let before = buf.filled().len();
-        let r = this.inner.poll_read(cx, buf);
+        let r = this.inner.as_mut().poll_read(cx, buf);
         if buf.filled().len() > before {
             if this.state.reads.load(Ordering::Relaxed) == 0
                 && buf.filled()[before..].starts_with(b"PRI ")
             {
                 this.state.h2.store(true, Ordering::Relaxed);
             }
-            this.state.read();
+            this.state.read(this.inner.fresh());
         }
         r
     }
@@ -629,6 +670,9 @@ where
     type Future = GuardedFuture<S::Future>;
 
     fn call(&self, mut req: Request<Incoming>) -> Self::Future {
+        if let Some(a) = self.state.arrival() {
+            req.extensions_mut().insert(a);
+        }
         let guard = OpenGuard::new(&self.state);
         req.extensions_mut().insert(self.peer);
         GuardedFuture {

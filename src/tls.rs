@@ -13,6 +13,7 @@
 //!   backend has it, within one timeout; the `Stream` it returns says which ALPN protocol was
 //!   agreed, so an HTTP/2 upstream can be chosen on it.
 
+use crate::clock::StampedTcp;
 use arc_swap::ArcSwap;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -277,11 +278,14 @@ impl ClientTls {
     }
 
     /// Performs the handshake on `tcp` for `host` (or the configured server name).
-    pub async fn handshake(
+    pub async fn handshake<S>(
         &self,
         host: &str,
-        tcp: TcpStream,
-    ) -> io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+        tcp: S,
+    ) -> io::Result<tokio_rustls::client::TlsStream<S>>
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
         let name = match &self.server_name {
             Some(n) => n.clone(),
             None => {
@@ -301,16 +305,24 @@ impl ClientTls {
     }
 }
 
-/// An upstream connection: plain TCP or TLS over it.
+/// An upstream connection: plain TCP or TLS over it, read with kernel receive stamps.
 #[derive(Debug)]
 pub enum Stream {
     /// `http://`.
-    Plain(TcpStream),
+    Plain(StampedTcp),
     /// `https://`.
-    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+    Tls(Box<tokio_rustls::client::TlsStream<StampedTcp>>),
 }
 
 impl Stream {
+    /// The kernel receive stamp of the latest read on the socket (`clock::pack`; 0 until one).
+    pub fn rx_cell(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        match self {
+            Stream::Plain(s) => s.rx_cell(),
+            Stream::Tls(s) => s.get_ref().0.rx_cell(),
+        }
+    }
+
     /// The ALPN protocol the server chose (`None` over plain TCP or without ALPN).
     pub fn alpn(&self) -> Option<&[u8]> {
         match self {
@@ -332,6 +344,7 @@ pub async fn connect(
             TcpStream::connect((host.trim_start_matches('[').trim_end_matches(']'), port)).await?;
         // Small SSE writes must leave at once: no Nagle delay.
         let _ = tcp.set_nodelay(true);
+        let tcp = StampedTcp::stamped(tcp);
         match tls {
             None => Ok(Stream::Plain(tcp)),
             Some(t) => Ok(Stream::Tls(Box::new(t.handshake(host, tcp).await?))),

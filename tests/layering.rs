@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 
 /// Lowest first. A module may use modules of lower layers only.
 const LAYERS: &[&[&str]] = &[
-    &["util", "tls"],
+    &["util", "clock"],
+    &["tls"],
     &["sse", "dialect", "server"],
     &["sim"],
     &["config"],

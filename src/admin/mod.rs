@@ -46,6 +46,10 @@ pub struct AdminState {
     pub limiter: Arc<crate::access::Limiter>,
     /// The admin listener's bound address and the extra `Host` names allowed (DNS rebinding).
     pub hosts: (std::net::SocketAddr, Vec<String>),
+    /// How late the gateway's timers fire.
+    pub heartbeat: Arc<crate::clock::Heartbeat>,
+    /// Requests are timed from kernel receive stamps.
+    pub kernel_clock: bool,
 }
 
 /// Whether `host` (a `Host` header or h2 authority) names this listener: a loopback address or
@@ -203,6 +207,7 @@ pub async fn handle(
                 );
                 m.insert("backends".into(), backend_json(&router));
                 m.insert("keys".into(), keys_json(&state.limiter));
+                m.insert("instrument".into(), instrument_json(&state));
             }
             reply(StatusCode::OK, "application/json", v.to_string())
         }
@@ -311,6 +316,7 @@ fn metrics_text(state: &AdminState, router: &Router) -> String {
     write_prometheus(&mut w, &rec.stats.snapshot(), &scalars);
     backend_metrics(router, &mut w);
     key_metrics(&state.limiter, &mut w);
+    instrument_metrics(state, &mut w);
     guardrail_metrics(router, &mut w);
     w.finish()
 }
@@ -389,6 +395,88 @@ fn backend_metrics(router: &Router, w: &mut Writer) {
         .collect();
     for (name, kind, help, get) in series {
         w.series(name, kind, help, labels.iter().zip(all.iter().map(get)));
+    }
+}
+
+/// The gateway as a measuring instrument: its clock source, how late its timers fire (waiting
+/// for a CPU), wall-clock steps seen, the runtime's load.
+fn instrument_json(state: &AdminState) -> serde_json::Value {
+    let (p50, p99, max, beats) = state.heartbeat.quantiles_us();
+    let ms = |us: u64| us as f64 / 1000.0;
+    let rt = tokio::runtime::Handle::current().metrics();
+    serde_json::json!({
+        "clock": if state.kernel_clock { "kernel" } else { "user" },
+        "clock_steps": crate::clock::CLOCK_STEPS.load(std::sync::atomic::Ordering::Relaxed),
+        "heartbeat": {
+            "tick_ms": state.heartbeat.tick.as_secs_f64() * 1000.0,
+            "lateness_ms": { "p50": ms(p50), "p99": ms(p99), "max": ms(max) },
+            "beats": beats,
+        },
+        "runtime": {
+            "workers": rt.num_workers(),
+            "alive_tasks": rt.num_alive_tasks(),
+            "global_queue_depth": rt.global_queue_depth(),
+        },
+    })
+}
+
+fn instrument_metrics(state: &AdminState, w: &mut Writer) {
+    let none = Labels::new(&[]);
+    if let Some(h) = state.heartbeat.histogram() {
+        let name = "inferscope_heartbeat_lateness_seconds";
+        w.family(
+            name,
+            "histogram",
+            "How late the gateway's heartbeat timer woke (waiting for a CPU): every latency it reports may be off by as much.",
+        );
+        w.histogram(
+            name,
+            &none,
+            crate::stats::LAG_BOUNDS,
+            |le| h.count_between(0, (le * 1e6) as u64),
+            h.mean() * h.len() as f64 / 1e6,
+            h.len(),
+        );
+    }
+    let rt = tokio::runtime::Handle::current().metrics();
+    let busy: f64 = (0..rt.num_workers())
+        .map(|i| rt.worker_total_busy_duration(i).as_secs_f64())
+        .sum();
+    let series: [(&str, &str, &str, f64); 5] = [
+        (
+            "inferscope_clock_steps_total",
+            "counter",
+            "Wall-clock steps seen while converting kernel receive stamps (those requests fell back to the gateway's clock).",
+            crate::clock::CLOCK_STEPS.load(std::sync::atomic::Ordering::Relaxed) as f64,
+        ),
+        (
+            "inferscope_runtime_workers",
+            "gauge",
+            "Tokio worker threads.",
+            rt.num_workers() as f64,
+        ),
+        (
+            "inferscope_runtime_alive_tasks",
+            "gauge",
+            "Tokio tasks alive.",
+            rt.num_alive_tasks() as f64,
+        ),
+        (
+            "inferscope_runtime_global_queue_depth",
+            "gauge",
+            "Tasks waiting in the runtime's global queue.",
+            rt.global_queue_depth() as f64,
+        ),
+        (
+            "inferscope_runtime_busy_seconds_total",
+            "counter",
+            "Time the runtime's workers spent running tasks (not parked), summed over workers.",
+            busy,
+        ),
+    ];
+    for (name, kind, help, v) in series {
+        w.family(name, kind, help);
+        w.sample(name, &none, v);
     }
 }
 

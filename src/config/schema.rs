@@ -257,6 +257,13 @@ pub struct Limits {
     pub max_buffered_body_bytes: usize,
     /// Longest model name kept for stats, labels and logs (longer ones are cut, marked `…`).
     pub max_model_name_bytes: usize,
+    /// Time requests from the kernel's receive stamp of their first byte (Linux), not from when
+    /// the gateway got to them; off: the gateway's own clock.
+    pub kernel_clock: bool,
+    /// The heartbeat's wake-up lateness above which the gateway warns that its numbers are
+    /// suspect (it waits for a CPU).
+    #[serde(with = "super::duration")]
+    pub lateness_warning: Duration,
 }
 
 impl Default for Limits {
@@ -277,6 +284,8 @@ impl Default for Limits {
             body_min_bytes_per_sec: 1024,
             max_buffered_body_bytes: 1 << 30,
             max_model_name_bytes: 256,
+            kernel_clock: true,
+            lateness_warning: Duration::from_millis(50),
         }
     }
 }

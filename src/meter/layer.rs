@@ -121,9 +121,20 @@ impl Metering {
     /// Starts measuring a request that arrives now: `t0`, a new request id, the trace context
     /// (continued from its `traceparent`), method, path, protocol and declared body length.
     pub fn start<B>(self: &Arc<Self>, req: &Request<B>) -> Annotations {
-        let t0 = Instant::now();
+        let now = Instant::now();
         let mut meta = RequestMeta::new(req.method().clone(), req.uri().path());
-        meta.t0 = t0;
+        meta.t0 = now;
+        // The kernel's stamp, when the server has one: believed only if it is not in the future
+        // and within a minute (the conversion has already refused clock steps).
+        if let Some(crate::clock::Arrival(at)) = req.extensions().get::<crate::clock::Arrival>() {
+            let at = Instant::from_std(*at);
+            if at <= now && now.duration_since(at) < std::time::Duration::from_secs(60) {
+                meta.t0 = at;
+                meta.clock = crate::clock::Source::Kernel;
+                meta.accept_delay = Some(now.duration_since(at));
+                meta.ts -= now.duration_since(at);
+            }
+        }
         meta.version = req.version();
         meta.client = req
             .extensions()

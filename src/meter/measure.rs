@@ -74,6 +74,10 @@ impl Framing {
 struct Progress {
     t_chunk1: Option<Instant>,
     t_tok1: Option<Instant>,
+    /// Kernel stamp of the upstream read current when the first output event was handed on.
+    t_tok1_rx: Option<Instant>,
+    /// Largest hand-off − upstream read stamp.
+    forward_lag: Option<Duration>,
     t_tok_last: Option<Instant>,
     itl: Gaps,
     output_events: u64,
@@ -276,7 +280,21 @@ impl Meter {
     /// Observes one frame received at `now`. Never copies the frame's bytes (a non-streaming JSON
     /// body is kept by reference).
     pub fn observe(&mut self, data: &Bytes, now: Instant) -> StripPlan {
+        // The stamp of the upstream read current now: that read brought this frame or came after
+        // it. One that does not fall between sending and now is not believed.
+        let rx = self
+            .meta
+            .upstream_rx
+            .as_ref()
+            .and_then(|c| crate::clock::unpack(c.load(std::sync::atomic::Ordering::Relaxed)))
+            .map(Instant::from_std)
+            .filter(|t| *t <= now && self.meta.t_sent.is_some_and(|s| *t >= s));
         let p = &mut self.progress;
+        if let Some(rx) = rx {
+            let lag = now.duration_since(rx);
+            p.forward_lag = Some(p.forward_lag.map_or(lag, |l| l.max(lag)));
+        }
+        let had_output = p.t_tok1.is_some();
         p.drop = None;
         let open = match &mut self.framing {
             Framing::Sse(s) => Some(s.feed(data, |ev| p.on_event(ev, now))),
@@ -294,6 +312,9 @@ impl Meter {
                 None
             }
         };
+        if !had_output && p.t_tok1.is_some() {
+            p.t_tok1_rx = rx;
+        }
         let plan = StripPlan { drop: p.drop, open };
         if p.drop.is_some() {
             // Only one usage-only chunk is ever added; after it, frames pass untouched.
@@ -391,7 +412,12 @@ impl Meter {
             .meta
             .t_sent
             .map(|s| s.saturating_duration_since(t0) + self.observe_cost);
-        let upstream_ttft = self.meta.t_sent.and_then(|s| since(p.t_tok1, s));
+        // From the kernel's stamp of the read that had the first token (or a later one) when
+        // there is one: the backend's time without the gateway's wait for a CPU.
+        let upstream_ttft = self
+            .meta
+            .t_sent
+            .and_then(|s| since(p.t_tok1_rx.or(p.t_tok1), s));
         let rec = RequestRecord {
             status: self.status,
             outcome,
@@ -404,6 +430,7 @@ impl Meter {
             tpot,
             e2e: now.saturating_duration_since(t0),
             upstream_ttft,
+            forward_lag: p.forward_lag,
             overhead,
             itl: std::mem::take(&mut self.progress.itl),
             input_tokens: self.progress.usage.input,

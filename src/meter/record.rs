@@ -302,8 +302,17 @@ pub struct Upstream {
 pub struct RequestMeta {
     /// Wall-clock time the request head was accepted (for the log's `ts`).
     pub ts: SystemTime,
-    /// Monotonic `t0`: request head accepted.
+    /// Monotonic `t0`: the request's arrival — the kernel's receive stamp of its first byte when
+    /// `clock` is `Kernel`, else when the gateway's service was called.
     pub t0: Instant,
+    /// Where `t0` comes from.
+    pub clock: crate::clock::Source,
+    /// Kernel arrival → the gateway's service call: how long the request waited for the gateway
+    /// (a process waiting for a CPU, a full accept queue). With `clock` `Kernel` only.
+    pub accept_delay: Option<Duration>,
+    /// The upstream connection's latest kernel receive stamp (`clock::pack`), read by the meter at
+    /// each frame.
+    pub upstream_rx: Option<Arc<std::sync::atomic::AtomicU64>>,
     /// `x-inferscope-request-id`.
     pub request_id: Arc<str>,
     /// W3C trace id (continued from the client's `traceparent`, or new), as hex.
@@ -356,6 +365,9 @@ impl RequestMeta {
         Self {
             ts: SystemTime::now(),
             t0: Instant::now(),
+            clock: crate::clock::Source::User,
+            accept_delay: None,
+            upstream_rx: None,
             request_id: Arc::clone(&none),
             trace_id: Arc::clone(&none),
             trace: TraceContext::default(),
@@ -400,6 +412,10 @@ pub struct RequestRecord {
     pub e2e: Duration,
     /// `t_tok1 − t_sent`.
     pub upstream_ttft: Option<Duration>,
+    /// Largest delay between an upstream read's kernel stamp and the hand-off of a frame it
+    /// brought to the client connection: a lower bound on how long the gateway held any frame
+    /// (the latest read may be later than the one that carried the frame).
+    pub forward_lag: Option<Duration>,
     /// `(t_sent − t0)` plus time spent observing frames.
     pub overhead: Option<Duration>,
     /// The gaps between output events (bounded: see `Gaps`).
@@ -442,6 +458,7 @@ impl RequestRecord {
             tpot: None,
             e2e,
             upstream_ttft: None,
+            forward_lag: None,
             overhead,
             itl: Gaps::default(),
             input_tokens: None,

@@ -359,6 +359,8 @@ impl Ctx {
         guard: BackendGuard,
     ) -> Response<ProxyBody> {
         let (mut parts, body) = resp.into_parts();
+        let rx = body.rx_cell();
+        self.notes.update(|m| m.upstream_rx = rx);
         remove_hop_headers(&mut parts.headers);
         parts.version = self.client_version;
         let sse = parts

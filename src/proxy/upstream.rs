@@ -29,6 +29,7 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -74,6 +75,7 @@ struct Idle {
     sender: SendRequest<UpstreamRequestBody>,
     conn: Conn,
     since: Instant,
+    rx: Arc<AtomicU64>,
 }
 
 /// A live connection checked out of the pool (or new).
@@ -83,6 +85,8 @@ struct Driver {
     conn: Option<Conn>,
     key: Key,
     pool: Weak<Pool>,
+    /// The socket's latest kernel receive stamp.
+    rx: Arc<AtomicU64>,
 }
 
 impl Driver {
@@ -228,6 +232,7 @@ impl UpstreamClient {
                     conn: Some(idle.conn),
                     key: key.clone(),
                     pool: Arc::downgrade(&self.pool),
+                    rx: idle.rx,
                 });
                 break;
             }
@@ -252,6 +257,7 @@ impl UpstreamClient {
         )
         .await
         .map_err(UpstreamError::Connect)?;
+        let rx = stream.rx_cell();
         let (sender, conn) = http1::Builder::new()
             .handshake(TokioIo::new(stream))
             .await
@@ -261,6 +267,7 @@ impl UpstreamClient {
             conn: Some(conn),
             key: key.clone(),
             pool: Arc::downgrade(&self.pool),
+            rx,
         })
     }
 }
@@ -307,6 +314,11 @@ impl std::fmt::Debug for UpstreamResponseBody {
 }
 
 impl UpstreamResponseBody {
+    /// The connection's latest kernel receive stamp (`clock::pack`), for the meter.
+    pub fn rx_cell(&self) -> Option<Arc<AtomicU64>> {
+        self.driver.as_ref().map(|d| Arc::clone(&d.rx))
+    }
+
     fn release(&mut self) {
         let Some(mut d) = self.driver.take() else {
             return;
@@ -324,6 +336,7 @@ impl UpstreamResponseBody {
                 sender: d.sender,
                 conn,
                 since: Instant::now(),
+                rx: d.rx,
             });
         }
     }

@@ -6,7 +6,7 @@ mod prometheus;
 mod tally;
 
 pub use prometheus::{
-    render as render_prometheus, write as write_prometheus, Scalar, DURATION_BOUNDS,
+    render as render_prometheus, write as write_prometheus, Scalar, DURATION_BOUNDS, LAG_BOUNDS,
     OVERHEAD_BOUNDS, TPOT_BOUNDS, TTFT_BOUNDS,
 };
 pub use tally::{Hist, Tally, METRICS};

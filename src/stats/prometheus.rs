@@ -25,6 +25,12 @@ pub const OVERHEAD_BOUNDS: &[f64] = &[
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
 ];
 
+/// The gateway's own delays: from tens of microseconds (idle host) to seconds (starved host).
+pub const LAG_BOUNDS: &[f64] = &[
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5,
+];
+
 /// One gateway-wide sample appended after the per-group series.
 #[derive(Debug, Clone, Copy)]
 pub struct Scalar {
@@ -102,13 +108,15 @@ pub fn write(w: &mut Writer, snap: &Snapshot, scalars: &[Scalar]) {
         w.series(name, "counter", help, samples);
     }
 
-    let hists: [(&str, &str, usize, &[f64]); 6] = [
+    let hists: [(&str, &str, usize, &[f64]); 8] = [
         ("inferscope_time_to_first_token_seconds", "Time from request accepted to the first output event (TTFT).", 0, TTFT_BOUNDS),
         ("inferscope_time_to_first_chunk_seconds", "Time from request accepted to the first streamed event of any kind (TTFC).", 1, TTFT_BOUNDS),
         ("inferscope_time_per_output_token_seconds", "Mean time per output token after the first (TPOT).", 2, TPOT_BOUNDS),
         ("inferscope_inter_token_latency_seconds", "Gap between successive output events (ITL).", 3, TPOT_BOUNDS),
         ("inferscope_request_duration_seconds", "Time from request accepted to the end of the response body (E2E).", 4, DURATION_BOUNDS),
         ("inferscope_gateway_overhead_seconds", "Time the gateway added: request handling before the upstream send plus frame observation.", 5, OVERHEAD_BOUNDS),
+        ("inferscope_accept_delay_seconds", "Kernel arrival of the request's first byte to the gateway's service call (kernel clock only).", 6, LAG_BOUNDS),
+        ("inferscope_forward_lag_seconds", "Per stream, the largest upstream read stamp to hand-off delay (a lower bound on the gateway's hold).", 7, LAG_BOUNDS),
     ];
     for (name, help, idx, bounds) in hists {
         w.family(name, "histogram", help);

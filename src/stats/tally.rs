@@ -97,7 +97,16 @@ impl Hist {
 }
 
 /// The latency metrics every tally keeps, by their `/stats` names.
-pub const METRICS: [&str; 6] = ["ttft", "ttfc", "tpot", "itl", "e2e", "overhead"];
+pub const METRICS: [&str; 8] = [
+    "ttft",
+    "ttfc",
+    "tpot",
+    "itl",
+    "e2e",
+    "overhead",
+    "accept_delay",
+    "forward_lag",
+];
 
 /// Counters and histograms of one group over one span of time.
 #[derive(Debug, Clone, Default)]
@@ -133,7 +142,7 @@ impl Tally {
         self.input_tokens += r.input_tokens.unwrap_or(0);
         self.output_tokens += r.output_tokens.unwrap_or(0);
         self.malformed_events += u64::from(r.malformed_events);
-        let [ttft, ttfc, tpot, itl, e2e, overhead] = &mut self.hists;
+        let [ttft, ttfc, tpot, itl, e2e, overhead, accept_delay, forward_lag] = &mut self.hists;
         if let Some(d) = r.ttft {
             ttft.record(d);
         }
@@ -147,6 +156,12 @@ impl Tally {
         e2e.record(r.e2e);
         if let Some(d) = r.overhead {
             overhead.record(d);
+        }
+        if let Some(d) = r.meta.accept_delay {
+            accept_delay.record(d);
+        }
+        if let Some(d) = r.forward_lag {
+            forward_lag.record(d);
         }
     }
 

@@ -51,6 +51,12 @@ pub const IS_TPOT: &str = "inferscope.tpot";
 pub const IS_E2E: &str = "inferscope.e2e";
 pub const IS_UPSTREAM_TTFT: &str = "inferscope.upstream_ttft";
 pub const IS_OVERHEAD: &str = "inferscope.overhead";
+/// Where `t0` came from: `kernel` (the receive stamp of the request's first byte) or `user`.
+pub const IS_CLOCK: &str = "inferscope.clock";
+/// Kernel arrival → the gateway's service call, seconds.
+pub const IS_ACCEPT_DELAY: &str = "inferscope.accept_delay";
+/// Largest upstream read stamp → hand-off to the client, seconds (a lower bound).
+pub const IS_FORWARD_LAG: &str = "inferscope.forward_lag";
 pub const IS_ITL_P50: &str = "inferscope.itl.p50";
 pub const IS_ITL_P99: &str = "inferscope.itl.p99";
 pub const IS_ITL_MAX: &str = "inferscope.itl.max";

@@ -259,7 +259,10 @@ pub fn build(
         (n::IS_TPOT, rec.tpot),
         (n::IS_UPSTREAM_TTFT, rec.upstream_ttft),
         (n::IS_OVERHEAD, rec.overhead),
+        (n::IS_ACCEPT_DELAY, rec.meta.accept_delay),
+        (n::IS_FORWARD_LAG, rec.forward_lag),
     ];
+    a.push(KeyValue::new(n::IS_CLOCK, rec.meta.clock.as_str()));
     for (k, v) in durations {
         if let Some(v) = v {
             a.push(KeyValue::new(k, secs(v)));

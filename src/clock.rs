@@ -1,0 +1,499 @@
+//! The gateway's clock as an instrument: when bytes really arrived, and whether the gateway
+//! itself is running late.
+//!
+//! - **Kernel receive stamps.** On Linux a socket with `SO_TIMESTAMPNS` (set on a listener, its
+//!   accepted sockets inherit it) gets, with every `recvmsg`, the software receive time of the
+//!   data it returns: when the kernel took the packet, not when this process was scheduled to read
+//!   it. `StampedTcp` reads that way and keeps the stamp of its latest read. On a host where the
+//!   inference server saturates the cores, the gap between the two is what a user feels and a
+//!   user-space clock misses (hundreds of milliseconds, docs/BENCHMARKS.md).
+//!   A read whose packets carry no stamp (stamping is switched on in the kernel's receive path a
+//!   moment after the first socket asks for it) leaves the previous stamp in place and returns
+//!   nothing new: the caller sees no fresher stamp and falls back to its own clock.
+//! - **REALTIME → monotonic.** Kernel stamps are `CLOCK_REALTIME`; measurements run on the
+//!   monotonic clock. A stamp converts through the offset between the two read at the moment of
+//!   conversion (`stamp_to_instant`). A step of the wall clock (NTP, an operator) changes that
+//!   offset: a change beyond what slewing allows since the previous conversion is counted as a
+//!   step and that stamp is refused (the caller falls back to its own clock).
+//! - **Heartbeat.** A task that sleeps a fixed tick and records how late it wakes: waiting for a
+//!   CPU, which a runtime's busy ratio cannot see. `Heartbeat` keeps the lateness (max since
+//!   last read, and a histogram) for `/metrics`, and warns when it passes a threshold, because then
+//!   every number the gateway reports is suspect by that much.
+
+use parking_lot::Mutex;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+/// Which clock a request's arrival time comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Source {
+    /// The kernel's receive stamp of the read that brought the request's first byte.
+    Kernel,
+    /// The gateway's own clock when its service was called (no stamp available).
+    #[default]
+    User,
+}
+
+impl Source {
+    /// `kernel` or `user`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Kernel => "kernel",
+            Source::User => "user",
+        }
+    }
+}
+
+fn epoch() -> Instant {
+    static E: OnceLock<Instant> = OnceLock::new();
+    *E.get_or_init(Instant::now)
+}
+
+/// An instant packed into a `u64` (nanoseconds from a process epoch, plus one: 0 is "none"), for
+/// atomics shared between a socket and its readers.
+pub fn pack(t: Instant) -> u64 {
+    u64::try_from(t.saturating_duration_since(epoch()).as_nanos())
+        .unwrap_or(u64::MAX - 1)
+        .saturating_add(1)
+}
+
+/// The instant `pack` made, or `None` for 0.
+pub fn unpack(v: u64) -> Option<Instant> {
+    (v != 0).then(|| epoch() + Duration::from_nanos(v - 1))
+}
+
+/// Wall-clock steps seen while converting stamps.
+pub static CLOCK_STEPS: AtomicU64 = AtomicU64::new(0);
+
+/// Largest change of the REALTIME − monotonic offset taken for drift, not a step: 1 ms plus what
+/// NTP may slew (500 ppm) over the time since the previous conversion.
+fn step_tolerance(elapsed: Duration) -> i128 {
+    1_000_000 + (elapsed.as_nanos() as i128) / 2000
+}
+
+/// A stamp older than this is not believed (a step backwards, or a broken stamp).
+const MAX_AGE: Duration = Duration::from_secs(60);
+
+/// The converter's memory: the offset at the previous conversion and when it was read.
+static LAST_OFFSET: Mutex<Option<(i128, Instant)>> = Mutex::new(None);
+
+/// Converts a `CLOCK_REALTIME` stamp (time since the Unix epoch) to the monotonic timeline, with
+/// the clocks read now. `None` when the stamp cannot be trusted: a wall-clock step since the
+/// previous conversion (counted in `CLOCK_STEPS`), or a stamp from the future or over a minute
+/// old.
+pub fn stamp_to_instant(stamp: Duration) -> Option<Instant> {
+    convert(stamp, SystemTime::now(), Instant::now(), &LAST_OFFSET)
+}
+
+fn convert(
+    stamp: Duration,
+    real_now: SystemTime,
+    mono_now: Instant,
+    last: &Mutex<Option<(i128, Instant)>>,
+) -> Option<Instant> {
+    let real_ns = real_now.duration_since(UNIX_EPOCH).ok()?.as_nanos() as i128;
+    let mono_ns = mono_now.saturating_duration_since(epoch()).as_nanos() as i128;
+    let offset = real_ns - mono_ns;
+    {
+        let mut prev = last.lock();
+        if let Some((o, at)) = *prev {
+            if (offset - o).abs() > step_tolerance(mono_now.saturating_duration_since(at)) {
+                *prev = Some((offset, mono_now));
+                CLOCK_STEPS.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+        }
+        *prev = Some((offset, mono_now));
+    }
+    let age = real_ns - stamp.as_nanos() as i128;
+    // The kernel stamps before we read the clock; a stamp ahead of it by more than a little is
+    // wrong.
+    if age < -1_000_000 || age > MAX_AGE.as_nanos() as i128 {
+        return None;
+    }
+    mono_now.checked_sub(Duration::from_nanos(u64::try_from(age.max(0)).ok()?))
+}
+
+/// Asks the kernel to stamp what `socket` receives (`SO_TIMESTAMPNS`). On a listener, accepted
+/// sockets inherit it. `false` where unsupported.
+pub fn enable_rx_stamps(socket: &impl std::os::fd::AsFd) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        nix::sys::socket::setsockopt(socket, nix::sys::socket::sockopt::ReceiveTimestampns, &true)
+            .is_ok()
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = socket;
+        false
+    }
+}
+
+/// A TCP stream whose reads carry the kernel's receive stamp: `last_rx` is the stamp of the latest
+/// read that returned data (converted to an `Instant`), also published to `rx_cell` for readers
+/// elsewhere (the stamp of the latest read that moved bytes, packed). Writes pass through.
+#[derive(Debug)]
+pub struct StampedTcp {
+    inner: TcpStream,
+    stamps: bool,
+    cmsg: Vec<u8>,
+    rx: Arc<AtomicU64>,
+    fresh: Option<Instant>,
+}
+
+impl StampedTcp {
+    /// Wraps `inner`; with `stamps`, reads use `recvmsg` and expect `SO_TIMESTAMPNS` to be on
+    /// (inherited from the listener, or `enable_rx_stamps`).
+    pub fn new(inner: TcpStream, stamps: bool) -> Self {
+        #[cfg(target_os = "linux")]
+        let cmsg = if stamps {
+            nix::cmsg_space!(nix::sys::time::TimeSpec)
+        } else {
+            Vec::new()
+        };
+        #[cfg(not(target_os = "linux"))]
+        let (cmsg, stamps) = {
+            let _ = stamps;
+            (Vec::new(), false)
+        };
+        Self {
+            inner,
+            stamps,
+            cmsg,
+            rx: Arc::new(AtomicU64::new(0)),
+            fresh: None,
+        }
+    }
+
+    /// Connects to `addr` with receive stamps on.
+    pub fn stamped(inner: TcpStream) -> Self {
+        let on = enable_rx_stamps(&inner);
+        Self::new(inner, on)
+    }
+
+    /// The stamp of the latest read, if that read had one (`None` also when it returned no
+    /// data).
+    pub fn fresh(&self) -> Option<Instant> {
+        self.fresh
+    }
+
+    /// The stamp of the latest read that returned data (`None`: none yet, or stamps off).
+    pub fn last_rx(&self) -> Option<Instant> {
+        unpack(self.rx.load(Ordering::Relaxed))
+    }
+
+    /// The shared cell `last_rx` reads (packed with `pack`).
+    pub fn rx_cell(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.rx)
+    }
+
+    /// The socket.
+    pub fn get_ref(&self) -> &TcpStream {
+        &self.inner
+    }
+
+    #[cfg(target_os = "linux")]
+    fn poll_read_stamped(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+        use std::os::fd::AsRawFd;
+        loop {
+            std::task::ready!(self.inner.poll_read_ready(cx))?;
+            let fd = self.inner.as_raw_fd();
+            let dst = buf.initialize_unfilled();
+            let cmsg = &mut self.cmsg;
+            let got = self.inner.try_io(tokio::io::Interest::READABLE, || {
+                let mut iov = [io::IoSliceMut::new(dst)];
+                let msg = recvmsg::<()>(fd, &mut iov, Some(cmsg), MsgFlags::empty())
+                    .map_err(io::Error::from)?;
+                let mut stamp = None;
+                if let Ok(cmsgs) = msg.cmsgs() {
+                    for c in cmsgs {
+                        if let ControlMessageOwned::ScmTimestampns(ts) = c {
+                            stamp = Some(Duration::new(
+                                u64::try_from(ts.tv_sec()).unwrap_or(0),
+                                u32::try_from(ts.tv_nsec()).unwrap_or(0),
+                            ));
+                        }
+                    }
+                }
+                Ok((msg.bytes, stamp))
+            });
+            match got {
+                Ok((n, stamp)) => {
+                    buf.advance(n);
+                    self.fresh = None;
+                    if n > 0 {
+                        if let Some(at) = stamp.and_then(stamp_to_instant) {
+                            self.rx.store(pack(at), Ordering::Relaxed);
+                            self.fresh = Some(at);
+                        }
+                    }
+                    return Poll::Ready(Ok(()));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+}
+
+impl AsyncRead for StampedTcp {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        #[cfg(target_os = "linux")]
+        if this.stamps {
+            return this.poll_read_stamped(cx, buf);
+        }
+        Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for StampedTcp {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+/// When a request's first byte reached the host, by the kernel's stamp: put in the request's
+/// extensions by the server, read by the meter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Arrival(pub Instant);
+
+/// How late the gateway's timers fire: the heartbeat's record.
+#[derive(Debug)]
+pub struct Heartbeat {
+    /// The tick it sleeps.
+    pub tick: Duration,
+    max_since_read_us: AtomicU64,
+    hist: Mutex<Option<hdrhistogram::Histogram<u64>>>,
+    beats: AtomicU64,
+}
+
+impl Heartbeat {
+    /// A heartbeat sleeping `tick` between beats.
+    pub fn new(tick: Duration) -> Self {
+        Self {
+            tick,
+            max_since_read_us: AtomicU64::new(0),
+            // 1 µs to 1 h, 2 significant digits (valid bounds: never `None`).
+            hist: Mutex::new(hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 2).ok()),
+            beats: AtomicU64::new(0),
+        }
+    }
+
+    /// Notes one wake-up `late` past its deadline.
+    pub fn beat(&self, late: Duration) {
+        let us = u64::try_from(late.as_micros()).unwrap_or(u64::MAX);
+        self.max_since_read_us.fetch_max(us, Ordering::Relaxed);
+        self.beats.fetch_add(1, Ordering::Relaxed);
+        if let Some(h) = self.hist.lock().as_mut() {
+            h.saturating_record(us.max(1));
+        }
+    }
+
+    /// The largest lateness since the previous call (and resets it).
+    pub fn take_max(&self) -> Duration {
+        Duration::from_micros(self.max_since_read_us.swap(0, Ordering::Relaxed))
+    }
+
+    /// A copy of the lateness histogram (microseconds).
+    pub fn histogram(&self) -> Option<hdrhistogram::Histogram<u64>> {
+        self.hist.lock().clone()
+    }
+
+    /// Lateness quantiles over the whole run, microseconds: (p50, p99, max, beats).
+    pub fn quantiles_us(&self) -> (u64, u64, u64, u64) {
+        let h = self.hist.lock();
+        let q = |f: fn(&hdrhistogram::Histogram<u64>) -> u64| h.as_ref().map_or(0, f);
+        (
+            q(|h| h.value_at_quantile(0.5)),
+            q(|h| h.value_at_quantile(0.99)),
+            q(|h| h.max()),
+            self.beats.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Beats until `stop`; warns (at most every 10 s) when a wake-up is later than `warn`.
+    pub async fn run(self: Arc<Self>, warn: Duration, stop: impl std::future::Future<Output = ()>) {
+        tokio::pin!(stop);
+        let mut last_warned: Option<Instant> = None;
+        loop {
+            let due = tokio::time::Instant::now() + self.tick;
+            tokio::select! {
+                () = tokio::time::sleep_until(due) => {}
+                () = &mut stop => return,
+            }
+            let late = tokio::time::Instant::now().saturating_duration_since(due);
+            self.beat(late);
+            if late > warn && last_warned.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+                last_warned = Some(Instant::now());
+                tracing::warn!(
+                    late_ms = late.as_secs_f64() * 1e3,
+                    "the gateway woke late: its process waits for a CPU, so every latency it reports may be off by as much"
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn realtime_stamps_land_on_the_monotonic_timeline() {
+        let last = Mutex::new(None);
+        let mono = Instant::now() + Duration::from_secs(5);
+        let real = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        // A stamp 250 ms before the clocks were read is 250 ms before `mono`.
+        let stamp = Duration::from_secs(1_800_000_000) - Duration::from_millis(250);
+        let at = convert(stamp, real, mono, &last).unwrap();
+        assert_eq!(mono - at, Duration::from_millis(250));
+        // A second later, both clocks moved together: no step.
+        let at = convert(
+            stamp + Duration::from_secs(1),
+            real + Duration::from_secs(1),
+            mono + Duration::from_secs(1),
+            &last,
+        )
+        .unwrap();
+        assert_eq!(
+            mono + Duration::from_secs(1) - at,
+            Duration::from_millis(250)
+        );
+    }
+
+    #[test]
+    fn a_wall_clock_step_is_refused_and_counted_then_trusted_again() {
+        let last = Mutex::new(None);
+        let mono = Instant::now() + Duration::from_secs(5);
+        let real = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let s = Duration::from_secs(1_800_000_000);
+        assert!(convert(s, real, mono, &last).is_some());
+        let steps = CLOCK_STEPS.load(Ordering::Relaxed);
+        // The wall clock jumps 2 s ahead while the monotonic clock moves 10 ms.
+        let stepped = real + Duration::from_secs(2) + Duration::from_millis(10);
+        let m2 = mono + Duration::from_millis(10);
+        assert_eq!(
+            convert(s + Duration::from_secs(2), stepped, m2, &last),
+            None
+        );
+        assert!(CLOCK_STEPS.load(Ordering::Relaxed) > steps);
+        // From then on the new offset holds.
+        let m3 = m2 + Duration::from_millis(10);
+        let at = convert(
+            s + Duration::from_secs(2) + Duration::from_millis(15),
+            stepped + Duration::from_millis(10),
+            m3,
+            &last,
+        )
+        .unwrap();
+        assert_eq!(m3 - at, Duration::from_millis(5));
+        // Slewing (here 200 µs over 10 s) is drift, not a step.
+        let m4 = m3 + Duration::from_secs(10);
+        let r4 = stepped
+            + Duration::from_millis(10)
+            + Duration::from_secs(10)
+            + Duration::from_micros(200);
+        assert!(convert(s + Duration::from_secs(12), r4, m4, &last).is_some());
+    }
+
+    #[test]
+    fn stamps_from_the_future_or_too_old_are_not_believed() {
+        let last = Mutex::new(None);
+        let mono = Instant::now() + Duration::from_secs(5);
+        let real = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let s = Duration::from_secs(1_800_000_000);
+        assert_eq!(
+            convert(s + Duration::from_millis(5), real, mono, &last),
+            None
+        );
+        assert_eq!(
+            convert(s - Duration::from_secs(61), real, mono, &last),
+            None
+        );
+        assert!(convert(s + Duration::from_micros(100), real, mono, &last).is_some());
+    }
+
+    #[test]
+    fn packed_instants_round_trip() {
+        let t = Instant::now();
+        assert_eq!(unpack(pack(t)), Some(t));
+        assert_eq!(unpack(0), None);
+    }
+
+    #[tokio::test]
+    async fn a_socket_reports_when_the_kernel_received_its_data() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let on = enable_rx_stamps(&listener);
+        // The kernel turns stamping on for its receive path a moment after the first socket asks
+        // (a deferred static key): packets before that carry no stamp.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let addr = listener.local_addr().unwrap();
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let mut server = StampedTcp::new(server, on);
+        let sent = Instant::now();
+        client.write_all(b"hello").await.unwrap();
+        // Read only after a pause: the stamp is the arrival, not the read.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut buf = [0u8; 16];
+        let n = server.read(&mut buf).await.unwrap();
+        assert_eq!(&buf[..n], b"hello");
+        if cfg!(target_os = "linux") {
+            assert!(on);
+            let at = server.last_rx().unwrap();
+            assert!(
+                at >= sent - Duration::from_millis(1),
+                "not before it was sent"
+            );
+            assert!(
+                at < sent + Duration::from_millis(40),
+                "stamped on arrival, not at the read 50 ms later: {:?}",
+                at - sent
+            );
+        } else {
+            assert_eq!(server.last_rx(), None);
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! The gateway's clock: requests are timed from the kernel's receive stamp of their first byte,
+//! so a gateway that waits for a CPU still reports the TTFT its client felt; its own delay is
+//! reported (`accept_delay_ms`, `forward_lag_ms`) instead of hidden or blamed on the backend; the
+//! user-space clock is the fallback and the record says which was used.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::time::Duration;
+
+/// One streamed request to a gateway whose only worker thread is blocked for `stall` from just
+/// before the request is sent: the client's TTFT (send → first content byte) and the log line.
+fn stalled_request(kernel_clock: bool, stall: Duration) -> (Duration, Value) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = temp_dir();
+    let (gw, _sim) = rt.block_on(async {
+        let sim = start_sim(exact(30.0, 2.0), 1).await;
+        let extra = format!("limits: {{ kernel_clock: {kernel_clock} }}\n");
+        let gw = start_gateway(&[("s", sim.addr)], &dir, &extra).await;
+        // Let the kernel switch receive stamping on (deferred after the first socket asks).
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        (gw, sim)
+    });
+    let data = gw.data_addr;
+    // The client runs on its own thread and runtime: it is not starved.
+    let client = std::thread::spawn(move || {
+        let crt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        crt.block_on(async move {
+            let mut c = Client::connect(data).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let r = c
+                .send("POST", "/v1/chat/completions", &chat(true, 4, ""), &[])
+                .await;
+            assert_eq!(r.status, 200);
+            // The first frame that carries content (the role chunk has none).
+            let body = r.body();
+            let text = String::from_utf8_lossy(&body);
+            let first_content = text.find("\"content\":\" ").unwrap();
+            r.time_of_byte(first_content + 1).unwrap() - r.t_send
+        })
+    });
+    // Block the gateway's only worker from shortly before the request is sent.
+    std::thread::sleep(Duration::from_millis(80));
+    rt.spawn(async move { std::thread::sleep(stall) });
+    let client_ttft = client.join().unwrap();
+    let log = rt.block_on(stop_and_read_log(gw, &dir));
+    assert_eq!(log.len(), 1);
+    (client_ttft, log[0].clone())
+}
+
+#[test]
+fn a_starved_gateway_still_reports_the_ttft_its_client_felt() {
+    let stall = Duration::from_millis(300);
+    let (client_ttft, line) = stalled_request(true, stall);
+    assert_eq!(line["clock"], "kernel", "{line}");
+    let logged = ms(&line, "ttft_ms");
+    let diff = client_ttft.as_secs_f64() - logged.as_secs_f64();
+    // The client's TTFT includes the stall; so does the logged one now.
+    assert!(
+        client_ttft > Duration::from_millis(250),
+        "the stall happened: {client_ttft:?}"
+    );
+    assert!(
+        diff.abs() < 0.03,
+        "client {client_ttft:?} vs logged {logged:?}"
+    );
+    // The gateway says it was late, by about the stall.
+    let accept = ms(&line, "accept_delay_ms");
+    assert!(
+        accept > Duration::from_millis(150) && accept < stall + Duration::from_millis(50),
+        "{line}"
+    );
+}
+
+#[test]
+fn with_the_user_clock_the_same_stall_goes_unseen() {
+    let (client_ttft, line) = stalled_request(false, Duration::from_millis(300));
+    assert_eq!(line["clock"], "user", "{line}");
+    assert!(line["accept_delay_ms"].is_null());
+    let logged = ms(&line, "ttft_ms");
+    // What the kernel clock fixes: the log misses most of the stall.
+    assert!(
+        client_ttft.as_secs_f64() - logged.as_secs_f64() > 0.15,
+        "client {client_ttft:?} vs logged {logged:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_instrument_reports_its_clock_lag_and_heartbeat() {
+    let sim = start_sim(exact(5.0, 2.0), 1).await;
+    let dir = temp_dir();
+    let gw = start_gateway(&[("s", sim.addr)], &dir, "").await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for _ in 0..3 {
+        let r = post(
+            gw.data_addr,
+            "/v1/chat/completions",
+            &chat(true, 6, ""),
+            &[],
+        )
+        .await;
+        assert_eq!(r.status, 200);
+    }
+    let (_, stats) = admin_get(gw.admin_addr, "/stats").await;
+    let stats: Value = serde_json::from_str(&stats).unwrap();
+    let inst = &stats["instrument"];
+    assert_eq!(inst["clock"], "kernel", "{inst}");
+    assert!(inst["heartbeat"]["beats"].as_u64().unwrap() > 10, "{inst}");
+    assert!(inst["runtime"]["workers"].as_u64().unwrap() >= 1);
+    let all = &stats["rollups"]["all"]["cumulative"];
+    assert_eq!(all["accept_delay"]["count"], 3, "{all}");
+    assert_eq!(all["forward_lag"]["count"], 3, "{all}");
+    let (_, metrics) = admin_get(gw.admin_addr, "/metrics").await;
+    for series in [
+        "inferscope_heartbeat_lateness_seconds_count",
+        "inferscope_accept_delay_seconds_count",
+        "inferscope_forward_lag_seconds_count",
+        "inferscope_runtime_busy_seconds_total",
+        "inferscope_clock_steps_total",
+    ] {
+        assert!(metrics.contains(series), "{series}");
+    }
+    let log = stop_and_read_log(gw, &dir).await;
+    for l in &log {
+        assert_eq!(l["clock"], "kernel");
+        // On an idle host the gateway's own delays are small.
+        assert!(ms(l, "accept_delay_ms") < Duration::from_millis(50), "{l}");
+        assert!(ms(l, "forward_lag_ms") < Duration::from_millis(50), "{l}");
+        // The backend's TTFT is the simulator's 5 ms or a little more, measured from the read.
+        let up = ms(l, "upstream_ttft_ms");
+        assert!(
+            up >= Duration::from_millis(5) && up < Duration::from_millis(60),
+            "{l}"
+        );
+    }
+}
