@@ -219,6 +219,7 @@ struct Row {
     diff: (f64, f64, f64),
     wire_ttft: (f64, f64),
     accept: (f64, f64),
+    lag: (f64, f64),
     late_max: f64,
 }
 
@@ -354,7 +355,8 @@ fn phase(kernel_clock: bool, hog: bool, secs: u64, conc: usize, backend: &str, m
     stop(&mut gw, "-TERM");
     let wire = wire_ttft(&read_pcap(&pcap), data.port());
     let log = std::fs::read_to_string(dir.join("access.jsonl")).unwrap();
-    let (mut diffs, mut wires, mut accepts) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut diffs, mut wires, mut accepts, mut lags) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for l in log.lines().skip(4) {
         let v: serde_json::Value = serde_json::from_str(l).unwrap();
         let (Some(id), Some(ttft)) = (v["request_id"].as_str(), v["ttft_ms"].as_f64()) else {
@@ -364,6 +366,7 @@ fn phase(kernel_clock: bool, hog: bool, secs: u64, conc: usize, backend: &str, m
         diffs.push((w - ttft).abs());
         wires.push(*w);
         accepts.push(v["accept_delay_ms"].as_f64().unwrap_or(0.0));
+        lags.push(v["forward_lag_ms"].as_f64().unwrap_or(0.0));
     }
     let n = diffs.len();
     Row {
@@ -377,6 +380,7 @@ fn phase(kernel_clock: bool, hog: bool, secs: u64, conc: usize, backend: &str, m
         ),
         wire_ttft: (pct(&mut wires, 0.5), pct(&mut wires, 0.99)),
         accept: (pct(&mut accepts, 0.5), pct(&mut accepts, 0.99)),
+        lag: (pct(&mut lags, 0.5), pct(&mut lags, 0.99)),
         late_max,
     }
 }
@@ -434,11 +438,11 @@ fn main() {
         Some(b) => format!("{} streams to {b}", conc),
         None => r.phase.to_string(),
     };
-    println!("| host | t0 clock | requests | \\|wire − logged\\| TTFT p50 / p99 / max (ms) | wire TTFT p50 / p99 (ms) | accept delay p50 / p99 (ms) | heartbeat lateness max (ms) |");
-    println!("|---|---|---|---|---|---|---|");
+    println!("| host | t0 clock | requests | \\|wire − logged\\| TTFT p50 / p99 / max (ms) | wire TTFT p50 / p99 (ms) | accept delay p50 / p99 (ms) | forward lag p50 / p99 (ms) | heartbeat lateness max (ms) |");
+    println!("|---|---|---|---|---|---|---|---|");
     for r in &rows {
         println!(
-            "| {} | {} | {} | {:.2} / {:.2} / {:.2} | {:.1} / {:.1} | {:.2} / {:.2} | {:.1} |",
+            "| {} | {} | {} | {:.2} / {:.2} / {:.2} | {:.1} / {:.1} | {:.2} / {:.2} | {:.2} / {:.2} | {:.1} |",
             host(r),
             r.clock,
             r.n,
@@ -449,6 +453,8 @@ fn main() {
             r.wire_ttft.1,
             r.accept.0,
             r.accept.1,
+            r.lag.0,
+            r.lag.1,
             r.late_max
         );
     }
