@@ -18,7 +18,7 @@
 //!    many completed.
 //!
 //! Run: `cargo bench --bench e2e_compare` (needs `nginx` and `taskset` on PATH; environment:
-//! `ROUNDS` (3), `RATE_ROUNDS` (5, the open-loop phase), `LEVELS` (1,64,512), `STREAMS` (10000), `PHASES` (latency,rate,throughput,capped,streams), `CAP_PCT` (25),
+//! `KERNEL_CLOCK` (true: the gateway's `limits.kernel_clock`), `ROUNDS` (3), `RATE_ROUNDS` (5, the open-loop phase), `LEVELS` (1,64,512), `STREAMS` (10000), `PHASES` (latency,rate,throughput,capped,streams), `CAP_PCT` (25),
 //! `TARGETS` of the streams phase (direct,inferscope,nginx), `PIN` (1), `PROXY_BIN` (another
 //! inferscope build as the proxy under test; the simulator and client stay this build's)). Writes the table to stdout and everything to `target/e2e_compare.json`.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
@@ -198,10 +198,11 @@ fn inferscope(dir: &Path, upstream: u16) -> (Proc, u16) {
         &cfg,
         format!(
             "listen: 127.0.0.1:{port}\nadmin: {{ listen: 127.0.0.1:{admin} }}\n\
-             access_log: {{ path: {:?} }}\nlimits: {{ max_concurrent_requests: 50000 }}\n\
+             access_log: {{ path: {:?} }}\nlimits: {{ max_concurrent_requests: 50000, kernel_clock: {} }}\n\
              backends:\n  - {{ name: sim, url: \"http://127.0.0.1:{upstream}\" }}\n\
              routes:\n  - {{ name: all, backends: [sim] }}\n",
-            dir.join("inferscope-access.jsonl")
+            dir.join("inferscope-access.jsonl"),
+            env_or("KERNEL_CLOCK", "true")
         ),
     )
     .unwrap();

@@ -135,6 +135,10 @@ pub fn enable_rx_stamps(socket: &impl std::os::fd::AsFd) -> bool {
     }
 }
 
+/// Largest single stamped read: what is zeroed before each `recvmsg` (hyper's read buffers start
+/// at 8 KiB).
+const MAX_READ: usize = 16 << 10;
+
 /// A TCP stream whose reads carry the kernel's receive stamp: `last_rx` is the stamp of the latest
 /// read that returned data (converted to an `Instant`), also published to `rx_cell` for readers
 /// elsewhere (the stamp of the latest read that moved bytes, packed). Writes pass through.
@@ -209,7 +213,10 @@ impl StampedTcp {
         loop {
             std::task::ready!(self.inner.poll_read_ready(cx))?;
             let fd = self.inner.as_raw_fd();
-            let dst = buf.initialize_unfilled();
+            // A slice must be initialized to be handed to `recvmsg`; zeroing all the spare
+            // capacity of a large buffer on every read would cost more than the read.
+            let want = buf.remaining().min(MAX_READ);
+            let dst = buf.initialize_unfilled_to(want);
             let cmsg = &mut self.cmsg;
             let got = self.inner.try_io(tokio::io::Interest::READABLE, || {
                 let mut iov = [io::IoSliceMut::new(dst)];

@@ -339,12 +339,28 @@ pub async fn connect(
     tls: Option<&ClientTls>,
     timeout: Duration,
 ) -> io::Result<Stream> {
+    connect_with(host, port, tls, timeout, false).await
+}
+
+/// `connect`, with kernel receive stamps on every read when `stamps` (the proxy's upstream
+/// connections; see `clock`).
+pub async fn connect_with(
+    host: &str,
+    port: u16,
+    tls: Option<&ClientTls>,
+    timeout: Duration,
+    stamps: bool,
+) -> io::Result<Stream> {
     let attempt = async {
         let tcp =
             TcpStream::connect((host.trim_start_matches('[').trim_end_matches(']'), port)).await?;
         // Small SSE writes must leave at once: no Nagle delay.
         let _ = tcp.set_nodelay(true);
-        let tcp = StampedTcp::stamped(tcp);
+        let tcp = if stamps {
+            StampedTcp::stamped(tcp)
+        } else {
+            StampedTcp::new(tcp, false)
+        };
         match tls {
             None => Ok(Stream::Plain(tcp)),
             Some(t) => Ok(Stream::Tls(Box::new(t.handshake(host, tcp).await?))),

@@ -26,6 +26,16 @@ fn sha256_hex(s: &str) -> String {
     d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// A small non-streamed chat request with `headers`.
+async fn ask(addr: std::net::SocketAddr, headers: &[(&str, &str)]) -> Received {
+    post(addr, "/v1/chat/completions", &chat(false, 2, ""), headers).await
+}
+
+/// The `retry-after` header, seconds.
+fn retry_after(r: &Received) -> u64 {
+    r.headers["retry-after"].to_str().unwrap().parse().unwrap()
+}
+
 fn auth_yaml(dir: &std::path::Path, forward: bool) -> String {
     let file = dir.join("team-b.key");
     std::fs::write(&file, format!("{TEAM_B}\n")).unwrap();
@@ -142,54 +152,26 @@ async fn request_limits_per_key_answer_429_with_the_openai_headers() {
     let bearer = format!("Bearer {TEAM_A}");
     let a = [("authorization", bearer.as_str())];
     for left in ["2", "1", "0"] {
-        let r = post(
-            gw.data_addr,
-            "/v1/chat/completions",
-            &chat(false, 2, ""),
-            &a,
-        )
-        .await;
+        let r = ask(gw.data_addr, &a).await;
         assert_eq!(r.status, 200);
         assert_eq!(r.headers["x-ratelimit-limit-requests"], "3");
         assert_eq!(r.headers["x-ratelimit-remaining-requests"], left);
         assert!(r.headers.contains_key("x-ratelimit-reset-requests"));
     }
-    let refused = post(
-        gw.data_addr,
-        "/v1/chat/completions",
-        &chat(false, 2, ""),
-        &a,
-    )
-    .await;
+    let refused = ask(gw.data_addr, &a).await;
     assert_eq!(refused.status, 429);
     // A request's worth refills in 20 s at 3 per minute.
-    let retry: u64 = refused.headers["retry-after"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let retry = retry_after(&refused);
     assert!((19..=20).contains(&retry), "{retry}");
     assert_eq!(refused.headers["x-ratelimit-remaining-requests"], "0");
     let v: Value = serde_json::from_slice(&refused.body()).unwrap();
     assert_eq!(v["error"]["code"], "rate_limit_exceeded");
     // Another key has its own bucket (and its own, smaller limit).
     let b = [("x-api-key", TEAM_B)];
-    let r = post(
-        gw.data_addr,
-        "/v1/chat/completions",
-        &chat(false, 2, ""),
-        &b,
-    )
-    .await;
+    let r = ask(gw.data_addr, &b).await;
     assert_eq!(r.status, 200);
     assert_eq!(r.headers["x-ratelimit-limit-requests"], "1");
-    let r = post(
-        gw.data_addr,
-        "/v1/chat/completions",
-        &chat(false, 2, ""),
-        &b,
-    )
-    .await;
+    let r = ask(gw.data_addr, &b).await;
     assert_eq!(r.status, 429);
     assert_eq!(sim.truth().len(), 4);
     let log = stop_and_read_log(gw, &dir).await;
@@ -225,13 +207,7 @@ async fn token_limits_per_route_charge_measured_usage_after_the_response() {
     assert_eq!(r.headers["x-ratelimit-remaining-tokens"], "60");
     // The charge lands when the record is written, right after the body ends.
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    let refused = post(
-        gw.data_addr,
-        "/v1/chat/completions",
-        &chat(false, 2, ""),
-        &[],
-    )
-    .await;
+    let refused = ask(gw.data_addr, &[]).await;
     assert_eq!(
         refused.status,
         429,
@@ -239,11 +215,7 @@ async fn token_limits_per_route_charge_measured_usage_after_the_response() {
         String::from_utf8_lossy(&refused.body())
     );
     assert_eq!(refused.headers["x-ratelimit-remaining-tokens"], "0");
-    let retry: u64 = refused.headers["retry-after"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let retry = retry_after(&refused);
     let log = stop_and_read_log(gw, &dir).await;
     let used = log[0]["input_tokens"].as_u64().unwrap() + log[0]["output_tokens"].as_u64().unwrap();
     // In debt by `used - 60` tokens at one a second (less the moment that passed).

@@ -500,26 +500,28 @@ async fn the_load_generator_speaks_tls_and_sends_a_key() {
     );
     let gw = common::start_yaml(&yaml).await;
     let url = format!("https://localhost:{}", gw.data_addr.port());
+    let options = |requests, h2, headers: Vec<(String, String)>, connector| BenchOptions {
+        url: url.clone(),
+        model: "demo".into(),
+        prompts: loadgen::synthetic_prompts(4, 8, 1),
+        arrivals: Arrivals::Concurrency(2),
+        requests,
+        duration: None,
+        stream: true,
+        max_tokens: 4,
+        slo: Vec::new(),
+        headers,
+        seed: 1,
+        progress: false,
+        http2_connections: h2,
+        warmup: 0,
+        connector,
+    };
+    let key = || vec![("authorization".into(), "Bearer sk-bench-key".into())];
     for (h2, alpn) in [(None, &b"http/1.1"[..]), (Some(1), &b"h2"[..])] {
-        let o = BenchOptions {
-            url: url.clone(),
-            model: "demo".into(),
-            prompts: loadgen::synthetic_prompts(4, 8, 1),
-            arrivals: Arrivals::Concurrency(2),
-            requests: 6,
-            duration: None,
-            stream: true,
-            max_tokens: 4,
-            slo: Vec::new(),
-            headers: vec![("authorization".into(), "Bearer sk-bench-key".into())],
-            seed: 1,
-            progress: false,
-            http2_connections: h2,
-            warmup: 0,
-            connector: inferscope::tls::Connector::for_url(&url, Some(p.ca.clone()), &[alpn])
-                .unwrap(),
-        };
-        let (samples, _) = loadgen::run(&o).await;
+        let connector =
+            inferscope::tls::Connector::for_url(&url, Some(p.ca.clone()), &[alpn]).unwrap();
+        let (samples, _) = loadgen::run(&options(6, h2, key(), connector)).await;
         assert_eq!(samples.len(), 6);
         assert!(
             samples.iter().all(|s| s.status == 200 && s.complete),
@@ -528,24 +530,8 @@ async fn the_load_generator_speaks_tls_and_sends_a_key() {
         );
     }
     // Without the CA the handshake fails: nothing measured as a success.
-    let o = BenchOptions {
-        url: url.clone(),
-        model: "demo".into(),
-        prompts: loadgen::synthetic_prompts(1, 8, 1),
-        arrivals: Arrivals::Concurrency(1),
-        requests: 1,
-        duration: None,
-        stream: true,
-        max_tokens: 4,
-        slo: Vec::new(),
-        headers: Vec::new(),
-        seed: 1,
-        progress: false,
-        http2_connections: None,
-        warmup: 0,
-        connector: inferscope::tls::Connector::for_url(&url, None, &[b"http/1.1"]).unwrap(),
-    };
-    let (samples, _) = loadgen::run(&o).await;
+    let connector = inferscope::tls::Connector::for_url(&url, None, &[b"http/1.1"]).unwrap();
+    let (samples, _) = loadgen::run(&options(1, None, key(), connector)).await;
     assert!(samples.iter().all(|s| s.status != 200));
     gw.shutdown();
 }

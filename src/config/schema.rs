@@ -258,7 +258,8 @@ pub struct Limits {
     /// Longest model name kept for stats, labels and logs (longer ones are cut, marked `…`).
     pub max_model_name_bytes: usize,
     /// Time requests from the kernel's receive stamp of their first byte (Linux), not from when
-    /// the gateway got to them; off: the gateway's own clock.
+    /// the gateway got to them, and read upstream sockets with stamps (forward lag, upstream
+    /// TTFT without the gateway's wait); off: the gateway's own clock.
     pub kernel_clock: bool,
     /// The heartbeat's wake-up lateness above which the gateway warns that its numbers are
     /// suspect (it waits for a CPU).

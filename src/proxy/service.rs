@@ -69,7 +69,8 @@ impl Gateway {
         limits: Limits,
         trace: TraceOptions,
     ) -> Self {
-        let client = UpstreamClient::new(limits.connect_timeout, UPSTREAM_IDLE);
+        let client = UpstreamClient::new(limits.connect_timeout, UPSTREAM_IDLE)
+            .with_stamps(limits.kernel_clock);
         Self {
             routes,
             metering,

@@ -130,6 +130,8 @@ pub struct UpstreamClient {
     pool: Arc<Pool>,
     connect_timeout: Duration,
     idle_timeout: Duration,
+    /// Read with kernel receive stamps (forward lag, upstream TTFT without the gateway's wait).
+    stamps: bool,
 }
 
 impl std::fmt::Debug for UpstreamClient {
@@ -152,7 +154,14 @@ impl UpstreamClient {
             pool,
             connect_timeout,
             idle_timeout,
+            stamps: true,
         }
+    }
+
+    /// Reads with kernel receive stamps or not (`limits.kernel_clock`).
+    pub fn with_stamps(mut self, stamps: bool) -> Self {
+        self.stamps = stamps;
+        self
     }
 
     /// Sends `req` (absolute `http://` URI, or `https://` with `tls`) and waits for the response
@@ -249,11 +258,12 @@ impl UpstreamClient {
     ) -> Result<Driver, UpstreamError> {
         let default_port = if tls.is_some() { 443 } else { 80 };
         let port = key.authority.port_u16().unwrap_or(default_port);
-        let stream = crate::tls::connect(
+        let stream = crate::tls::connect_with(
             key.authority.host(),
             port,
             tls.map(|t| t.as_ref()),
             self.connect_timeout,
+            self.stamps,
         )
         .await
         .map_err(UpstreamError::Connect)?;

@@ -209,31 +209,52 @@ fn grpc_tls(
     Ok(t)
 }
 
+impl Transport {
+    /// A gRPC exporter builder set up for `endpoint`: timeout, metadata, TLS.
+    fn grpc<B: WithExportConfig + WithTonicConfig>(
+        &self,
+        s: &Settings,
+        b: B,
+        endpoint: String,
+    ) -> B {
+        let b = b
+            .with_endpoint(endpoint)
+            .with_timeout(s.timeout)
+            .with_metadata(grpc_metadata(s));
+        match &self.grpc_tls {
+            Some(tls) => b.with_tls_config(tls.clone()),
+            None => b,
+        }
+    }
+
+    /// An OTLP/HTTP exporter builder set up for `endpoint`: protobuf, timeout, headers, the
+    /// client (plain or TLS).
+    fn http<B: WithExportConfig + WithHttpConfig>(
+        &self,
+        s: &Settings,
+        b: B,
+        endpoint: String,
+    ) -> B {
+        let b = b
+            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+            .with_endpoint(endpoint)
+            .with_timeout(s.timeout)
+            .with_headers(s.headers.clone().into_iter().collect());
+        match &self.http {
+            Some(c) => b.with_http_client(SharedClient(Arc::clone(c))),
+            None => b,
+        }
+    }
+}
+
 fn span_exporter(s: &Settings, t: &Transport) -> Result<SpanExporter, ExporterError> {
     let built = match s.protocol {
-        Protocol::Grpc => {
-            let b = SpanExporter::builder()
-                .with_tonic()
-                .with_endpoint(s.traces_endpoint())
-                .with_timeout(s.timeout)
-                .with_metadata(grpc_metadata(s));
-            match &t.grpc_tls {
-                Some(tls) => b.with_tls_config(tls.clone()).build(),
-                None => b.build(),
-            }
-        }
-        Protocol::HttpProtobuf => {
-            let b = SpanExporter::builder()
-                .with_http()
-                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-                .with_endpoint(s.traces_endpoint())
-                .with_timeout(s.timeout)
-                .with_headers(s.headers.clone().into_iter().collect());
-            match &t.http {
-                Some(c) => b.with_http_client(SharedClient(Arc::clone(c))).build(),
-                None => b.build(),
-            }
-        }
+        Protocol::Grpc => t
+            .grpc(s, SpanExporter::builder().with_tonic(), s.traces_endpoint())
+            .build(),
+        Protocol::HttpProtobuf => t
+            .http(s, SpanExporter::builder().with_http(), s.traces_endpoint())
+            .build(),
     };
     built.map_err(|error| ExporterError {
         signal: "span",
@@ -273,29 +294,8 @@ fn meter_provider(
 ) -> Result<SdkMeterProvider, ExporterError> {
     let b = opentelemetry_otlp::MetricExporter::builder();
     let exporter = match s.protocol {
-        Protocol::Grpc => {
-            let b = b
-                .with_tonic()
-                .with_endpoint(s.metrics_endpoint())
-                .with_timeout(s.timeout)
-                .with_metadata(grpc_metadata(s));
-            match &t.grpc_tls {
-                Some(tls) => b.with_tls_config(tls.clone()).build(),
-                None => b.build(),
-            }
-        }
-        Protocol::HttpProtobuf => {
-            let b = b
-                .with_http()
-                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-                .with_endpoint(s.metrics_endpoint())
-                .with_timeout(s.timeout)
-                .with_headers(s.headers.clone().into_iter().collect());
-            match &t.http {
-                Some(c) => b.with_http_client(SharedClient(Arc::clone(c))).build(),
-                None => b.build(),
-            }
-        }
+        Protocol::Grpc => t.grpc(s, b.with_tonic(), s.metrics_endpoint()).build(),
+        Protocol::HttpProtobuf => t.http(s, b.with_http(), s.metrics_endpoint()).build(),
     }
     .map_err(|error| ExporterError {
         signal: "metric",
