@@ -210,6 +210,9 @@ impl StampedTcp {
     ) -> Poll<io::Result<()>> {
         use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
         use std::os::fd::AsRawFd;
+        if buf.remaining() == 0 {
+            return Poll::Ready(Ok(()));
+        }
         loop {
             std::task::ready!(self.inner.poll_read_ready(cx))?;
             let fd = self.inner.as_raw_fd();
