@@ -9,8 +9,7 @@ mod common;
 
 use common::*;
 use inferscope::sim::{self, SimOptions};
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 use tokio::net::TcpListener;
 
@@ -52,30 +51,13 @@ telemetry:
     )
     .unwrap();
     let stderr = std::fs::File::create(dir.join("stderr.txt")).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_inferscope"))
-        .args(["serve", "--config"])
-        .arg(&config)
-        .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
-        .env("RUST_LOG", "debug")
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_inferscope"));
+    cmd.env("RUST_LOG", "debug")
         .env("T_ADMIN", ADMIN)
         .env("T_CLIENT", CLIENT)
         .env("T_UPSTREAM", UPSTREAM)
-        .stdout(Stdio::piped())
-        .stderr(stderr)
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = |k: &str| -> std::net::SocketAddr {
-        line.split_whitespace()
-            .find_map(|w| w.strip_prefix(k))
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
-    let (data, admin) = (addr("data="), addr("admin="));
+        .stderr(stderr);
+    let (mut child, data, admin) = serve_with(cmd, &config);
 
     let mut seen = String::new();
     let mut keep = |r: &Received| {
@@ -133,12 +115,7 @@ telemetry:
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let ok = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok);
+    signal(child.id(), "-TERM");
     assert!(child.wait().unwrap().success());
 
     let log_text = std::fs::read_to_string(&log).unwrap();

@@ -6,18 +6,8 @@
 mod common;
 
 use common::*;
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
-
-fn signal(pid: u32, sig: &str) {
-    let ok = Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "kill {sig} {pid}");
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_with_a_bad_config_keeps_serving_and_sigterm_drains() {
@@ -86,50 +76,6 @@ async fn sighup_with_a_bad_config_keeps_serving_and_sigterm_drains() {
         3,
         "every request logged and flushed before exit"
     );
-}
-
-/// Starts the binary on the config at `path`; returns the child, data and admin addresses.
-fn serve(
-    path: &std::path::Path,
-) -> (
-    std::process::Child,
-    std::net::SocketAddr,
-    std::net::SocketAddr,
-) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_inferscope"));
-    cmd.stderr(Stdio::null());
-    serve_with(cmd, path)
-}
-
-/// `serve` through `cmd` (the binary, or a wrapper such as `prlimit` with the binary as its
-/// first argument, and the stderr wanted).
-fn serve_with(
-    mut cmd: Command,
-    path: &std::path::Path,
-) -> (
-    std::process::Child,
-    std::net::SocketAddr,
-    std::net::SocketAddr,
-) {
-    let mut child = cmd
-        .args(["serve", "--config"])
-        .arg(path)
-        .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let field = |k: &str| {
-        line.split_whitespace()
-            .find_map(|w| w.strip_prefix(k))
-            .unwrap()
-            .parse::<std::net::SocketAddr>()
-            .unwrap()
-    };
-    (child, field("data="), field("admin="))
 }
 
 async fn wait_metric(admin: std::net::SocketAddr, needle: &str) {

@@ -39,6 +39,17 @@ async fn hosted_sim_with(files: ServerFiles) -> SimHandle {
     sim::spawn(listener, opts, std::future::pending()).unwrap()
 }
 
+/// A chat request (streamed or not, `max_tokens`) without headers.
+async fn chat_to(addr: SocketAddr, stream: bool, max_tokens: u32) -> common::Received {
+    common::post(
+        addr,
+        "/v1/chat/completions",
+        &common::chat(stream, max_tokens, ""),
+        &[],
+    )
+    .await
+}
+
 fn listener_tls(p: &pki::Pki, mtls: bool) -> String {
     let mut s = format!(
         "tls:\n  cert: {:?}\n  key: {:?}\n",
@@ -259,13 +270,7 @@ routes:
         p.other_ca
     );
     let gw = common::start_yaml(&yaml).await;
-    let r = common::post(
-        gw.data_addr,
-        "/v1/chat/completions",
-        &common::chat(false, 2, ""),
-        &[],
-    )
-    .await;
+    let r = chat_to(gw.data_addr, false, 2).await;
     assert_eq!(r.status, 502, "{}", String::from_utf8_lossy(&r.body()));
     assert!(
         sim.truth().is_empty(),
@@ -342,13 +347,7 @@ async fn otlp_over_tls(protocol: &str) {
         p.ca
     );
     let gw = common::start_yaml(&yaml).await;
-    let r = common::post(
-        gw.data_addr,
-        "/v1/chat/completions",
-        &common::chat(true, 3, ""),
-        &[],
-    )
-    .await;
+    let r = chat_to(gw.data_addr, true, 3).await;
     assert_eq!(r.status, 200);
     let mut spans = Vec::new();
     for _ in 0..100 {
@@ -411,13 +410,7 @@ routes:
         p.client_cert, p.client_key
     );
     let gw = common::start_yaml(&yaml(&full)).await;
-    let r = common::post(
-        gw.data_addr,
-        "/v1/chat/completions",
-        &common::chat(true, 3, ""),
-        &[],
-    )
-    .await;
+    let r = chat_to(gw.data_addr, true, 3).await;
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body()));
     assert_eq!(sim.truth().len(), 1);
     gw.shutdown();
@@ -427,13 +420,7 @@ routes:
     let no_name = format!(", cert: {:?}, key: {:?}", p.client_cert, p.client_key);
     for tls in [no_name.as_str(), ", server_name: api.hosted.test"] {
         let gw = common::start_yaml(&yaml(tls)).await;
-        let r = common::post(
-            gw.data_addr,
-            "/v1/chat/completions",
-            &common::chat(false, 2, ""),
-            &[],
-        )
-        .await;
+        let r = chat_to(gw.data_addr, false, 2).await;
         assert_eq!(r.status, 502, "{tls}");
         assert_eq!(r.headers["x-inferscope-error"], "upstream_connect", "{tls}");
         gw.shutdown();

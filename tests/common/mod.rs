@@ -393,3 +393,58 @@ pub fn ms(v: &Value, key: &str) -> Duration {
             / 1000.0,
     )
 }
+
+/// Sends `sig` (`-HUP`, `-TERM`…) to `pid`.
+pub fn signal(pid: u32, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
+/// Starts the binary on the config at `path`; returns the child, data and admin addresses.
+pub fn serve(
+    path: &std::path::Path,
+) -> (
+    std::process::Child,
+    std::net::SocketAddr,
+    std::net::SocketAddr,
+) {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_inferscope"));
+    cmd.stderr(std::process::Stdio::null());
+    serve_with(cmd, path)
+}
+
+/// `serve` through `cmd` (the binary, or a wrapper such as `prlimit` with the binary as its
+/// first argument, and the stderr wanted).
+pub fn serve_with(
+    mut cmd: std::process::Command,
+    path: &std::path::Path,
+) -> (
+    std::process::Child,
+    std::net::SocketAddr,
+    std::net::SocketAddr,
+) {
+    use std::io::BufRead as _;
+    let mut child = cmd
+        .args(["serve", "--config"])
+        .arg(path)
+        .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let field = |k: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .unwrap()
+            .parse::<std::net::SocketAddr>()
+            .unwrap()
+    };
+    (child, field("data="), field("admin="))
+}
