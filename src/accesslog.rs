@@ -564,6 +564,8 @@ struct LogLine<'a> {
     retries: Vec<RetryLine<'a>>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     shadow: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    slo_met: Option<bool>,
 }
 
 /// The client's protocol, spelled like nginx's `$server_protocol`.
@@ -633,6 +635,7 @@ impl<'a> From<&'a RequestRecord> for LogLine<'a> {
                 })
                 .collect(),
             shadow: m.is_shadow,
+            slo_met: r.slo_met(),
         }
     }
 }

@@ -153,8 +153,19 @@ enum Cmd {
     /// Report from an access log: TTFT, TPOT, tokens/s, P99, error rate per group, and each group
     /// compared with a control (median and p99 change with 95% intervals, Mann-Whitney p).
     Report {
-        /// Access log (JSON lines).
-        file: PathBuf,
+        /// Access logs (JSON lines); several are read as one (a fleet's replicas).
+        #[arg(required_unless_present = "merge")]
+        files: Vec<PathBuf>,
+        /// Merge replicas exactly: admin URLs (read at /stats?format=hdr), saved
+        /// /stats?format=hdr documents, or access logs (every sample: the fleet's verdict).
+        #[arg(long, num_args = 1.., value_name = "URL|FILE")]
+        merge: Vec<String>,
+        /// For admin URLs: a bearer token, from this environment variable.
+        #[arg(long, value_name = "VAR")]
+        token_env: Option<String>,
+        /// For https:// admin URLs: a PEM CA bundle trusted besides the bundled Mozilla roots.
+        #[arg(long)]
+        ca_file: Option<PathBuf>,
         /// Group by `variant`, `backend`, `model` or `route`.
         #[arg(long, default_value = "variant")]
         by: String,
@@ -221,27 +232,46 @@ pub fn main() -> ExitCode {
         )
         .init();
     if let Cmd::Report {
-        file,
+        files,
+        merge,
+        token_env,
+        ca_file,
         by,
         control,
         min_samples,
         json,
     } = &cli.cmd
     {
+        let mut sources: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+        sources.extend(merge.iter().cloned());
+        let token = token_env.as_ref().and_then(|v| std::env::var(v).ok());
         let opts = crate::experiment::ReportOptions {
-            file: file.clone(),
+            files: Vec::new(),
             by: by.clone(),
             control: control.clone(),
             min_samples: *min_samples,
             json: *json,
         };
-        return match crate::experiment::report(&opts) {
+        let made =
+            read_report_sources(&sources, token.as_deref(), ca_file.clone()).and_then(|read| {
+                match read {
+                    ReportSources::Logs(files) => {
+                        let opts = crate::experiment::ReportOptions { files, ..opts };
+                        crate::experiment::report(&opts).map_err(anyhow::Error::from)
+                    }
+                    ReportSources::Hdr(docs) => {
+                        crate::stats::hdr::report(&docs, by, control.as_deref(), *json)
+                            .map_err(anyhow::Error::from)
+                    }
+                }
+            });
+        return match made {
             Ok(text) => {
                 print!("{text}");
                 ExitCode::SUCCESS
             }
             Err(e) => {
-                eprintln!("error: {e}");
+                eprintln!("error: {e:#}");
                 ExitCode::from(2)
             }
         };
@@ -563,17 +593,89 @@ fn parse_headers(headers: &[String]) -> anyhow::Result<Vec<(String, String)>> {
         .collect()
 }
 
-/// `GET {admin}/stats`.
-async fn fetch_stats(admin: &str) -> anyhow::Result<serde_json::Value> {
+/// `GET {admin}{path}` as JSON (http or https, with an optional bearer token).
+async fn fetch_json(
+    admin: &str,
+    path: &str,
+    token: Option<&str>,
+    ca_file: Option<PathBuf>,
+) -> anyhow::Result<serde_json::Value> {
     use http_body_util::BodyExt;
+    let url = format!("{}{path}", admin.trim_end_matches('/'));
+    let connector =
+        crate::tls::Connector::for_url(&url, ca_file, &[b"http/1.1"]).context("--ca-file")?;
     let client: hyper_util::client::legacy::Client<_, http_body_util::Empty<bytes::Bytes>> =
         hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-            .build_http();
-    let uri: http::Uri = format!("{}/stats", admin.trim_end_matches('/')).parse()?;
-    let resp = client
-        .get(uri)
+            .build(connector);
+    let mut req = http::Request::get(url.as_str()).body(http_body_util::Empty::new())?;
+    if let Some(t) = token {
+        req.headers_mut().insert(
+            http::header::AUTHORIZATION,
+            http::HeaderValue::from_str(&format!("Bearer {t}"))?,
+        );
+    }
+    let resp = tokio::time::timeout(std::time::Duration::from_secs(30), client.request(req))
         .await
-        .context("fetching the gateway's /stats")?;
+        .map_err(|_| anyhow::anyhow!("{url}: no answer in 30 s"))?
+        .with_context(|| format!("fetching {url}"))?;
+    let status = resp.status();
     let body = resp.into_body().collect().await?.to_bytes();
-    Ok(serde_json::from_slice(&body)?)
+    if !status.is_success() {
+        anyhow::bail!(
+            "{url}: {status}: {}",
+            String::from_utf8_lossy(&body[..body.len().min(300)])
+        );
+    }
+    serde_json::from_slice(&body).with_context(|| format!("{url}: not JSON"))
+}
+
+/// `GET {admin}/stats`.
+async fn fetch_stats(admin: &str) -> anyhow::Result<serde_json::Value> {
+    fetch_json(admin, "/stats", None, None).await
+}
+
+/// What `report` was given: access logs, or HdrHistogram exports.
+enum ReportSources {
+    Logs(Vec<PathBuf>),
+    Hdr(Vec<serde_json::Value>),
+}
+
+/// Reads every source: an admin URL is fetched at `/stats?format=hdr`; a file holding one JSON
+/// document of that format is an export; any other file is an access log. Mixing the two is an
+/// error (a log's samples and a histogram's buckets do not add up to one population).
+fn read_report_sources(
+    sources: &[String],
+    token: Option<&str>,
+    ca_file: Option<PathBuf>,
+) -> anyhow::Result<ReportSources> {
+    let mut logs = Vec::new();
+    let mut docs = Vec::new();
+    let urls: Vec<&String> = sources
+        .iter()
+        .filter(|s| s.starts_with("http://") || s.starts_with("https://"))
+        .collect();
+    if !urls.is_empty() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        for u in &urls {
+            let doc = rt.block_on(fetch_json(u, "/stats?format=hdr", token, ca_file.clone()))?;
+            docs.push(doc);
+        }
+    }
+    for s in sources.iter().filter(|s| !urls.contains(s)) {
+        let path = PathBuf::from(s);
+        let text = std::fs::read_to_string(&path).with_context(|| s.clone())?;
+        match serde_json::from_str::<serde_json::Value>(&text) {
+            Ok(v) if v["format"] == crate::stats::hdr::FORMAT => docs.push(v),
+            _ => logs.push(path),
+        }
+    }
+    match (logs.is_empty(), docs.is_empty()) {
+        (false, false) => anyhow::bail!(
+            "give access logs or /stats?format=hdr exports (admin URLs), not both: a log's samples and a histogram's buckets are not one population"
+        ),
+        (true, _) => Ok(ReportSources::Hdr(docs)),
+        (false, true) => Ok(ReportSources::Logs(logs)),
+    }
 }

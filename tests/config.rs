@@ -79,6 +79,22 @@ fn validation_errors_point_at_the_offending_line() {
         "{e}"
     );
 
+    for (slo, why) in [
+        ("{}", "set at least one of ttft"),
+        ("{ ttft: 0s }", "can never be met"),
+    ] {
+        let text = BASE.replace("backends: [a]", &format!("backends: [a]\n    slo: {slo}"));
+        let e = parse(&text, "gw.yaml").unwrap_err();
+        assert_eq!((e.line, e.key.as_str()), (Some(7), "routes[0].slo"), "{e}");
+        assert!(e.message.contains(why), "{e}");
+    }
+    let text = BASE.replace(
+        "backends: [a]",
+        "backends: [a]\n    slo: { ttft: 200ms, p99: 1s }",
+    );
+    let e = parse(&text, "gw.yaml").unwrap_err();
+    assert!(e.message.contains("unknown field `p99`"), "{e}");
+
     let two_controls = "\
 backends:
   - { name: a, url: \"http://127.0.0.1:1\" }

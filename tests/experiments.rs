@@ -591,3 +591,128 @@ async fn bad_feedback_trips_a_guardrail_and_the_trip_is_an_opentelemetry_event()
         .unwrap()
         .contains("feedback:thumbs_up"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn goodput_counts_requests_meeting_every_objective_per_variant() {
+    // Same TTFT; int8 decodes at 40 ms a token, over the 20-ms TPOT objective.
+    let fp16 = start_sim(exact(5.0, 5.0), 1).await;
+    let int8 = start_sim(exact(5.0, 40.0), 2).await;
+    let dir = temp_dir();
+    let yaml = yaml(&dir, fp16.addr, int8.addr, 10).replace(
+        "  - name: chat\n",
+        "  - name: chat\n    slo: { ttft: 50ms, tpot: 20ms }\n",
+    );
+    let gw = start_yaml(&yaml).await;
+    for i in 0..24 {
+        let variant = if i % 2 == 0 { "fp16" } else { "int8" };
+        let r = post(
+            gw.data_addr,
+            "/v1/chat/completions",
+            &chat(true, 4, ""),
+            &[("x-inferscope-variant", variant)],
+        )
+        .await;
+        assert_eq!(r.status, 200);
+    }
+    // Not streamed: nothing shows before the end (5 + 19 × 5 ms), so its TTFT is judged by its
+    // end and misses the 50-ms objective.
+    let r = post(
+        gw.data_addr,
+        "/v1/chat/completions",
+        &chat(false, 20, ""),
+        &[("x-inferscope-variant", "fp16")],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+
+    let (_, body) = admin_get(gw.admin_addr, "/stats").await;
+    let stats: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let by_variant = |v: &str| {
+        stats["rollups"]["variant"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["variant"] == v)
+            .unwrap()["cumulative"]["goodput"]
+            .clone()
+    };
+    let (g16, g8) = (by_variant("fp16"), by_variant("int8"));
+    assert_eq!(
+        (g16["evaluated"].as_u64(), g16["met"].as_u64()),
+        (Some(13), Some(12)),
+        "{g16}"
+    );
+    assert_eq!(
+        (g8["evaluated"].as_u64(), g8["met"].as_u64()),
+        (Some(12), Some(0)),
+        "{g8}"
+    );
+    assert!(
+        (g16["share"].as_f64().unwrap() - 12.0 / 13.0).abs() < 1e-3,
+        "{g16}"
+    );
+
+    let (_, metrics) = admin_get(gw.admin_addr, "/metrics").await;
+    let sum = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    assert_eq!(sum("inferscope_slo_evaluated_requests_total"), 25.0);
+    assert_eq!(sum("inferscope_slo_met_requests_total"), 12.0);
+
+    let (_, body) = admin_get(gw.admin_addr, "/experiments").await;
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let x = &doc["experiments"][0];
+    let c = x["comparisons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["variant"] == "int8" && c["metric"] == "goodput")
+        .unwrap()
+        .clone();
+    let verdict = c["verdict"].as_str().unwrap();
+    assert!(
+        (c["change"].as_f64().unwrap() + 12.0 / 13.0).abs() < 1e-9,
+        "{c}"
+    );
+    let ci = c["change_ci"].as_array().unwrap();
+    assert!(ci[1].as_f64().unwrap() < 0.0, "{c}");
+    assert!(
+        verdict.starts_with("int8 goodput \u{2212}92.3 points [")
+            && verdict.ends_with(", significant"),
+        "{verdict}"
+    );
+
+    let log = stop_and_read_log(gw, &dir).await;
+    assert_eq!(log.len(), 25);
+    let met = log.iter().filter(|l| l["slo_met"] == true).count();
+    let missed = log.iter().filter(|l| l["slo_met"] == false).count();
+    assert_eq!((met, missed), (12, 13));
+
+    // Offline, from the log: the same goodput comparison.
+    let out = run_cli(
+        &[
+            "report",
+            "--by",
+            "variant",
+            "--control",
+            "fp16",
+            "--min-samples",
+            "10",
+            "--json",
+        ],
+        &dir.join("access.jsonl"),
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let offline = doc["comparisons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["variant"] == "int8" && c["metric"] == "goodput")
+        .unwrap()
+        .clone();
+    assert_eq!(offline["change_ci"], c["change_ci"], "{offline}");
+}

@@ -91,6 +91,14 @@ fn authorized(state: &AdminState, req: &Request<hyper::body::Incoming>) -> bool 
         .is_some_and(|given| same_secret(given.trim().as_bytes(), token.as_bytes()))
 }
 
+/// Whether the query string has `key=value`.
+fn query_has<B>(req: &Request<B>, key: &str, value: &str) -> bool {
+    req.uri().query().is_some_and(|q| {
+        q.split('&')
+            .any(|kv| kv.split_once('=') == Some((key, value)))
+    })
+}
+
 /// A JSON error body.
 fn json_error(status: StatusCode, msg: &str) -> Response<Full<Bytes>> {
     reply(
@@ -197,6 +205,14 @@ pub async fn handle(
                 reply(StatusCode::OK, "text/plain", "ready\n")
             }
         }
+        "/stats" if query_has(&req, "format", "hdr") => {
+            let snap = state.recorder.stats.snapshot();
+            reply(
+                StatusCode::OK,
+                "application/json",
+                crate::stats::hdr::export(&snap).to_string(),
+            )
+        }
         "/stats" => {
             let mut v = state.recorder.stats.snapshot().to_json();
             if let serde_json::Value::Object(m) = &mut v {
@@ -211,11 +227,17 @@ pub async fn handle(
             }
             reply(StatusCode::OK, "application/json", v.to_string())
         }
-        "/metrics" => reply(
-            StatusCode::OK,
-            "text/plain; version=0.0.4; charset=utf-8",
-            metrics_text(&state, &router),
-        ),
+        "/metrics" => {
+            // Prometheus with native histograms enabled asks for protobuf: the same series,
+            // histograms with their native buckets too.
+            let proto = req
+                .headers()
+                .get(header::ACCEPT)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(crate::util::prometheus::accepts_protobuf);
+            let (ctype, body) = metrics_body(&state, &router, proto);
+            reply(StatusCode::OK, ctype, body)
+        }
         _ => reply(
             StatusCode::NOT_FOUND,
             "text/plain",
@@ -225,9 +247,9 @@ pub async fn handle(
     Ok(r)
 }
 
-/// The whole Prometheus exposition: the stats series, gateway-wide counters and gauges, backend
-/// and guardrail state.
-fn metrics_text(state: &AdminState, router: &Router) -> String {
+/// The whole Prometheus exposition (text, or protobuf with native histograms): the stats series,
+/// gateway-wide counters and gauges, backend and guardrail state.
+fn metrics_body(state: &AdminState, router: &Router, protobuf: bool) -> (&'static str, Bytes) {
     use std::sync::atomic::Ordering::Relaxed;
     let rec = &state.recorder;
     let gauge = |name, help, value: f64| Scalar {
@@ -312,13 +334,17 @@ fn metrics_text(state: &AdminState, router: &Router) -> String {
     if let Some(t) = &rec.telemetry {
         scalars.extend(t.counters.scalars());
     }
-    let mut w = Writer::new();
+    let mut w = if protobuf {
+        Writer::protobuf()
+    } else {
+        Writer::new()
+    };
     write_prometheus(&mut w, &rec.stats.snapshot(), &scalars);
     backend_metrics(router, &mut w);
     key_metrics(&state.limiter, &mut w);
     instrument_metrics(state, &mut w);
     guardrail_metrics(router, &mut w);
-    w.finish()
+    w.into_body()
 }
 
 /// Per-backend health and load, for `/stats`.

@@ -544,6 +544,15 @@ fn validate_route(r: &RouteConfig, backends: &HashSet<&str>) -> Result<(), Inval
             format!("{s} is not an HTTP status"),
         );
     }
+    if let Some(slo) = &r.slo {
+        let set = [slo.ttft, slo.tpot, slo.itl, slo.e2e];
+        if set.iter().all(Option::is_none) {
+            return err(vec![K("slo")], "set at least one of ttft, tpot, itl, e2e");
+        }
+        if set.iter().flatten().any(std::time::Duration::is_zero) {
+            return err(vec![K("slo")], "an objective of 0s can never be met");
+        }
+    }
     if let Some(p) = &r.matcher.path_prefix {
         if !p.starts_with('/') {
             return err(

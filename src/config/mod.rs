@@ -21,7 +21,7 @@ pub use schema::{
 };
 pub use schema::{
     Balancer, FeedbackConfig, GuardRule, GuardrailsConfig, OutlierConfig, ProbeConfig, RetryConfig,
-    ShadowConfig, TimeoutsConfig,
+    ShadowConfig, SloConfig, TimeoutsConfig,
 };
 pub use telemetry::{
     resolve as resolve_telemetry, Protocol, Settings as TelemetrySettings, SettingsError,

@@ -519,6 +519,47 @@ pub struct RouteConfig {
     /// Timeouts of the response.
     #[serde(default)]
     pub timeouts: TimeoutsConfig,
+    /// Latency objectives: a request meets them when it succeeded and every one set held
+    /// (goodput).
+    #[serde(default)]
+    pub slo: Option<SloConfig>,
+}
+
+/// A route's latency objectives (each optional, at least one set). A request meets them when
+/// its outcome is `ok` and each set objective held: TTFT (a response that showed no token before
+/// its end, such as a non-streamed one, is judged by its end), TPOT (none with one token), every
+/// inter-token gap, end to end.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SloConfig {
+    /// Time to first token.
+    #[serde(default, with = "super::duration::option")]
+    pub ttft: Option<Duration>,
+    /// Time per output token after the first.
+    #[serde(default, with = "super::duration::option")]
+    pub tpot: Option<Duration>,
+    /// Every gap between output events.
+    #[serde(default, with = "super::duration::option")]
+    pub itl: Option<Duration>,
+    /// End to end.
+    #[serde(default, with = "super::duration::option")]
+    pub e2e: Option<Duration>,
+}
+
+impl SloConfig {
+    /// `ttft<=200ms,tpot<=30ms`: the objectives set.
+    pub fn describe(&self) -> String {
+        [
+            ("ttft", self.ttft),
+            ("tpot", self.tpot),
+            ("itl", self.itl),
+            ("e2e", self.e2e),
+        ]
+        .iter()
+        .filter_map(|(k, d)| d.map(|d| format!("{k}<={}", humantime::format_duration(d))))
+        .collect::<Vec<_>>()
+        .join(",")
+    }
 }
 
 /// Backend choice within a pool.

@@ -63,6 +63,34 @@ impl Comparison {
     }
 }
 
+/// Wilson score 95% interval of a proportion `k / n` (`None` when `n == 0`).
+pub fn wilson(k: u64, n: u64) -> Option<Interval> {
+    if n == 0 {
+        return None;
+    }
+    const Z: f64 = 1.959_963_984_540_054;
+    let (n, p) = (n as f64, k as f64 / n as f64);
+    let z2 = Z * Z;
+    let centre = (p + z2 / (2.0 * n)) / (1.0 + z2 / n);
+    let half = Z / (1.0 + z2 / n) * (p * (1.0 - p) / n + z2 / (4.0 * n * n)).sqrt();
+    Some(Interval {
+        lo: (centre - half).max(0.0),
+        hi: (centre + half).min(1.0),
+    })
+}
+
+/// The difference of two proportions, `k_t/n_t − k_c/n_c`, with Newcombe's hybrid score 95%
+/// interval (method 10: each arm's Wilson interval, combined), which keeps its coverage near
+/// 0 and 1 where the normal (Wald) interval does not.
+pub fn proportion_change(k_c: u64, n_c: u64, k_t: u64, n_t: u64) -> Option<(f64, Interval)> {
+    let (wc, wt) = (wilson(k_c, n_c)?, wilson(k_t, n_t)?);
+    let (pc, pt) = (k_c as f64 / n_c as f64, k_t as f64 / n_t as f64);
+    let d = pt - pc;
+    let lo = d - ((pt - wt.lo).powi(2) + (wc.hi - pc).powi(2)).sqrt();
+    let hi = d + ((wt.hi - pt).powi(2) + (pc - wc.lo).powi(2)).sqrt();
+    Some((d, Interval { lo, hi }))
+}
+
 /// The `q` quantile of sorted data by the one rank rule (`stats::quantile`), unrounded: the
 /// estimators and their bootstrap work on the exact samples. NaN when empty.
 pub fn quantile(sorted: &[f64], q: f64) -> f64 {
@@ -154,13 +182,18 @@ pub fn compare(control: &[f64], treatment: &[f64], seed: u64) -> Option<Comparis
     if control.len() < 2 || treatment.len() < 2 {
         return None;
     }
-    let mut rng = Rng::new(seed);
-    let (c, t) = (subsample(control, &mut rng), subsample(treatment, &mut rng));
     let sorted = |x: &[f64]| {
         let mut v = x.to_vec();
         v.sort_unstable_by(f64::total_cmp);
         v
     };
+    // Sorted first: the result depends on the samples, not on the order they arrived in (a
+    // fleet's merged logs give the verdict one log of the same requests gives).
+    let mut rng = Rng::new(seed);
+    let (c, t) = (
+        subsample(&sorted(control), &mut rng),
+        subsample(&sorted(treatment), &mut rng),
+    );
     let (cs, ts) = (sorted(&c), sorted(&t));
     let ratio = |num: f64, den: f64| if den > 0.0 { num / den - 1.0 } else { f64::NAN };
     let median_change = ratio(quantile(&ts, 0.5), quantile(&cs, 0.5));
@@ -244,6 +277,22 @@ mod tests {
         }
         println!("false positives at 5%: {false_positives}/100");
         assert!(false_positives <= 10, "{false_positives}/100");
+    }
+
+    #[test]
+    fn proportion_intervals_match_published_values() {
+        // Newcombe (1998), table II, example (a): 56/70 vs 48/80 → 0.2000 [0.0524, 0.3339].
+        let (d, ci) =
+            proportion_change(48, 80, 56, 70).unwrap_or((0.0, Interval { lo: 0.0, hi: 0.0 }));
+        assert!((d - 0.2).abs() < 1e-9);
+        assert!(
+            (ci.lo - 0.0524).abs() < 5e-4 && (ci.hi - 0.3339).abs() < 5e-4,
+            "{ci:?}"
+        );
+        // Wilson for 0 of 10: [0, 0.2775].
+        let w = wilson(0, 10).unwrap_or(Interval { lo: 1.0, hi: 1.0 });
+        assert!(w.lo == 0.0 && (w.hi - 0.2775).abs() < 5e-4, "{w:?}");
+        assert!(wilson(0, 0).is_none());
     }
 
     #[test]

@@ -88,6 +88,10 @@ pub struct Arm {
     pub output_seconds: f64,
     /// Samples in `COMPARED` order, in milliseconds.
     pub samples: [Reservoir; 5],
+    /// Requests judged against the route's latency objectives.
+    pub slo_evaluated: u64,
+    /// Of those, the ones that met them all.
+    pub slo_met: u64,
 }
 
 impl Arm {
@@ -98,6 +102,8 @@ impl Arm {
             output_tokens: 0,
             output_seconds: 0.0,
             samples: std::array::from_fn(|i| Reservoir::new(seed.wrapping_add(i as u64))),
+            slo_evaluated: 0,
+            slo_met: 0,
         }
     }
 
@@ -105,6 +111,7 @@ impl Arm {
     pub fn record(&mut self, r: &RequestRecord) {
         self.requests += 1;
         self.outcomes[r.outcome.index()] += 1;
+        self.count_slo(r.slo_met());
         if r.outcome != Outcome::Ok {
             return;
         }
@@ -127,6 +134,18 @@ impl Arm {
             }
         });
         e2e.push(ms(r.e2e));
+    }
+
+    fn count_slo(&mut self, met: Option<bool>) {
+        if let Some(met) = met {
+            self.slo_evaluated += 1;
+            self.slo_met += u64::from(met);
+        }
+    }
+
+    /// Share of judged requests that met the latency objectives (`None`: none judged).
+    pub fn goodput(&self) -> Option<f64> {
+        (self.slo_evaluated > 0).then(|| self.slo_met as f64 / self.slo_evaluated as f64)
     }
 
     /// Errors (every outcome but `ok`, `client_cancelled` and `shutdown`) over requests.
@@ -235,6 +254,16 @@ pub fn summarize(
                 .map(|o| (o.as_str().to_string(), a.outcomes[o.index()].into()))
                 .collect();
             m.insert("outcomes".into(), outcomes.into());
+            m.insert(
+                "goodput".into(),
+                match (a.goodput(), compare::wilson(a.slo_met, a.slo_evaluated)) {
+                    (Some(g), Some(ci)) => json!({
+                        "share": g, "ci": [ci.lo, ci.hi],
+                        "met": a.slo_met, "evaluated": a.slo_evaluated,
+                    }),
+                    _ => Value::Null,
+                },
+            );
             for (metric, r) in COMPARED.iter().zip(&a.samples) {
                 let mut s = r.values().to_vec();
                 s.sort_unstable_by(f64::total_cmp);
@@ -287,6 +316,47 @@ pub fn summarize(
                     "p99_change": cmp.p99_change, "p99_ci": [cmp.p99_ci.lo, cmp.p99_ci.hi],
                     "hodges_lehmann_ms": cmp.hodges_lehmann, "p_value": cmp.p_value,
                     "significant": cmp.significant(), "verdict": verdict,
+                }));
+            }
+            if let Some((d, ci)) = compare::proportion_change(
+                base.slo_met,
+                base.slo_evaluated,
+                a.slo_met,
+                a.slo_evaluated,
+            ) {
+                let (nc, nt) = (base.slo_evaluated, a.slo_evaluated);
+                let pts = |x: f64| {
+                    let v = (x * 1000.0).round() / 10.0;
+                    if v < 0.0 {
+                        format!("\u{2212}{}", -v)
+                    } else {
+                        format!("+{v}")
+                    }
+                };
+                let verdict = if nc.min(nt) < min_samples as u64 {
+                    format!(
+                        "{v} goodput: not enough data yet (n = {} of {min_samples} per variant)",
+                        nc.min(nt)
+                    )
+                } else {
+                    format!(
+                        "{v} goodput {} points [{}, {}], {}",
+                        pts(d),
+                        pts(ci.lo),
+                        pts(ci.hi),
+                        if ci.excludes(0.0) {
+                            "significant"
+                        } else {
+                            "not significant"
+                        }
+                    )
+                };
+                comparisons.push(json!({
+                    "variant": v.as_ref(), "metric": "goodput", "n_control": nc, "n_treatment": nt,
+                    "control": base.goodput(), "treatment": a.goodput(),
+                    "change": d, "change_ci": [ci.lo, ci.hi],
+                    "significant": nc.min(nt) >= min_samples as u64 && ci.excludes(0.0),
+                    "verdict": verdict,
                 }));
             }
             let (ec, et) = (base.error_rate(), a.error_rate());

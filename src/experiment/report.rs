@@ -13,8 +13,8 @@ use std::sync::Arc;
 /// What to report.
 #[derive(Debug, Clone)]
 pub struct ReportOptions {
-    /// The access log.
-    pub file: PathBuf,
+    /// The access logs (several: one population, e.g. a fleet's replicas).
+    pub files: Vec<PathBuf>,
     /// Grouping label: `variant`, `backend`, `model` or `route`.
     pub by: String,
     /// Group compared against (e.g. the experiment's control variant).
@@ -38,6 +38,7 @@ impl Arm {
         };
         self.requests += 1;
         self.outcomes[o.index()] += 1;
+        self.count_slo(v["slo_met"].as_bool());
         if o != Outcome::Ok {
             return;
         }
@@ -95,40 +96,44 @@ pub fn report(o: &ReportOptions) -> Result<String, ReportError> {
     if !["variant", "backend", "model", "route"].contains(&o.by.as_str()) {
         return Err(ReportError::BadGrouping(o.by.clone()));
     }
-    let text = std::fs::read_to_string(&o.file).map_err(|error| ReportError::Read {
-        path: o.file.clone(),
-        error,
-    })?;
     let mut arms: BTreeMap<Arc<str>, Arm> = BTreeMap::new();
     let mut labels: BTreeMap<Arc<str>, [BTreeSet<String>; 3]> = BTreeMap::new();
     let mut bad = 0;
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let Ok(v) = serde_json::from_str::<Value>(line) else {
-            bad += 1;
-            if bad <= 3 {
-                eprintln!(
-                    "warning: {}:{}: not a JSON line, skipped",
-                    o.file.display(),
-                    i + 1
-                );
+    for file in &o.files {
+        let text = std::fs::read_to_string(file).map_err(|error| ReportError::Read {
+            path: file.clone(),
+            error,
+        })?;
+        for (i, line) in text.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
             }
-            continue;
-        };
-        let key: Arc<str> = v[o.by.as_str()].as_str().unwrap_or("-").into();
-        let seed = crate::util::stable_hash(key.as_bytes());
-        arms.entry(Arc::clone(&key))
-            .or_insert_with(|| Arm::new(seed))
-            .record_line(&v);
-        let l = labels.entry(key).or_default();
-        for (j, k) in ["model", "backend", "variant"].iter().enumerate() {
-            l[j].insert(v[*k].as_str().unwrap_or("-").to_string());
+            let Ok(v) = serde_json::from_str::<Value>(line) else {
+                bad += 1;
+                if bad <= 3 {
+                    eprintln!(
+                        "warning: {}:{}: not a JSON line, skipped",
+                        file.display(),
+                        i + 1
+                    );
+                }
+                continue;
+            };
+            let key: Arc<str> = v[o.by.as_str()].as_str().unwrap_or("-").into();
+            let seed = crate::util::stable_hash(key.as_bytes());
+            arms.entry(Arc::clone(&key))
+                .or_insert_with(|| Arm::new(seed))
+                .record_line(&v);
+            let l = labels.entry(key).or_default();
+            for (j, k) in ["model", "backend", "variant"].iter().enumerate() {
+                l[j].insert(v[*k].as_str().unwrap_or("-").to_string());
+            }
         }
     }
     if arms.is_empty() {
-        return Err(ReportError::Empty(o.file.clone()));
+        return Err(ReportError::Empty(
+            o.files.first().cloned().unwrap_or_default(),
+        ));
     }
     if let Some(control) = &o.control {
         if !arms.contains_key(control.as_str()) {

@@ -356,6 +356,8 @@ pub struct RequestMeta {
     pub t_sent: Option<Instant>,
     /// Monotonic `t_hdr`: upstream response head received.
     pub t_hdr: Option<Instant>,
+    /// The route's latency objectives, once routed.
+    pub slo: Option<crate::config::SloConfig>,
 }
 
 impl RequestMeta {
@@ -389,6 +391,7 @@ impl RequestMeta {
             bytes_in: 0,
             t_sent: None,
             t_hdr: None,
+            slo: None,
         }
     }
 }
@@ -480,6 +483,31 @@ impl RequestRecord {
     /// Monotonic end of the request.
     pub fn t_end(&self) -> Instant {
         self.meta.t0 + self.e2e
+    }
+
+    /// Whether the request met its route's latency objectives (`None`: the route has none).
+    /// Only an `ok` outcome can; a response that showed no token before its end (non-streamed,
+    /// or no output) is judged on TTFT by its end; one token has no TPOT to miss.
+    pub fn slo_met(&self) -> Option<bool> {
+        let slo = self.meta.slo?;
+        if self.outcome != Outcome::Ok {
+            return Some(false);
+        }
+        let within = |limit: Option<Duration>, d: Option<Duration>| {
+            limit.is_none_or(|l| d.is_none_or(|d| d <= l))
+        };
+        let itl_ok = slo.itl.is_none_or(|l| {
+            let l = crate::util::quantile::duration_us(l);
+            let mut ok = true;
+            self.itl.for_each_us(|us, _| ok &= us <= l);
+            ok
+        });
+        Some(
+            within(slo.ttft, Some(self.ttft.unwrap_or(self.e2e)))
+                && within(slo.tpot, self.tpot)
+                && within(slo.e2e, Some(self.e2e))
+                && itl_ok,
+        )
     }
 
     /// The ITL summary the access log and spans carry (`None` without gaps).

@@ -211,6 +211,7 @@ impl Ctx {
         self.notes.update(|m| {
             m.route = Arc::clone(&sel.route.name);
             m.variant = Arc::clone(&sel.variant);
+            m.slo = sel.route.slo;
         });
         Ok(sel)
     }
@@ -478,6 +479,7 @@ impl ShadowCopy {
         meta.request_id = gw.metering.ids().request_id().into();
         meta.route = Arc::clone(&route.name);
         meta.variant = Arc::clone(&self.label);
+        meta.slo = route.slo;
         meta.stream = self.stream;
         meta.bytes_in = self.body.len() as u64;
         meta.is_shadow = true;

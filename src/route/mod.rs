@@ -196,6 +196,8 @@ pub struct Route {
     pub budget: TpsBudget,
     /// Response timeouts.
     pub timeouts: TimeoutsConfig,
+    /// Latency objectives (goodput).
+    pub slo: Option<crate::config::SloConfig>,
 }
 
 impl Route {
@@ -388,6 +390,7 @@ impl Router {
                     budget: retry_budget(&r.retry),
                     retry: r.retry.clone(),
                     timeouts: r.timeouts.clone(),
+                    slo: r.slo,
                 })
             })
             .collect();

@@ -2,12 +2,13 @@
 //! sliding window of the last 60 s (six 10-s slots), with rollups built by merging at read time.
 //! `/stats` JSON and Prometheus text are both rendered from these same histograms.
 
+pub mod hdr;
 mod prometheus;
 mod tally;
 
 pub use prometheus::{
-    render as render_prometheus, write as write_prometheus, Scalar, DURATION_BOUNDS, LAG_BOUNDS,
-    OVERHEAD_BOUNDS, TPOT_BOUNDS, TTFT_BOUNDS,
+    native as native_histogram, render as render_prometheus, write as write_prometheus, Scalar,
+    DURATION_BOUNDS, LAG_BOUNDS, NATIVE_SCHEMA, OVERHEAD_BOUNDS, TPOT_BOUNDS, TTFT_BOUNDS,
 };
 pub use tally::{Hist, Tally, METRICS};
 

@@ -56,6 +56,25 @@ impl Hist {
         self.sum_us = self.sum_us.saturating_add(other.sum_us);
     }
 
+    /// A histogram read back from an export, with its exact sum.
+    pub fn from_parts(h: Histogram<u64>, sum_us: u64) -> Self {
+        Self {
+            h: Some(h),
+            sum_us,
+            coarse: false,
+        }
+    }
+
+    /// The HdrHistogram (`None` until the first sample).
+    pub fn histogram(&self) -> Option<&Histogram<u64>> {
+        self.h.as_ref()
+    }
+
+    /// Exact sum of samples, in microseconds.
+    pub fn sum_us(&self) -> u64 {
+        self.sum_us
+    }
+
     /// Number of samples.
     pub fn count(&self) -> u64 {
         self.h.as_ref().map_or(0, Histogram::len)
@@ -121,6 +140,10 @@ pub struct Tally {
     pub output_tokens: u64,
     /// Events that were not the expected JSON.
     pub malformed_events: u64,
+    /// Requests judged against their route's latency objectives.
+    pub slo_evaluated: u64,
+    /// Of those, the ones that met every objective (goodput).
+    pub slo_met: u64,
     /// Histograms in `METRICS` order.
     pub hists: [Hist; METRICS.len()],
 }
@@ -142,6 +165,10 @@ impl Tally {
         self.input_tokens += r.input_tokens.unwrap_or(0);
         self.output_tokens += r.output_tokens.unwrap_or(0);
         self.malformed_events += u64::from(r.malformed_events);
+        if let Some(met) = r.slo_met() {
+            self.slo_evaluated += 1;
+            self.slo_met += u64::from(met);
+        }
         let [ttft, ttfc, tpot, itl, e2e, overhead, accept_delay, forward_lag] = &mut self.hists;
         if let Some(d) = r.ttft {
             ttft.record(d);
@@ -174,6 +201,8 @@ impl Tally {
         self.input_tokens += o.input_tokens;
         self.output_tokens += o.output_tokens;
         self.malformed_events += o.malformed_events;
+        self.slo_evaluated += o.slo_evaluated;
+        self.slo_met += o.slo_met;
         for (a, b) in self.hists.iter_mut().zip(&o.hists) {
             a.merge(b);
         }
@@ -212,6 +241,17 @@ impl Tally {
             "output_tokens_per_s".into(),
             rate(self.output_tokens).into(),
         );
+        let goodput = if self.slo_evaluated == 0 {
+            Value::Null
+        } else {
+            json!({
+                "evaluated": self.slo_evaluated,
+                "met": self.slo_met,
+                "share": ((self.slo_met as f64 / self.slo_evaluated as f64) * 1e4).round() / 1e4,
+                "met_per_s": rate(self.slo_met),
+            })
+        };
+        m.insert("goodput".into(), goodput);
         Value::Object(m)
     }
 }

@@ -1,0 +1,323 @@
+//! `GET /stats?format=hdr`: every group's cumulative tally with its HdrHistograms serialized
+//! (HdrHistogram V2 + deflate, base64, as HdrHistogram's interval logs carry them), so replicas'
+//! numbers can be merged exactly — the merged p99 of a fleet is the p99 of all its requests, not
+//! an average of p99s. `inferscope report --merge` reads these documents (from files or admin
+//! URLs) and merges them.
+
+use super::{GroupKey, Hist, Snapshot, Tally, METRICS};
+use crate::meter::Outcome;
+use base64::Engine;
+use hdrhistogram::serialization::{Deserializer, Serializer, V2DeflateSerializer};
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// The document's `format` value.
+pub const FORMAT: &str = "inferscope-hdr";
+/// The document's `version`.
+pub const VERSION: u64 = 1;
+
+/// A document that is not an inferscope HdrHistogram export.
+#[derive(Debug, thiserror::Error)]
+pub enum HdrError {
+    /// Not JSON, or not the format.
+    #[error("not an inferscope /stats?format=hdr document ({0})")]
+    NotHdr(String),
+    /// A histogram that does not decode.
+    #[error("group {group}: {metric}: {why}")]
+    Histogram {
+        /// The group's labels.
+        group: String,
+        /// The metric.
+        metric: String,
+        /// Why.
+        why: String,
+    },
+}
+
+fn encode(h: &hdrhistogram::Histogram<u64>, ser: &mut V2DeflateSerializer) -> Option<String> {
+    let mut buf = Vec::new();
+    ser.serialize(h, &mut buf).ok()?;
+    Some(base64::engine::general_purpose::STANDARD.encode(buf))
+}
+
+/// The export of a snapshot's cumulative tallies.
+pub fn export(snap: &Snapshot) -> Value {
+    let mut ser = V2DeflateSerializer::new();
+    let groups: Vec<Value> = snap
+        .groups
+        .iter()
+        .map(|(k, t, _)| {
+            let mut hists = Map::new();
+            let mut sums = Map::new();
+            for (name, h) in METRICS.iter().zip(&t.hists) {
+                if let Some(enc) = h.histogram().and_then(|h| encode(h, &mut ser)) {
+                    hists.insert((*name).into(), enc.into());
+                    sums.insert((*name).into(), h.sum_us().into());
+                }
+            }
+            let outcomes: Map<String, Value> = Outcome::ALL
+                .iter()
+                .filter(|o| t.outcomes[o.index()] > 0)
+                .map(|o| (o.as_str().into(), t.outcomes[o.index()].into()))
+                .collect();
+            json!({
+                "route": k.route.as_ref(), "model": k.model.as_ref(),
+                "backend": k.backend.as_ref(), "variant": k.variant.as_ref(),
+                "requests": t.requests, "outcomes": outcomes,
+                "input_tokens": t.input_tokens, "output_tokens": t.output_tokens,
+                "malformed_events": t.malformed_events,
+                "slo_evaluated": t.slo_evaluated, "slo_met": t.slo_met,
+                "histograms": hists, "sums_us": sums,
+            })
+        })
+        .collect();
+    json!({
+        "format": FORMAT,
+        "version": VERSION,
+        "encoding": "HdrHistogram V2 + deflate, base64; values in microseconds",
+        "uptime_s": snap.uptime,
+        "groups": groups,
+    })
+}
+
+/// Reads an export back into tallies by group.
+pub fn import(doc: &Value) -> Result<Vec<(GroupKey, Tally)>, HdrError> {
+    if doc["format"] != FORMAT {
+        return Err(HdrError::NotHdr(format!(
+            "format is {}, not {FORMAT:?}",
+            doc["format"]
+        )));
+    }
+    if doc["version"].as_u64() != Some(VERSION) {
+        return Err(HdrError::NotHdr(format!(
+            "version {} (this build reads {VERSION})",
+            doc["version"]
+        )));
+    }
+    let mut de = Deserializer::new();
+    let mut out = Vec::new();
+    for g in doc["groups"].as_array().into_iter().flatten() {
+        let label = |k: &str| -> Arc<str> { g[k].as_str().unwrap_or(crate::meter::NONE).into() };
+        let key = GroupKey {
+            route: label("route"),
+            model: label("model"),
+            backend: label("backend"),
+            variant: label("variant"),
+        };
+        let n = |k: &str| g[k].as_u64().unwrap_or(0);
+        let mut t = Tally {
+            requests: n("requests"),
+            input_tokens: n("input_tokens"),
+            output_tokens: n("output_tokens"),
+            malformed_events: n("malformed_events"),
+            slo_evaluated: n("slo_evaluated"),
+            slo_met: n("slo_met"),
+            ..Tally::default()
+        };
+        for o in Outcome::ALL {
+            t.outcomes[o.index()] = g["outcomes"][o.as_str()].as_u64().unwrap_or(0);
+        }
+        for (i, name) in METRICS.iter().enumerate() {
+            let Some(b64) = g["histograms"][*name].as_str() else {
+                continue;
+            };
+            let fail = |why: String| HdrError::Histogram {
+                group: format!(
+                    "{}/{}/{}/{}",
+                    key.route, key.model, key.backend, key.variant
+                ),
+                metric: (*name).into(),
+                why,
+            };
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(b64)
+                .map_err(|e| fail(e.to_string()))?;
+            let h: hdrhistogram::Histogram<u64> = de
+                .deserialize(&mut bytes.as_slice())
+                .map_err(|e| fail(format!("{e:?}")))?;
+            t.hists[i] = Hist::from_parts(h, g["sums_us"][*name].as_u64().unwrap_or(0));
+        }
+        out.push((key, t));
+    }
+    Ok(out)
+}
+
+/// Merges imported exports: tallies of the same labels are added.
+pub fn merge(parts: impl IntoIterator<Item = Vec<(GroupKey, Tally)>>) -> BTreeMap<GroupKey, Tally> {
+    let mut all: BTreeMap<GroupKey, Tally> = BTreeMap::new();
+    for part in parts {
+        for (k, t) in part {
+            all.entry(k).or_default().merge(&t);
+        }
+    }
+    all
+}
+
+/// Rolls merged groups up by one label (`route`, `model`, `backend`, `variant`, or `all`).
+pub fn rollup(groups: &BTreeMap<GroupKey, Tally>, by: &str) -> BTreeMap<Arc<str>, Tally> {
+    let mut out: BTreeMap<Arc<str>, Tally> = BTreeMap::new();
+    for (k, t) in groups {
+        let name = match by {
+            "route" => Arc::clone(&k.route),
+            "model" => Arc::clone(&k.model),
+            "backend" => Arc::clone(&k.backend),
+            "variant" => Arc::clone(&k.variant),
+            _ => Arc::from("all"),
+        };
+        out.entry(name).or_default().merge(t);
+    }
+    out
+}
+
+/// `inferscope report --merge` over exports: per group of `by`, the merged counts and exact
+/// percentiles (table, or JSON with `json`). Verdicts need samples, which histograms are not:
+/// with a `control`, the report says to merge the replicas' access logs instead.
+pub fn report(
+    docs: &[Value],
+    by: &str,
+    control: Option<&str>,
+    json_out: bool,
+) -> Result<String, HdrError> {
+    use std::fmt::Write;
+    if !["variant", "backend", "model", "route", "all"].contains(&by) {
+        return Err(HdrError::NotHdr(format!(
+            "--by {by}: use variant, backend, model, route or all"
+        )));
+    }
+    let parts = docs.iter().map(import).collect::<Result<Vec<_>, _>>()?;
+    let merged = merge(parts);
+    let groups = rollup(&merged, by);
+    if json_out {
+        let list: Vec<Value> = groups
+            .iter()
+            .map(|(name, t)| {
+                let mut v = t.to_json(0.0);
+                if let Value::Object(m) = &mut v {
+                    m.remove("requests_per_s");
+                    m.remove("output_tokens_per_s");
+                    if let Some(Value::Object(g)) = m.get_mut("goodput") {
+                        g.remove("met_per_s");
+                    }
+                    m.insert(by.into(), name.as_ref().into());
+                }
+                v
+            })
+            .collect();
+        let doc = json!({ "by": by, "replicas": docs.len(), "groups": list });
+        return Ok(format!("{doc:#}\n"));
+    }
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "| {by} | requests | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms | ITL p50 ms | ITL p99 ms | E2E p99 ms | goodput | error rate |"
+    );
+    let _ = writeln!(out, "|{}", "---|".repeat(11));
+    for (name, t) in &groups {
+        let q = |i: usize, p: f64| {
+            t.hists[i]
+                .histogram()
+                .filter(|h| !h.is_empty())
+                .map_or_else(
+                    || "-".to_string(),
+                    |h| {
+                        format!(
+                            "{:.2}",
+                            crate::util::quantile::us_to_ms(h.value_at_quantile(p))
+                        )
+                    },
+                )
+        };
+        let goodput = if t.slo_evaluated > 0 {
+            format!("{:.1}%", 100.0 * t.slo_met as f64 / t.slo_evaluated as f64)
+        } else {
+            "-".into()
+        };
+        let errors: u64 = Outcome::ALL
+            .iter()
+            .filter(|o| {
+                !matches!(
+                    o,
+                    Outcome::Ok | Outcome::ClientCancelled | Outcome::Shutdown
+                )
+            })
+            .map(|o| t.outcomes[o.index()])
+            .sum();
+        let rate = if t.requests > 0 {
+            100.0 * errors as f64 / t.requests as f64
+        } else {
+            0.0
+        };
+        let _ = writeln!(
+            out,
+            "| {name} | {} | {} | {} | {} | {} | {} | {} | {} | {goodput} | {rate:.2}% |",
+            t.requests,
+            q(0, 0.5),
+            q(0, 0.99),
+            q(2, 0.5),
+            q(2, 0.99),
+            q(3, 0.5),
+            q(3, 0.99),
+            q(4, 0.99)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\nMerged from {} replica export(s): exact HdrHistogram sums (3 significant digits).",
+        docs.len()
+    );
+    if control.is_some() {
+        let _ = writeln!(
+            out,
+            "No verdicts from histograms: comparisons resample requests. For the fleet's verdict, merge the replicas' access logs: inferscope report --merge A.jsonl B.jsonl --control …"
+        );
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn an_export_reads_back_to_the_same_percentiles_and_merges_exactly() {
+        let key = |v: &str| GroupKey {
+            route: "r".into(),
+            model: "m".into(),
+            backend: "b".into(),
+            variant: v.into(),
+        };
+        let tally = |from: u64, n: u64| {
+            let mut t = Tally::default();
+            for i in 0..n {
+                t.requests += 1;
+                t.hists[0].record(Duration::from_micros(from + i * 37));
+            }
+            t
+        };
+        let snap = |t: Tally| Snapshot {
+            uptime: 1.0,
+            groups: vec![(key("a"), t, Tally::default())],
+        };
+        let (a, b) = (tally(1_000, 500), tally(40_000, 700));
+        let (ea, eb) = (export(&snap(a.clone())), export(&snap(b.clone())));
+        let text = ea.to_string();
+        let back = import(&serde_json::from_str(&text).unwrap_or_default()).unwrap_or_default();
+        assert_eq!(back[0].1.hists[0].summary_ms(), a.hists[0].summary_ms());
+        let merged = merge([
+            import(&ea).unwrap_or_default(),
+            import(&eb).unwrap_or_default(),
+        ]);
+        let mut truth = a;
+        truth.merge(&b);
+        let m = &merged[&key("a")];
+        assert_eq!(m.requests, 1200);
+        assert_eq!(m.hists[0].summary_ms(), truth.hists[0].summary_ms());
+        assert_eq!(m.hists[0].sum_seconds(), truth.hists[0].sum_seconds());
+        assert!(matches!(
+            import(&json!({"format": "x"})),
+            Err(HdrError::NotHdr(_))
+        ));
+    }
+}
