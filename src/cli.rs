@@ -33,6 +33,19 @@ enum Cmd {
         #[arg(long)]
         admin: Option<SocketAddr>,
     },
+    /// The embedded default with built-in background load: open the printed dashboard URL and
+    /// watch live charts and the int8-vs-fp16 verdict form.
+    Demo {
+        /// Data-plane address (port 0 picks a free port).
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: SocketAddr,
+        /// Admin address: the dashboard (port 0 picks a free port).
+        #[arg(long, default_value = "127.0.0.1:9464")]
+        admin: SocketAddr,
+        /// Background requests per second (Poisson arrivals).
+        #[arg(long, default_value_t = 8.0)]
+        rate: f64,
+    },
     /// Run a simulated OpenAI-compatible backend.
     Sim {
         /// Address to listen on.
@@ -349,6 +362,35 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Cmd::Demo {
+            listen,
+            admin,
+            rate,
+        } => {
+            anyhow::ensure!(rate > 0.0, "--rate {rate}: must be above 0");
+            let cfg = Arc::new(config::embedded_default()?);
+            crate::server::raise_fd_limit();
+            let running = app::start(
+                cfg,
+                Overrides {
+                    listen: Some(listen),
+                    admin: Some(admin),
+                    config_path: None,
+                },
+            )
+            .await?;
+            ready_line(&format!(
+                "inferscope ready data={} admin={}\ndashboard: http://{}/\nload: {rate} requests/s to model `demo`, split between fp16 and int8 (Ctrl-C stops)",
+                running.data_addr, running.admin_addr, running.admin_addr
+            ))?;
+            let url = format!("http://{}", running.data_addr);
+            let load = tokio::spawn(demo_load(url, rate));
+            terminated().await;
+            load.abort();
+            running.shutdown();
+            running.wait().await;
+            Ok(())
+        }
         Cmd::Sim {
             listen,
             profile,
@@ -548,6 +590,35 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Check { .. } | Cmd::Report { .. } => Ok(()),
+    }
+}
+
+/// The demo's traffic: the load generator in one-minute rounds, forever; no user key, so each
+/// request is assigned a variant at random.
+async fn demo_load(url: String, rate: f64) {
+    use crate::loadgen::{self, Arrivals, BenchOptions};
+    let Ok(connector) = crate::tls::Connector::for_url(&url, None, &[b"http/1.1"]) else {
+        return;
+    };
+    for round in 0u64.. {
+        let opts = BenchOptions {
+            url: url.clone(),
+            model: "demo".into(),
+            prompts: loadgen::synthetic_prompts(200, 40, round),
+            arrivals: Arrivals::Poisson(rate),
+            requests: (rate * 120.0) as usize + 100,
+            duration: Some(std::time::Duration::from_secs(60)),
+            stream: true,
+            max_tokens: 64,
+            slo: Vec::new(),
+            headers: Vec::new(),
+            seed: round,
+            progress: false,
+            http2_connections: None,
+            warmup: 0,
+            connector: connector.clone(),
+        };
+        loadgen::run(&opts).await;
     }
 }
 

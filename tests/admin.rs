@@ -44,7 +44,15 @@ async fn a_token_guards_everything_but_the_probes() {
     for probe in ["/healthz", "/readyz"] {
         assert_eq!(raw(a, &get(probe, None)).await.0, 200, "{probe}");
     }
-    for path in ["/stats", "/metrics", "/experiments"] {
+    // The dashboard page is static (a browser cannot send a bearer token when navigating): it
+    // loads, asks for the token, and sends it with each request for data.
+    let (code, page) = raw(a, &get("/", None)).await;
+    assert_eq!(code, 200);
+    assert!(page.contains("<title>inferscope</title>") && !page.contains(TOKEN));
+    let lower = page.to_ascii_lowercase();
+    assert!(lower.contains("content-security-policy: default-src 'none'"));
+    assert!(lower.contains("x-frame-options: deny"));
+    for path in ["/stats", "/metrics", "/experiments", "/stats?format=hdr"] {
         let (code, text) = raw(a, &get(path, None)).await;
         assert_eq!(code, 401, "{path}");
         assert!(text
@@ -149,7 +157,7 @@ async fn pages_answer_only_to_their_own_host_names() {
     }
     // A rebinding page reaches the listener under the attacker's name: refused, reads and
     // writes alike.
-    for path in ["/stats", "/experiments"] {
+    for path in ["/", "/stats", "/experiments"] {
         let (code, text) = raw(a, &get(path, "evil.example:9464")).await;
         assert_eq!(code, 421, "{path}");
         assert!(text.contains("allowed_hosts"));

@@ -1,7 +1,8 @@
 //! The admin plane (its own listener; API clients never reach it): `GET /metrics` (Prometheus),
 //! `GET /stats` (JSON), `GET /experiments` (A/B comparisons), `POST /feedback` (quality signals),
 //! `POST /experiments/reset` (guardrail reset), `GET /healthz` (the process is up), `GET /readyz`
-//! (routes can be served and the gateway is not draining). The dashboard is not built yet.
+//! (routes can be served and the gateway is not draining), `GET /` (the dashboard: one page
+//! embedded in the binary that polls `/stats`, `/experiments` and `/metrics`).
 
 use crate::recorder::Recorder;
 use crate::route::Router;
@@ -76,12 +77,17 @@ fn same_secret(a: &[u8], b: &[u8]) -> bool {
     diff == 0
 }
 
-/// Probes stay open (kubelets and load balancers carry no token); the rest needs the token.
+/// Probes stay open (kubelets and load balancers carry no token), and so does the dashboard page
+/// (static: a browser cannot send a bearer token when navigating; the page asks for the token
+/// and sends it with every request for data); the rest needs the token.
 fn authorized(state: &AdminState, req: &Request<hyper::body::Incoming>) -> bool {
     let Some(token) = &state.token else {
         return true;
     };
-    if matches!(req.uri().path(), "/healthz" | "/readyz") {
+    if matches!(
+        req.uri().path(),
+        "/healthz" | "/readyz" | "/" | "/dashboard"
+    ) {
         return true;
     }
     req.headers()
@@ -89,6 +95,30 @@ fn authorized(state: &AdminState, req: &Request<hyper::body::Incoming>) -> bool 
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .is_some_and(|given| same_secret(given.trim().as_bytes(), token.as_bytes()))
+}
+
+/// The dashboard page: self-contained (its script and styles inline, no other origin), allowed
+/// to talk to this listener only, never framed.
+fn dashboard() -> Response<Full<Bytes>> {
+    const PAGE: &str = include_str!("dashboard.html");
+    let mut r = reply(StatusCode::OK, "text/html; charset=utf-8", PAGE);
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
+        ),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    r
 }
 
 /// Whether the query string has `key=value`.
@@ -182,6 +212,7 @@ pub async fn handle(
     }
     let router = state.routes.load();
     let r = match req.uri().path() {
+        "/" | "/dashboard" => dashboard(),
         "/healthz" => reply(StatusCode::OK, "text/plain", "ok\n"),
         "/experiments" => {
             // Bootstrap intervals take a moment: off the runtime's worker threads.
@@ -241,7 +272,7 @@ pub async fn handle(
         _ => reply(
             StatusCode::NOT_FOUND,
             "text/plain",
-            "not found: try /stats, /metrics, /healthz, /readyz\n",
+            "not found: try / (the dashboard), /stats, /metrics, /experiments, /healthz, /readyz\n",
         ),
     };
     Ok(r)

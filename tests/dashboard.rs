@@ -1,0 +1,239 @@
+//! The dashboard in a real browser: headless Chromium loads admin `GET /`, runs its script against
+//! a gateway that served an experiment, and the page it renders is checked — no script errors,
+//! every chart drawn, and every number it shows equal to `/stats` and every verdict to
+//! `/experiments` at the same moment (the load stopped first).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use inferscope::sim::Profile;
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::Command;
+
+fn chromium() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let dirs: Vec<PathBuf> = std::env::split_paths(&path).collect();
+    let found = ["chromium", "chromium-browser", "google-chrome"]
+        .iter()
+        .flat_map(|name| dirs.iter().map(move |d| d.join(name)))
+        .find(|p| p.is_file());
+    if found.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI installs chromium (.ci/run): it must be on PATH"
+        );
+        eprintln!("SKIPPED: no chromium on PATH (apt-get install chromium)");
+    }
+    found
+}
+
+/// Runs headless Chromium on `url` for a few seconds of page time; returns (DOM, stderr).
+fn browse(bin: &std::path::Path, url: &str, extra: &[&str]) -> (String, String) {
+    let profile = temp_dir();
+    let out = Command::new(bin)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--window-size=1400,1800",
+            "--virtual-time-budget=7000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(extra)
+        .arg(url)
+        .output()
+        .unwrap();
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `(attribute value, element text)` for every element carrying `attr`.
+fn tagged(dom: &str, attr: &str) -> Vec<(String, String)> {
+    let needle = format!("{attr}=\"");
+    let mut out = Vec::new();
+    let mut rest = dom;
+    while let Some(i) = rest.find(&needle) {
+        rest = &rest[i + needle.len()..];
+        let Some(end) = rest.find('"') else { break };
+        let key = rest[..end].to_string();
+        let Some(gt) = rest.find('>') else { break };
+        let text_end = rest[gt + 1..].find('<').unwrap_or(0);
+        let text = rest[gt + 1..gt + 1 + text_end].to_string();
+        out.push((key, text));
+        rest = &rest[gt..];
+    }
+    out
+}
+
+fn unescape(s: &str) -> String {
+    s.replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", "\"")
+        .replace("&amp;", "&")
+}
+
+fn at<'a>(doc: &'a Value, path: &str) -> &'a Value {
+    path.split('/').fold(doc, |v, k| match k.parse::<usize>() {
+        Ok(i) if v.is_array() => &v[i],
+        _ => &v[k],
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_shows_what_stats_says_in_a_real_browser() {
+    let Some(bin) = chromium() else { return };
+    let p = |tpot| Profile {
+        jitter: 0.3,
+        ..exact(8.0, tpot)
+    };
+    let (fp16, int8) = (start_sim(p(3.0), 1).await, start_sim(p(2.0), 2).await);
+    let dir = temp_dir();
+    let yaml = format!(
+        "access_log: {{ path: {:?} }}\nbackends:\n  - {{ name: fp16, url: \"http://{}\" }}\n  - {{ name: int8, url: \"http://{}\" }}\nroutes:\n  - name: chat\n    slo: {{ ttft: 12ms, tpot: 3ms }}\n    experiment:\n      name: int8-vs-fp16\n      sticky_key: \"header:x-user-id\"\n      min_samples: 20\n      guardrails: {{ rules: [{{ variant: int8, metric: ttft_p99_ms, max: 10000 }}] }}\n      variants:\n        - {{ name: fp16, backends: [fp16], weight: 50, control: true }}\n        - {{ name: int8, backends: [int8], weight: 50 }}\n",
+        dir.join("access.jsonl"),
+        fp16.addr,
+        int8.addr
+    );
+    let gw = start_yaml(&yaml).await;
+    for i in 0..80 {
+        let r = post(
+            gw.data_addr,
+            "/v1/chat/completions",
+            &chat(true, 6, ""),
+            &[("x-user-id", &format!("u{i}"))],
+        )
+        .await;
+        assert_eq!(r.status, 200);
+    }
+    // The load has stopped: /stats and /experiments now hold still (but for rates over time).
+    let (_, body) = admin_get(gw.admin_addr, "/stats").await;
+    let stats: Value = serde_json::from_str(&body).unwrap();
+    let (_, body) = admin_get(gw.admin_addr, "/experiments").await;
+    let exps: Value = serde_json::from_str(&body).unwrap();
+
+    let url = format!("http://{}/", gw.admin_addr);
+    let (dom, stderr) = tokio::task::spawn_blocking({
+        let bin = bin.clone();
+        move || browse(&bin, &url, &["--dump-dom"])
+    })
+    .await
+    .unwrap();
+    assert!(dom.contains("<title>inferscope</title>"), "{stderr}\n{dom}");
+
+    // No script error: the page's own error box is empty and the browser logged none.
+    let errors = dom
+        .split("<pre id=\"errors\">")
+        .nth(1)
+        .and_then(|s| s.split("</pre>").next())
+        .unwrap();
+    assert_eq!(errors.trim(), "", "script errors on the page");
+    for line in stderr.lines() {
+        assert!(
+            !(line.contains("Uncaught") || line.contains("Refused to")),
+            "console: {line}"
+        );
+    }
+    let polls: u32 = dom
+        .split("data-polls=\"")
+        .nth(1)
+        .and_then(|s| s.split('"').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    assert!(polls >= 2, "the page polled {polls} times");
+
+    // Every chart has data.
+    for chart in ["c-ttft", "c-tpot", "c-e2e", "c-rate", "c-hist"] {
+        let at_chart = dom.split(&format!("id=\"{chart}\"")).next().unwrap();
+        let tag_start = at_chart.rfind('<').unwrap();
+        let tag = &dom[tag_start..tag_start + 200.min(dom.len() - tag_start)];
+        let points: u64 = tag
+            .split("data-points=\"")
+            .nth(1)
+            .and_then(|s| s.split('"').next())
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        assert!(points > 0, "chart {chart} is empty: {tag}");
+    }
+
+    // Every number shown is /stats's.
+    let cells = tagged(&dom, "data-stat");
+    assert!(cells.len() >= 40, "{} numbers shown", cells.len());
+    let mut compared = 0;
+    for (path, text) in &cells {
+        let want = at(&stats, path);
+        let text = unescape(text);
+        if let Some(s) = want.as_str() {
+            assert_eq!(&text, s, "{path}");
+            continue;
+        }
+        let shown: f64 = text
+            .trim_end_matches('%')
+            .parse()
+            .unwrap_or_else(|_| panic!("{path}: {text:?} is not a number (stats has {want})"));
+        let want = want.as_f64().unwrap_or_else(|| panic!("{path}: {want}"));
+        if path.ends_with("_per_s") {
+            // A rate over the window's time: it only falls while no request comes.
+            assert!(
+                shown <= want + 0.01 && shown > 0.0,
+                "{path}: {shown} vs {want}"
+            );
+            continue;
+        }
+        let digits = text
+            .trim_end_matches('%')
+            .split('.')
+            .nth(1)
+            .map_or(0, str::len) as i32;
+        let scale = if path.ends_with("goodput/share") {
+            100.0
+        } else {
+            1.0
+        };
+        assert!(
+            (shown - want * scale).abs() <= 0.5 * 10f64.powi(-digits) + 1e-9,
+            "{path}: the page shows {text}, /stats says {want}"
+        );
+        compared += 1;
+    }
+    assert!(compared >= 30, "{compared} numbers compared");
+
+    // Every verdict shown is /experiments's.
+    let verdicts = tagged(&dom, "data-verdict");
+    let n = exps["experiments"][0]["comparisons"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert_eq!(verdicts.len(), n);
+    for (path, text) in &verdicts {
+        assert_eq!(unescape(text), at(&exps, path).as_str().unwrap(), "{path}");
+    }
+    assert!(
+        dom.contains("guardrails: every variant serving"),
+        "guardrail state shown"
+    );
+
+    // A picture of it, as a person would see it.
+    let shot = dir.join("dashboard.png");
+    let (_, stderr) = tokio::task::spawn_blocking({
+        let bin = bin.clone();
+        let url = format!("http://{}/", gw.admin_addr);
+        let arg = format!("--screenshot={}", shot.display());
+        move || browse(&bin, &url, &[&arg])
+    })
+    .await
+    .unwrap();
+    let png = std::fs::read(&shot).unwrap_or_else(|_| panic!("no screenshot: {stderr}"));
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 20_000,
+        "{} bytes",
+        png.len()
+    );
+}
