@@ -24,14 +24,31 @@ enum Cmd {
     /// Run the gateway (with no --config: two simulated backends behind model `demo`).
     Serve {
         /// YAML config file.
-        #[arg(long)]
+        #[arg(long, env = "INFERSCOPE_CONFIG")]
         config: Option<PathBuf>,
         /// Data-plane address, overriding the config (port 0 picks a free port).
-        #[arg(long)]
+        #[arg(long, env = "INFERSCOPE_LISTEN")]
         listen: Option<SocketAddr>,
         /// Admin address, overriding the config (port 0 picks a free port).
-        #[arg(long)]
+        #[arg(long, env = "INFERSCOPE_ADMIN")]
         admin: Option<SocketAddr>,
+    },
+    /// Exit 0 when the gateway's admin `/healthz` answers 200, else 1 (a container HEALTHCHECK
+    /// needs no other program): the admin address comes from --url, or from the config as
+    /// `serve` would read it.
+    Health {
+        /// The URL to check (default: http://ADMIN/healthz of the config's admin listener).
+        #[arg(long)]
+        url: Option<String>,
+        /// YAML config file (default: the embedded one).
+        #[arg(long, env = "INFERSCOPE_CONFIG")]
+        config: Option<PathBuf>,
+        /// Admin address, overriding the config's.
+        #[arg(long, env = "INFERSCOPE_ADMIN")]
+        admin: Option<SocketAddr>,
+        /// For an https:// URL: a PEM CA bundle trusted besides the bundled Mozilla roots.
+        #[arg(long)]
+        ca_file: Option<PathBuf>,
     },
     /// The embedded default with built-in background load: open the printed dashboard URL and
     /// watch live charts and the int8-vs-fp16 verdict form.
@@ -360,6 +377,48 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             if !running.wait().await {
                 tracing::warn!("some requests did not finish within the grace period");
             }
+            Ok(())
+        }
+        Cmd::Health {
+            url,
+            config,
+            admin,
+            ca_file,
+        } => {
+            let url = match url {
+                Some(u) => u,
+                None => {
+                    let cfg = match &config {
+                        Some(path) => config::load(path)?,
+                        None => Arc::new(config::embedded_default()?),
+                    };
+                    let mut addr = admin.unwrap_or(cfg.admin.listen);
+                    if addr.ip().is_unspecified() {
+                        addr.set_ip(if addr.is_ipv4() {
+                            std::net::Ipv4Addr::LOCALHOST.into()
+                        } else {
+                            std::net::Ipv6Addr::LOCALHOST.into()
+                        });
+                    }
+                    let scheme = if cfg.admin.tls.is_some() {
+                        "https"
+                    } else {
+                        "http"
+                    };
+                    format!("{scheme}://{addr}/healthz")
+                }
+            };
+            let connector = crate::tls::Connector::for_url(&url, ca_file, &[b"http/1.1"])
+                .context("--ca-file")?;
+            let client: hyper_util::client::legacy::Client<_, http_body_util::Empty<bytes::Bytes>> =
+                hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                    .build(connector);
+            let uri: http::Uri = url.parse().with_context(|| url.clone())?;
+            let resp = tokio::time::timeout(std::time::Duration::from_secs(5), client.get(uri))
+                .await
+                .map_err(|_| anyhow::anyhow!("{url}: no answer in 5 s"))?
+                .with_context(|| url.clone())?;
+            anyhow::ensure!(resp.status().is_success(), "{url}: {}", resp.status());
             Ok(())
         }
         Cmd::Demo {

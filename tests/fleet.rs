@@ -7,12 +7,13 @@
 
 mod common;
 
+use common::prom::{query, scalar};
 use common::*;
 use inferscope::sim::Profile;
 use serde_json::Value;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 struct Fleet {
@@ -90,116 +91,6 @@ fn sims() -> (Profile, Profile) {
     (p(4.0), p(2.8))
 }
 
-/// Percent-encodes a query parameter.
-fn encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-/// A real Prometheus scraping `targets` every second.
-struct Prometheus {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn prometheus_binary() -> Option<PathBuf> {
-    let found = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
-        .map(|p| p.join("prometheus"))
-        .find(|p| p.is_file());
-    if found.is_none() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI installs prometheus (.ci/run): it must be on PATH"
-        );
-        eprintln!("SKIPPED: no `prometheus` on PATH (apt-get install prometheus)");
-    }
-    found
-}
-
-async fn start_prometheus(
-    bin: &Path,
-    dir: &Path,
-    targets: &[SocketAddr],
-    native: bool,
-) -> Prometheus {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let name = if native { "native" } else { "classic" };
-    let cfg = dir.join(format!("prometheus-{name}.yml"));
-    let list: Vec<String> = targets.iter().map(|t| format!("\"{t}\"")).collect();
-    std::fs::write(
-        &cfg,
-        format!(
-            "global: {{ scrape_interval: 1s, evaluation_interval: 1s }}\nscrape_configs:\n  - job_name: inferscope\n    static_configs:\n      - targets: [{}]\n",
-            list.join(", ")
-        ),
-    )
-    .unwrap();
-    let mut cmd = Command::new(bin);
-    cmd.arg(format!("--config.file={}", cfg.display()))
-        .arg(format!("--storage.tsdb.path={}", dir.join(name).display()))
-        .arg(format!("--web.listen-address={addr}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    if native {
-        cmd.arg("--enable-feature=native-histograms");
-    }
-    Prometheus {
-        child: cmd.spawn().unwrap(),
-        addr,
-    }
-}
-
-async fn query(p: &Prometheus, q: &str) -> Vec<Value> {
-    let (status, body) = admin_get(p.addr, &format!("/api/v1/query?query={}", encode(q))).await;
-    assert_eq!(status, 200, "{q}: {body}");
-    let v: Value = serde_json::from_str(&body).unwrap();
-    v["data"]["result"].as_array().cloned().unwrap_or_default()
-}
-
-fn scalar(result: &[Value]) -> Option<f64> {
-    result.first()?["value"][1].as_str()?.parse().ok()
-}
-
-/// Waits until the last scrape of every target saw `requests` finished requests.
-async fn scraped(p: &Prometheus, requests: usize) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if Instant::now() > deadline {
-            panic!(
-                "Prometheus at {} did not scrape both gateways in 60 s",
-                p.addr
-            );
-        }
-        // Connection refused while it starts: retry.
-        if tokio::net::TcpStream::connect(p.addr).await.is_ok() {
-            let n = scalar(&query(p, "sum(inferscope_requests_total)").await);
-            let up = scalar(&query(p, "sum(up)").await);
-            if n == Some(requests as f64) && up == Some(2.0) {
-                return;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
 /// The fleet's exact TTFT quantiles: both exports merged (`report --merge URL URL --json`).
 fn merged_truth(f: &Fleet) -> Value {
     let admins: Vec<String> = f
@@ -252,14 +143,15 @@ async fn two_replicas_merge_exactly_and_prometheus_agrees_within_a_bucket() {
         );
     }
 
-    let Some(bin) = prometheus_binary() else {
+    let Some(bin) = prom::binary() else {
         return;
     };
     let targets: Vec<SocketAddr> = f.gateways.iter().map(|g| g.2).collect();
-    let native = start_prometheus(&bin, &f.dir, &targets, true).await;
-    let classic = start_prometheus(&bin, &f.dir, &targets, false).await;
-    scraped(&native, N).await;
-    scraped(&classic, N).await;
+    let config = prom::scrape_config(&targets);
+    let native = prom::start(&bin, &f.dir, "native", &config, true);
+    let classic = prom::start(&bin, &f.dir, "classic", &config, false);
+    prom::scraped(&native, 2, N).await;
+    prom::scraped(&classic, 2, N).await;
 
     let width = 2f64.powf(1.0 / f64::from(1u32 << inferscope::stats::NATIVE_SCHEMA)) - 1.0;
     let mut lines = Vec::new();

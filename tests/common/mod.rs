@@ -5,6 +5,7 @@
 
 pub mod otlp;
 pub mod pki;
+pub mod prom;
 
 use bytes::Bytes;
 use http::{HeaderMap, Request};
