@@ -319,3 +319,57 @@ async fn a_dead_collector_costs_the_data_path_nothing() {
     );
     assert_eq!(c.spans_exported.load(Ordering::Relaxed), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn histograms_export_as_base2_exponential_on_request() {
+    let sim = start_sim(exact(20.0, 2.0), 1).await;
+    let (otlp, collected) = start_grpc().await;
+    let dir = temp_dir();
+    let telemetry = format!(
+        "  otlp: {{ endpoint: \"http://{otlp}\", protocol: grpc, timeout: 5s }}\n  metrics_interval: 60s\n  histograms: exponential\n"
+    );
+    let gw = start_yaml(&yaml(&dir, sim.addr, &telemetry)).await;
+    for _ in 0..5 {
+        let r = post(
+            gw.data_addr,
+            "/v1/chat/completions",
+            &chat(true, 4, ""),
+            &[],
+        )
+        .await;
+        assert_eq!(r.status, 200);
+    }
+    let log = stop_and_read_log(gw, &dir).await;
+    use opentelemetry_proto::tonic::metrics::v1::metric::Data;
+    let ttft = collected.metric("gen_ai.server.time_to_first_token");
+    assert!(
+        !ttft
+            .iter()
+            .any(|m| matches!(m.data, Some(Data::Histogram(_)))),
+        "no explicit-bucket TTFT histogram"
+    );
+    let p = ttft
+        .iter()
+        .find_map(|m| match &m.data {
+            Some(Data::ExponentialHistogram(h)) => h.data_points.first().cloned(),
+            _ => None,
+        })
+        .expect("an exponential TTFT histogram point");
+    assert_eq!(p.count, 5);
+    // Bucket i of scale s holds (base^i, base^(i+1)] with base = 2^(2^-s): every logged TTFT
+    // lies in the populated range, and the resolution is fine (few samples: a high scale).
+    let base = 2f64.powf(2f64.powi(-p.scale));
+    let pos = p.positive.clone().expect("positive buckets");
+    let lo = base.powi(pos.offset);
+    let hi = base.powi(pos.offset + pos.bucket_counts.len() as i32);
+    assert_eq!(pos.bucket_counts.iter().sum::<u64>(), 5);
+    for l in &log {
+        let s = l["ttft_ms"].as_f64().unwrap() / 1000.0;
+        assert!(
+            lo * 0.999 < s && s <= hi * 1.001,
+            "{s} outside ({lo}, {hi}]"
+        );
+    }
+    assert!(p.scale >= 5, "scale {}", p.scale);
+    assert!(p.min.unwrap() > 0.019 && p.max.unwrap() < 1.0, "{p:?}");
+}

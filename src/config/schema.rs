@@ -781,6 +781,20 @@ pub struct TelemetryConfig {
     pub metrics_interval: Duration,
     /// Export metrics too (off for trace-only receivers such as Jaeger and Langfuse).
     pub export_metrics: bool,
+    /// Aggregation of the exported histograms: `explicit` (the GenAI advisory buckets) or
+    /// `exponential` (base-2 exponential histograms, which collectors merge across replicas
+    /// without bucket guesses); else `OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION`.
+    pub histograms: Option<HistogramAggregation>,
+}
+
+/// How exported histograms aggregate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HistogramAggregation {
+    /// Explicit bucket boundaries (the GenAI conventions' advisory ones).
+    Explicit,
+    /// Base-2 exponential buckets (160 at most, scale chosen by the SDK).
+    Exponential,
 }
 
 impl Default for TelemetryConfig {
@@ -797,6 +811,7 @@ impl Default for TelemetryConfig {
             batch: BatchConfig::default(),
             metrics_interval: Duration::from_secs(10),
             export_metrics: true,
+            histograms: None,
         }
     }
 }

@@ -41,6 +41,8 @@ pub struct Settings {
     pub batch: BatchConfig,
     /// Metric export interval; `None` when metrics are not exported.
     pub metrics_interval: Option<Duration>,
+    /// Histograms exported as base-2 exponential histograms.
+    pub exponential_histograms: bool,
     /// `OTEL_SEMCONV_STABILITY_OPT_IN` contains `gen_ai_latest_experimental`: emit only the latest
     /// GenAI names (otherwise `gen_ai.system` is also emitted for backends built on semconv 1.36).
     pub genai_latest_only: bool,
@@ -249,6 +251,11 @@ pub fn resolve(
         capture_content: c.capture_content.then_some(c.max_content_bytes),
         batch: c.batch.clone(),
         metrics_interval: c.export_metrics.then_some(c.metrics_interval),
+        exponential_histograms: match c.histograms {
+            Some(h) => h == super::schema::HistogramAggregation::Exponential,
+            None => env("OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION")
+                .is_some_and(|v| v.trim() == "base2_exponential_bucket_histogram"),
+        },
         genai_latest_only: env("OTEL_SEMCONV_STABILITY_OPT_IN").is_some_and(|v| {
             v.split(',')
                 .any(|t| t.trim() == "gen_ai_latest_experimental")

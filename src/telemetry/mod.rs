@@ -308,10 +308,27 @@ fn meter_provider(
     let reader = PeriodicReader::builder(exporter, opentelemetry_sdk::runtime::Tokio)
         .with_interval(interval)
         .build();
-    Ok(SdkMeterProvider::builder()
+    let mut b = SdkMeterProvider::builder()
         .with_resource(resource(s))
-        .with_reader(reader)
-        .build())
+        .with_reader(reader);
+    if s.exponential_histograms {
+        use opentelemetry_sdk::metrics::{Aggregation, Instrument, InstrumentKind, Stream};
+        b = b.with_view(|i: &Instrument| {
+            (i.kind() == InstrumentKind::Histogram)
+                .then(|| {
+                    Stream::builder()
+                        .with_aggregation(Aggregation::Base2ExponentialHistogram {
+                            max_size: 160,
+                            max_scale: 20,
+                            record_min_max: true,
+                        })
+                        .build()
+                        .ok()
+                })
+                .flatten()
+        });
+    }
+    Ok(b.build())
 }
 
 impl Telemetry {
