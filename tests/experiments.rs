@@ -111,15 +111,8 @@ async fn the_faster_variant_is_found_live_and_offline() {
     let (status, body) = admin_get(gw.admin_addr, "/experiments").await;
     assert_eq!(status, 200);
     let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
-    let x = &doc["experiments"][0];
-    assert_eq!(x["control"], "fp16");
-    let tpot = x["comparisons"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["variant"] == "int8" && c["metric"] == "tpot")
-        .unwrap()
-        .clone();
+    assert_eq!(doc["experiments"][0]["control"], "fp16");
+    let tpot = comparison(&doc, "int8", "tpot");
     let verdict = tpot["verdict"].as_str().unwrap();
     println!("{verdict}");
     assert!(tpot["significant"].as_bool().unwrap(), "{verdict}");
@@ -665,14 +658,7 @@ async fn goodput_counts_requests_meeting_every_objective_per_variant() {
 
     let (_, body) = admin_get(gw.admin_addr, "/experiments").await;
     let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
-    let x = &doc["experiments"][0];
-    let c = x["comparisons"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["variant"] == "int8" && c["metric"] == "goodput")
-        .unwrap()
-        .clone();
+    let c = comparison(&doc, "int8", "goodput");
     let verdict = c["verdict"].as_str().unwrap();
     assert!(
         (c["change"].as_f64().unwrap() + 12.0 / 13.0).abs() < 1e-9,
@@ -707,12 +693,6 @@ async fn goodput_counts_requests_meeting_every_objective_per_variant() {
         &dir.join("access.jsonl"),
     );
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let offline = doc["comparisons"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["variant"] == "int8" && c["metric"] == "goodput")
-        .unwrap()
-        .clone();
+    let offline = comparison(&doc, "int8", "goodput");
     assert_eq!(offline["change_ci"], c["change_ci"], "{offline}");
 }

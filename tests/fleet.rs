@@ -98,16 +98,9 @@ fn merged_truth(f: &Fleet) -> Value {
         .iter()
         .map(|g| format!("http://{}", g.2))
         .collect();
-    let out = Command::new(env!("CARGO_BIN_EXE_inferscope"))
-        .args(["report", "--by", "all", "--json", "--merge"])
-        .args(&admins)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let mut args = vec!["report", "--by", "all", "--json", "--merge"];
+    args.extend(admins.iter().map(String::as_str));
+    let out = inferscope(&args);
     let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
     doc["groups"][0].clone()
 }
@@ -266,24 +259,16 @@ async fn the_fleet_verdict_from_merged_logs_is_one_logs_verdict() {
     let text: String = all.iter().map(|l| format!("{l}\n")).collect();
     std::fs::write(&one, text).unwrap();
     let report = |args: &[&str]| -> Value {
-        let out = Command::new(env!("CARGO_BIN_EXE_inferscope"))
-            .args([
-                "report",
-                "--control",
-                "fp16",
-                "--min-samples",
-                "50",
-                "--json",
-            ])
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
+        let mut all = vec![
+            "report",
+            "--control",
+            "fp16",
+            "--min-samples",
+            "50",
+            "--json",
+        ];
+        all.extend(args);
+        serde_json::from_slice(&inferscope(&all).stdout).unwrap()
     };
     let logs: Vec<&str> = f.logs.iter().map(|p| p.to_str().unwrap()).collect();
     let mut merge_args = vec!["--merge"];
@@ -292,12 +277,7 @@ async fn the_fleet_verdict_from_merged_logs_is_one_logs_verdict() {
     let single = report(&[one.to_str().unwrap()]);
     assert_eq!(fleet["comparisons"], single["comparisons"]);
     assert_eq!(fleet["groups"], single["groups"]);
-    let tpot = fleet["comparisons"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["metric"] == "tpot")
-        .unwrap();
+    let tpot = comparison(&fleet, "int8", "tpot");
     assert!(tpot["significant"].as_bool().unwrap(), "{tpot}");
     // Histograms and logs do not mix.
     let out = Command::new(env!("CARGO_BIN_EXE_inferscope"))

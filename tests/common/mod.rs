@@ -302,9 +302,15 @@ pub async fn backend_stats(admin: SocketAddr, name: &str) -> Value {
 /// Runs the `inferscope` binary with `args` and then `file`; panics with its stderr unless it
 /// succeeds.
 pub fn run_cli(args: &[&str], file: &std::path::Path) -> std::process::Output {
+    let mut all: Vec<&str> = args.to_vec();
+    all.push(file.to_str().unwrap());
+    inferscope(&all)
+}
+
+/// Runs the `inferscope` binary with `args`; panics with its stderr unless it succeeds.
+pub fn inferscope(args: &[&str]) -> std::process::Output {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_inferscope"))
         .args(args)
-        .arg(file)
         .output()
         .unwrap();
     assert!(
@@ -313,6 +319,22 @@ pub fn run_cli(args: &[&str], file: &std::path::Path) -> std::process::Output {
         String::from_utf8_lossy(&out.stderr)
     );
     out
+}
+
+/// The comparison of `variant` on `metric` in an `/experiments` document (its first experiment)
+/// or a `report --json` document.
+pub fn comparison(doc: &Value, variant: &str, metric: &str) -> Value {
+    let list = if doc["experiments"].is_array() {
+        &doc["experiments"][0]["comparisons"]
+    } else {
+        &doc["comparisons"]
+    };
+    list.as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["variant"] == variant && c["metric"] == metric)
+        .unwrap_or_else(|| panic!("no {variant} {metric} comparison in {doc}"))
+        .clone()
 }
 
 /// A chat request body.
