@@ -568,6 +568,11 @@ struct LogLine<'a> {
     slo_met: Option<bool>,
 }
 
+/// A record's access-log line as a JSON object (the fields other sinks carry too).
+pub fn line_json(rec: &RequestRecord) -> serde_json::Value {
+    serde_json::to_value(LogLine::from(rec)).unwrap_or(serde_json::Value::Null)
+}
+
 /// The client's protocol, spelled like nginx's `$server_protocol`.
 fn protocol(v: http::Version) -> &'static str {
     match v {

@@ -373,3 +373,67 @@ async fn histograms_export_as_base2_exponential_on_request() {
     assert!(p.scale >= 5, "scale {}", p.scale);
     assert!(p.min.unwrap() > 0.019 && p.max.unwrap() < 1.0, "{p:?}");
 }
+
+/// Every access-log line arrives as an OTLP log record with the line's fields as attributes and
+/// the request's trace ids, over both protocols.
+async fn access_log_as_log_records(protocol: &str) {
+    let sim = start_sim(exact(5.0, 1.0), 1).await;
+    let (otlp, collected) = if protocol == "grpc" {
+        start_grpc().await
+    } else {
+        start_http().await
+    };
+    let dir = temp_dir();
+    let telemetry = format!(
+        "  otlp: {{ endpoint: \"http://{otlp}\", protocol: {protocol}, timeout: 5s }}\n  export_metrics: false\n  export_logs: true\n  batch: {{ interval: 50ms }}\n"
+    );
+    let gw = start_yaml(&yaml(&dir, sim.addr, &telemetry)).await;
+    for stream in [true, false, true] {
+        let r = post(
+            gw.data_addr,
+            "/v1/chat/completions",
+            &chat(stream, 3, ""),
+            &[],
+        )
+        .await;
+        assert_eq!(r.status, 200);
+    }
+    let r = post(gw.data_addr, "/v1/nowhere", "{}", &[]).await;
+    assert_eq!(r.status, 404);
+    let log = stop_and_read_log(gw, &dir).await;
+    let records = collected.log_records();
+    assert_eq!(records.len(), log.len(), "one record per access-log line");
+    for line in &log {
+        let id = line["request_id"].as_str().unwrap();
+        let rec = records
+            .iter()
+            .find(|r| attr_str(&r.attributes, "request_id").as_deref() == Some(id))
+            .unwrap_or_else(|| panic!("no record for {id}"));
+        assert_eq!(rec.event_name, "inferscope.access");
+        assert_eq!(hex(&rec.trace_id), line["trace_id"].as_str().unwrap());
+        for key in ["route", "backend", "outcome", "path", "clock"] {
+            assert_eq!(
+                attr_str(&rec.attributes, key).as_deref(),
+                line[key].as_str(),
+                "{key}"
+            );
+        }
+        assert_eq!(attr_i64(&rec.attributes, "status"), line["status"].as_i64());
+        match line["ttft_ms"].as_f64() {
+            Some(ms) => assert_eq!(attr_f64(&rec.attributes, "ttft_ms"), Some(ms)),
+            None => assert!(attr(&rec.attributes, "ttft_ms").is_none()),
+        }
+        let ok = line["outcome"] == "ok";
+        assert_eq!(rec.severity_text, if ok { "INFO" } else { "WARN" });
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn access_log_as_otlp_log_records_grpc() {
+    access_log_as_log_records("grpc").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn access_log_as_otlp_log_records_http() {
+    access_log_as_log_records("http/protobuf").await;
+}

@@ -785,6 +785,9 @@ pub struct TelemetryConfig {
     /// `exponential` (base-2 exponential histograms, which collectors merge across replicas
     /// without bucket guesses); else `OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION`.
     pub histograms: Option<HistogramAggregation>,
+    /// Export every access-log line as an OTLP log record too (attributes: the access-log
+    /// fields), so a collector can land each request in ClickHouse, Loki or S3.
+    pub export_logs: bool,
 }
 
 /// How exported histograms aggregate.
@@ -812,6 +815,7 @@ impl Default for TelemetryConfig {
             metrics_interval: Duration::from_secs(10),
             export_metrics: true,
             histograms: None,
+            export_logs: false,
         }
     }
 }

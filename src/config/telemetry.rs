@@ -43,6 +43,8 @@ pub struct Settings {
     pub metrics_interval: Option<Duration>,
     /// Histograms exported as base-2 exponential histograms.
     pub exponential_histograms: bool,
+    /// Access-log lines exported as OTLP log records.
+    pub export_logs: bool,
     /// `OTEL_SEMCONV_STABILITY_OPT_IN` contains `gen_ai_latest_experimental`: emit only the latest
     /// GenAI names (otherwise `gen_ai.system` is also emitted for backends built on semconv 1.36).
     pub genai_latest_only: bool,
@@ -54,6 +56,14 @@ impl Settings {
         match self.protocol {
             Protocol::Grpc => self.endpoint.clone(),
             Protocol::HttpProtobuf => format!("{}/v1/traces", self.endpoint.trim_end_matches('/')),
+        }
+    }
+
+    /// Logs endpoint for the configured protocol.
+    pub fn logs_endpoint(&self) -> String {
+        match self.protocol {
+            Protocol::Grpc => self.endpoint.clone(),
+            Protocol::HttpProtobuf => format!("{}/v1/logs", self.endpoint.trim_end_matches('/')),
         }
     }
 
@@ -251,6 +261,7 @@ pub fn resolve(
         capture_content: c.capture_content.then_some(c.max_content_bytes),
         batch: c.batch.clone(),
         metrics_interval: c.export_metrics.then_some(c.metrics_interval),
+        export_logs: c.export_logs,
         exponential_histograms: match c.histograms {
             Some(h) => h == super::schema::HistogramAggregation::Exponential,
             None => env("OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION")

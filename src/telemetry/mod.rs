@@ -7,6 +7,7 @@
 //! nothing but a failed `try_send`. Failures are counted and logged at most once a minute.
 
 mod http_client;
+mod logs;
 mod metrics;
 pub mod names;
 mod spans;
@@ -110,6 +111,7 @@ pub struct Telemetry {
     /// Effective settings.
     pub settings: Arc<Settings>,
     meters: Option<SdkMeterProvider>,
+    logs: Option<opentelemetry_sdk::logs::SdkLoggerProvider>,
 }
 
 impl std::fmt::Debug for Msg {
@@ -247,6 +249,42 @@ impl Transport {
     }
 }
 
+/// The access-log records' pipeline: the OTLP log exporter behind the SDK's batch processor on
+/// the tokio runtime, with the spans' batching settings.
+fn log_provider(
+    s: &Settings,
+    t: &Transport,
+) -> Result<opentelemetry_sdk::logs::SdkLoggerProvider, ExporterError> {
+    use opentelemetry_otlp::LogExporter;
+    use opentelemetry_sdk::logs::{
+        log_processor_with_async_runtime::BatchLogProcessor, BatchConfigBuilder,
+    };
+    let exporter = match s.protocol {
+        Protocol::Grpc => t
+            .grpc(s, LogExporter::builder().with_tonic(), s.logs_endpoint())
+            .build(),
+        Protocol::HttpProtobuf => t
+            .http(s, LogExporter::builder().with_http(), s.logs_endpoint())
+            .build(),
+    }
+    .map_err(|error| ExporterError {
+        signal: "log",
+        error: error.to_string(),
+    })?;
+    let batch = BatchConfigBuilder::default()
+        .with_max_queue_size(s.batch.max_queue)
+        .with_max_export_batch_size(s.batch.max_batch.min(s.batch.max_queue))
+        .with_scheduled_delay(s.batch.interval)
+        .build();
+    let processor = BatchLogProcessor::builder(exporter, opentelemetry_sdk::runtime::Tokio)
+        .with_batch_config(batch)
+        .build();
+    Ok(opentelemetry_sdk::logs::SdkLoggerProvider::builder()
+        .with_resource(resource(s))
+        .with_log_processor(processor)
+        .build())
+}
+
 fn span_exporter(s: &Settings, t: &Transport) -> Result<SpanExporter, ExporterError> {
     let built = match s.protocol {
         Protocol::Grpc => t
@@ -346,6 +384,12 @@ impl Telemetry {
         let instruments = meters
             .as_ref()
             .map(|m| metrics::Instruments::new(&m.meter(names::SCOPE)));
+        let logs = if settings.export_logs {
+            Some(log_provider(&settings, &transport)?)
+        } else {
+            None
+        };
+        let access_logs = logs.as_ref().map(logs::AccessLogs::new);
         let settings = Arc::new(settings);
         let (tx, rx) = mpsc::channel(settings.batch.max_queue);
         tokio::spawn(run(
@@ -354,6 +398,7 @@ impl Telemetry {
             Arc::clone(&settings),
             listen,
             instruments,
+            access_logs,
             Arc::clone(&counters),
         ));
         tracing::info!(endpoint = %settings.endpoint, protocol = ?settings.protocol, "OpenTelemetry export on");
@@ -362,6 +407,7 @@ impl Telemetry {
             counters,
             settings,
             meters,
+            logs,
         })
     }
 
@@ -400,6 +446,11 @@ impl Telemetry {
             )
             .await;
         }
+        if let Some(logs) = self.logs.clone() {
+            let _ =
+                tokio::time::timeout(limit, tokio::task::spawn_blocking(move || logs.shutdown()))
+                    .await;
+        }
     }
 }
 
@@ -415,6 +466,7 @@ async fn run(
     settings: Arc<Settings>,
     listen: SocketAddr,
     instruments: Option<metrics::Instruments>,
+    access_logs: Option<logs::AccessLogs>,
     counters: Arc<Counters>,
 ) {
     let mut batch: Vec<SpanData> = Vec::with_capacity(settings.batch.max_batch);
@@ -427,6 +479,9 @@ async fn run(
                 Some(Msg::Record(rec)) => {
                     if let Some(i) = &instruments {
                         i.record(&rec);
+                    }
+                    if let Some(l) = &access_logs {
+                        l.emit(&rec);
                     }
                     batch.extend(spans::build(&rec, &settings, listen, &scope));
                     if batch.len() >= settings.batch.max_batch {

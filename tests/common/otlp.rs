@@ -4,6 +4,12 @@
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
+use opentelemetry_proto::tonic::collector::logs::v1::logs_service_server::{
+    LogsService, LogsServiceServer,
+};
+use opentelemetry_proto::tonic::collector::logs::v1::{
+    ExportLogsServiceRequest, ExportLogsServiceResponse,
+};
 use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
     MetricsService, MetricsServiceServer,
 };
@@ -27,6 +33,7 @@ use std::sync::{Arc, Mutex};
 pub struct Collected {
     pub traces: Arc<Mutex<Vec<ExportTraceServiceRequest>>>,
     pub metrics: Arc<Mutex<Vec<ExportMetricsServiceRequest>>>,
+    pub logs: Arc<Mutex<Vec<ExportLogsServiceRequest>>>,
     /// Value of the `authorization` header/metadata of each export.
     pub auth: Arc<Mutex<Vec<Option<String>>>>,
 }
@@ -128,6 +135,33 @@ impl MetricsService for Collected {
     }
 }
 
+#[tonic::async_trait]
+impl LogsService for Collected {
+    async fn export(
+        &self,
+        req: tonic::Request<ExportLogsServiceRequest>,
+    ) -> Result<tonic::Response<ExportLogsServiceResponse>, tonic::Status> {
+        self.logs.lock().unwrap().push(req.into_inner());
+        Ok(tonic::Response::new(ExportLogsServiceResponse {
+            partial_success: None,
+        }))
+    }
+}
+
+impl Collected {
+    /// Every log record received.
+    pub fn log_records(&self) -> Vec<opentelemetry_proto::tonic::logs::v1::LogRecord> {
+        self.logs
+            .lock()
+            .unwrap()
+            .iter()
+            .flat_map(|r| &r.resource_logs)
+            .flat_map(|rl| &rl.scope_logs)
+            .flat_map(|sl| sl.log_records.clone())
+            .collect()
+    }
+}
+
 /// An OTLP/gRPC receiver on a loopback port.
 pub async fn start_grpc() -> (SocketAddr, Collected) {
     start_grpc_with(None).await
@@ -149,7 +183,8 @@ pub async fn start_grpc_with(identity: Option<(Vec<u8>, Vec<u8>)>) -> (SocketAdd
     }
     let server = builder
         .add_service(TraceServiceServer::new(c.clone()))
-        .add_service(MetricsServiceServer::new(c.clone()));
+        .add_service(MetricsServiceServer::new(c.clone()))
+        .add_service(LogsServiceServer::new(c.clone()));
     tokio::spawn(server.serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)));
     (addr, c)
 }
@@ -216,6 +251,19 @@ pub async fn start_http_with(
                     reply(
                         200,
                         ExportMetricsServiceResponse {
+                            partial_success: None,
+                        }
+                        .encode_to_vec(),
+                    )
+                }
+                "/v1/logs" => {
+                    c.logs
+                        .lock()
+                        .unwrap()
+                        .push(ExportLogsServiceRequest::decode(body).unwrap());
+                    reply(
+                        200,
+                        ExportLogsServiceResponse {
                             partial_success: None,
                         }
                         .encode_to_vec(),
