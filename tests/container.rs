@@ -138,6 +138,23 @@ fn start<'a>(p: &'a Podman, args: &[&str]) -> Container<'a> {
     Container { p, id: p.ok(&all) }
 }
 
+/// The image's gateway on free loopback ports (`INFERSCOPE_LISTEN`, `INFERSCOPE_ADMIN`), with
+/// `extra` podman arguments; returns it with its data and admin addresses.
+fn gateway<'a>(
+    p: &'a Podman,
+    tag: &str,
+    extra: &[&str],
+) -> (Container<'a>, SocketAddr, SocketAddr) {
+    let (data, admin) = (free_addr(), free_addr());
+    let (listen, adm) = (
+        format!("INFERSCOPE_LISTEN={data}"),
+        format!("INFERSCOPE_ADMIN={admin}"),
+    );
+    let mut args: Vec<&str> = extra.to_vec();
+    args.extend(["-e", &listen, "-e", &adm, tag]);
+    (start(p, &args), data, admin)
+}
+
 async fn healthy(addr: SocketAddr) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while tokio::net::TcpStream::connect(addr).await.is_err() {
@@ -177,17 +194,7 @@ async fn the_image_serves_streams_logs_and_reports_health() {
     build(&p, &tag);
 
     // The image as shipped: its own config (the demo), addresses from the environment.
-    let (data, admin) = (free_addr(), free_addr());
-    let c = start(
-        &p,
-        &[
-            "-e",
-            &format!("INFERSCOPE_LISTEN={data}"),
-            "-e",
-            &format!("INFERSCOPE_ADMIN={admin}"),
-            &tag,
-        ],
-    );
+    let (c, data, admin) = gateway(&p, &tag, &[]);
     healthy(admin).await;
     let r = post(data, "/v1/chat/completions", &chat(true, 5, ""), &[]).await;
     assert_eq!(r.status, 200);
@@ -260,20 +267,8 @@ async fn the_image_serves_streams_logs_and_reports_health() {
         + "\n";
     let cfg_path = dir.join("config.yaml");
     std::fs::write(&cfg_path, &compose_cfg).unwrap();
-    let (data, admin) = (free_addr(), free_addr());
     let mount = format!("{}:/etc/inferscope/config.yaml:ro", cfg_path.display());
-    let gw = start(
-        &p,
-        &[
-            "-v",
-            &mount,
-            "-e",
-            &format!("INFERSCOPE_LISTEN={data}"),
-            "-e",
-            &format!("INFERSCOPE_ADMIN={admin}"),
-            &tag,
-        ],
-    );
+    let (gw, data, admin) = gateway(&p, &tag, &["-v", &mount]);
     healthy(admin).await;
     wait_ready(admin).await;
     const N: usize = 20;

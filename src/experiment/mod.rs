@@ -150,21 +150,7 @@ impl Arm {
 
     /// Errors (every outcome but `ok`, `client_cancelled` and `shutdown`) over requests.
     pub fn error_rate(&self) -> f64 {
-        let bad: u64 = Outcome::ALL
-            .iter()
-            .filter(|o| {
-                !matches!(
-                    o,
-                    Outcome::Ok | Outcome::ClientCancelled | Outcome::Shutdown
-                )
-            })
-            .map(|o| self.outcomes[o.index()])
-            .sum();
-        if self.requests == 0 {
-            0.0
-        } else {
-            bad as f64 / self.requests as f64
-        }
+        Outcome::error_rate(&self.outcomes, self.requests)
     }
 
     /// Output tokens per second of generation time, over successful requests.

@@ -50,6 +50,29 @@ impl Outcome {
         Outcome::RateLimited,
     ];
 
+    /// Counts toward an error rate: every outcome but `ok`, `client_cancelled` and `shutdown`
+    /// (the client or the operator ended those).
+    pub fn is_error(self) -> bool {
+        !matches!(
+            self,
+            Outcome::Ok | Outcome::ClientCancelled | Outcome::Shutdown
+        )
+    }
+
+    /// The share of `counts` (indexed by `index`, `requests` in all) that are errors.
+    pub fn error_rate(counts: &[u64; Outcome::ALL.len()], requests: u64) -> f64 {
+        let bad: u64 = Outcome::ALL
+            .iter()
+            .filter(|o| o.is_error())
+            .map(|o| counts[o.index()])
+            .sum();
+        if requests == 0 {
+            0.0
+        } else {
+            bad as f64 / requests as f64
+        }
+    }
+
     /// The stable label used in logs, JSON and metrics.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -233,21 +233,7 @@ pub fn report(
         } else {
             "-".into()
         };
-        let errors: u64 = Outcome::ALL
-            .iter()
-            .filter(|o| {
-                !matches!(
-                    o,
-                    Outcome::Ok | Outcome::ClientCancelled | Outcome::Shutdown
-                )
-            })
-            .map(|o| t.outcomes[o.index()])
-            .sum();
-        let rate = if t.requests > 0 {
-            100.0 * errors as f64 / t.requests as f64
-        } else {
-            0.0
-        };
+        let rate = 100.0 * Outcome::error_rate(&t.outcomes, t.requests);
         let _ = writeln!(
             out,
             "| {name} | {} | {} | {} | {} | {} | {} | {} | {} | {goodput} | {rate:.2}% |",
