@@ -426,7 +426,10 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             admin,
             rate,
         } => {
-            anyhow::ensure!(rate > 0.0, "--rate {rate}: must be above 0");
+            anyhow::ensure!(
+                rate > 0.0 && rate <= 10_000.0,
+                "--rate {rate}: between 0 and 10000 requests/s"
+            );
             let cfg = Arc::new(config::embedded_default()?);
             crate::server::raise_fd_limit();
             let running = app::start(
