@@ -156,5 +156,72 @@ fn record_path(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, per_chunk, record_path);
+/// One scrape of 16 groups (4 variants × 4 backends, 2,000 requests each): the text exposition,
+/// the protobuf one with native histograms, and the `/stats?format=hdr` export, side by side.
+fn scrape(c: &mut Criterion) {
+    use inferscope::util::prometheus::Writer;
+    let stats = Stats::new(64);
+    let mut n = 0u64;
+    for v in 0..4 {
+        for b in 0..4 {
+            for i in 0..2000u64 {
+                n = n
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let mut m = meta();
+                m.variant = Arc::from(format!("v{v}").as_str());
+                m.backend = Arc::from(format!("b{b}").as_str());
+                let mut r = RequestRecord::without_body(m, 200, Outcome::Ok, None, 0);
+                r.ttft = Some(Duration::from_micros(20_000 + (n >> 40) % 200_000));
+                r.tpot = Some(Duration::from_micros(10_000 + (n >> 30) % 20_000));
+                r.e2e = Duration::from_micros(500_000 + i * 97);
+                r.itl = (0..16)
+                    .map(|k| ItlSample::new(Duration::from_micros(9_000 + (n >> k) % 30_000), 1))
+                    .collect();
+                stats.record(&r);
+            }
+        }
+    }
+    let snap = stats.snapshot();
+    let mut g = c.benchmark_group("scrape_16_groups");
+    g.bench_function("text", |b| {
+        b.iter(|| {
+            let mut w = Writer::new();
+            inferscope::stats::write_prometheus(&mut w, black_box(&snap), &[]);
+            w.into_body().1.len()
+        })
+    });
+    g.bench_function("protobuf_native", |b| {
+        b.iter(|| {
+            let mut w = Writer::protobuf();
+            inferscope::stats::write_prometheus(&mut w, black_box(&snap), &[]);
+            w.into_body().1.len()
+        })
+    });
+    g.bench_function("hdr_export", |b| {
+        b.iter(|| {
+            inferscope::stats::hdr::export(black_box(&snap))
+                .to_string()
+                .len()
+        })
+    });
+    g.finish();
+    let size = |proto: bool| {
+        let mut w = if proto {
+            Writer::protobuf()
+        } else {
+            Writer::new()
+        };
+        inferscope::stats::write_prometheus(&mut w, &snap, &[]);
+        w.into_body().1.len()
+    };
+    println!(
+        "scrape bytes: text {}, protobuf+native {}, hdr export {}",
+        size(false),
+        size(true),
+        inferscope::stats::hdr::export(&snap).to_string().len()
+    );
+}
+
+criterion_group!(benches, per_chunk, record_path, scrape);
 criterion_main!(benches);

@@ -237,12 +237,13 @@ pub async fn handle(
             }
         }
         "/stats" if query_has(&req, "format", "hdr") => {
+            // Compressing every histogram takes milliseconds: off the worker threads.
             let snap = state.recorder.stats.snapshot();
-            reply(
-                StatusCode::OK,
-                "application/json",
-                crate::stats::hdr::export(&snap).to_string(),
-            )
+            let doc =
+                tokio::task::spawn_blocking(move || crate::stats::hdr::export(&snap).to_string())
+                    .await
+                    .unwrap_or_default();
+            reply(StatusCode::OK, "application/json", doc)
         }
         "/stats" => {
             let mut v = state.recorder.stats.snapshot().to_json();
@@ -266,8 +267,15 @@ pub async fn handle(
                 .get(header::ACCEPT)
                 .and_then(|v| v.to_str().ok())
                 .is_some_and(crate::util::prometheus::accepts_protobuf);
-            let (ctype, body) = metrics_body(&state, &router, proto);
-            reply(StatusCode::OK, ctype, body)
+            // Milliseconds of CPU with many groups (native histograms most): off the runtime's
+            // worker threads.
+            let st = Arc::clone(&state);
+            let rendered =
+                tokio::task::spawn_blocking(move || metrics_body(&st, &router, proto)).await;
+            match rendered {
+                Ok((ctype, body)) => reply(StatusCode::OK, ctype, body),
+                Err(_) => json_error(StatusCode::INTERNAL_SERVER_ERROR, "rendering failed"),
+            }
         }
         _ => reply(
             StatusCode::NOT_FOUND,
