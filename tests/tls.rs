@@ -363,6 +363,7 @@ async fn otlp_over_tls(protocol: &str) {
         assert_eq!(auth[0].as_deref(), Some("Bearer otlp-secret"));
     }
     gw.shutdown();
+    assert!(gw.wait().await, "drained, telemetry flushed");
 }
 
 #[tokio::test]

@@ -454,6 +454,29 @@ impl Telemetry {
     }
 }
 
+impl Drop for Telemetry {
+    /// Without `shutdown`, the SDK's providers shut down when their last handle drops, blocking
+    /// the dropping thread until their export tasks answer — on a runtime's own thread (a
+    /// current-thread runtime being torn down) they never would. Shut them down on a thread of
+    /// their own instead (a no-op after `shutdown`).
+    fn drop(&mut self) {
+        let meters = self.meters.take();
+        let logs = self.logs.take();
+        if meters.is_some() || logs.is_some() {
+            let _ = std::thread::Builder::new()
+                .name("otel-shutdown".into())
+                .spawn(move || {
+                    if let Some(m) = meters {
+                        let _ = m.shutdown();
+                    }
+                    if let Some(l) = logs {
+                        let _ = l.shutdown();
+                    }
+                });
+        }
+    }
+}
+
 impl crate::meter::RecordSink for Telemetry {
     fn record(&self, rec: &Arc<RequestRecord>) {
         self.submit(Arc::clone(rec));
