@@ -51,27 +51,14 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// Traces endpoint for the configured protocol.
-    pub fn traces_endpoint(&self) -> String {
+    /// The endpoint of one signal (`traces`, `metrics`, `logs`): gRPC serves all on the base
+    /// endpoint; OTLP/HTTP appends `/v1/{signal}`.
+    pub fn signal_endpoint(&self, signal: &str) -> String {
         match self.protocol {
             Protocol::Grpc => self.endpoint.clone(),
-            Protocol::HttpProtobuf => format!("{}/v1/traces", self.endpoint.trim_end_matches('/')),
-        }
-    }
-
-    /// Logs endpoint for the configured protocol.
-    pub fn logs_endpoint(&self) -> String {
-        match self.protocol {
-            Protocol::Grpc => self.endpoint.clone(),
-            Protocol::HttpProtobuf => format!("{}/v1/logs", self.endpoint.trim_end_matches('/')),
-        }
-    }
-
-    /// Metrics endpoint for the configured protocol.
-    pub fn metrics_endpoint(&self) -> String {
-        match self.protocol {
-            Protocol::Grpc => self.endpoint.clone(),
-            Protocol::HttpProtobuf => format!("{}/v1/metrics", self.endpoint.trim_end_matches('/')),
+            Protocol::HttpProtobuf => {
+                format!("{}/v1/{signal}", self.endpoint.trim_end_matches('/'))
+            }
         }
     }
 }
@@ -311,7 +298,10 @@ mod tests {
             .unwrap_or_default()
             .unwrap_or_else(|| panic!("enabled"));
         assert_eq!(s.protocol, Protocol::HttpProtobuf);
-        assert_eq!(s.traces_endpoint(), "http://127.0.0.1:4318/v1/traces");
+        assert_eq!(
+            s.signal_endpoint("traces"),
+            "http://127.0.0.1:4318/v1/traces"
+        );
         assert_eq!(
             s.headers.get("authorization").map(String::as_str),
             Some("Basic abc")

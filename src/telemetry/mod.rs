@@ -261,10 +261,18 @@ fn log_provider(
     };
     let exporter = match s.protocol {
         Protocol::Grpc => t
-            .grpc(s, LogExporter::builder().with_tonic(), s.logs_endpoint())
+            .grpc(
+                s,
+                LogExporter::builder().with_tonic(),
+                s.signal_endpoint("logs"),
+            )
             .build(),
         Protocol::HttpProtobuf => t
-            .http(s, LogExporter::builder().with_http(), s.logs_endpoint())
+            .http(
+                s,
+                LogExporter::builder().with_http(),
+                s.signal_endpoint("logs"),
+            )
             .build(),
     }
     .map_err(|error| ExporterError {
@@ -288,10 +296,18 @@ fn log_provider(
 fn span_exporter(s: &Settings, t: &Transport) -> Result<SpanExporter, ExporterError> {
     let built = match s.protocol {
         Protocol::Grpc => t
-            .grpc(s, SpanExporter::builder().with_tonic(), s.traces_endpoint())
+            .grpc(
+                s,
+                SpanExporter::builder().with_tonic(),
+                s.signal_endpoint("traces"),
+            )
             .build(),
         Protocol::HttpProtobuf => t
-            .http(s, SpanExporter::builder().with_http(), s.traces_endpoint())
+            .http(
+                s,
+                SpanExporter::builder().with_http(),
+                s.signal_endpoint("traces"),
+            )
             .build(),
     };
     built.map_err(|error| ExporterError {
@@ -332,8 +348,12 @@ fn meter_provider(
 ) -> Result<SdkMeterProvider, ExporterError> {
     let b = opentelemetry_otlp::MetricExporter::builder();
     let exporter = match s.protocol {
-        Protocol::Grpc => t.grpc(s, b.with_tonic(), s.metrics_endpoint()).build(),
-        Protocol::HttpProtobuf => t.http(s, b.with_http(), s.metrics_endpoint()).build(),
+        Protocol::Grpc => t
+            .grpc(s, b.with_tonic(), s.signal_endpoint("metrics"))
+            .build(),
+        Protocol::HttpProtobuf => t
+            .http(s, b.with_http(), s.signal_endpoint("metrics"))
+            .build(),
     }
     .map_err(|error| ExporterError {
         signal: "metric",
