@@ -128,6 +128,7 @@ fn record_path(c: &mut Criterion) {
         input_tokens: Some(100),
         output_tokens: Some(64),
         tokens_source: None,
+        event_tokens: None,
         finish_reason: None,
         bytes_out: 15_000,
         malformed_events: 0,

@@ -553,6 +553,11 @@ struct LogLine<'a> {
     input_tokens: Option<u64>,
     output_tokens: Option<u64>,
     tokens_source: Option<&'static str>,
+    event_tokens: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    engine_prefill_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    engine_decode_ms: Option<f64>,
     finish_reason: Option<&'a str>,
     response_id: Option<&'a str>,
     bytes_in: u64,
@@ -623,6 +628,9 @@ impl<'a> From<&'a RequestRecord> for LogLine<'a> {
             input_tokens: r.input_tokens,
             output_tokens: r.output_tokens,
             tokens_source: r.tokens_source.map(|t| t.as_str()),
+            event_tokens: r.event_tokens.map(|t| t.as_str()),
+            engine_prefill_ms: r.response.engine.and_then(|e| e.prefill).map(ms),
+            engine_decode_ms: r.response.engine.and_then(|e| e.decode).map(ms),
             finish_reason: r.finish_reason.as_ref().map(|f| f.as_str()),
             response_id: r.response.id.as_deref(),
             bytes_in: m.bytes_in,

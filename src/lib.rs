@@ -9,9 +9,9 @@
 //! |---|---|
 //! | [`util`] | stable hash, seeded RNG, ids, time formatting, the percentile rule, the Prometheus writer |
 //! | [`sse`] | incremental zero-copy SSE and NDJSON scanners |
-//! | [`dialect`] | what one event of a wire format means (output, usage, finish, error) |
+//! | [`dialect`] | what one event of a wire format means (output, tokens, usage, finish, error, the end), in six dialects |
 //! | [`server`] | accept loop: HTTP/1.1 + h2c, graceful drain |
-//! | [`sim`] | simulated OpenAI-compatible backend with a timing model and ground truth |
+//! | [`sim`] | simulated backend speaking every dialect, with a timing model and ground truth |
 //! | [`config`] | YAML schema, `load()` → `validate()` → `Arc<Config>`, located errors, embedded default |
 //! | [`meter`] | `MeterLayer` (measure any tower HTTP service), `RecordSink`, `Annotations`, `MeteredBody`, `RequestRecord` |
 //! | [`stats`] | HdrHistograms per group, sliding window, `/stats` JSON, Prometheus series |

@@ -6,10 +6,14 @@
 //!
 //! - the SSE and NDJSON scanners, with the OpenAI classifier on every event: never panic, events
 //!   stay inside their chunk, and cutting the stream into other chunks changes no event;
+//! - every dialect's meter (Anthropic, Responses, TGI, Ollama, llama.cpp, OpenAI with token
+//!   ids): never panics, and cutting the stream changes nothing the record says;
 //! - the request inspector (`prepare_body`): never panics; an injected `include_usage` leaves a
 //!   JSON object with the client's fields unchanged;
 //! - the config loader: never panics; every error names a line inside the file.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
 
 use bolero::check;
 use bytes::Bytes;
@@ -126,6 +130,105 @@ fn ndjson_scanner_and_classifier_are_total_and_split_invariant() {
         });
 }
 
+/// Fragments of every dialect's events: the documented shapes, and values at their edges.
+const DIALECT_DICT: &[&[u8]] = &[
+    b"data: ",
+    b"data:",
+    b"event: message_delta\n",
+    b"\n",
+    b"\n\n",
+    b"\r\n",
+    br#"{"type":"message_start","message":{"id":"m","model":"c","usage":{"input_tokens":3,"output_tokens":1}}}"#,
+    br#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"a"}}"#,
+    br#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":4}}"#,
+    br#"{"type":"message_stop"}"#,
+    br#"{"type":"error","error":{"type":"overloaded_error"}}"#,
+    br#"{"type":"ping"}"#,
+    br#"{"type":"response.created","response":{"id":"r","usage":null}}"#,
+    br#"{"type":"response.output_text.delta","delta":"x"}"#,
+    br#"{"type":"response.completed","response":{"status":"completed","output":[{"type":"function_call","arguments":"{}"}],"usage":{"input_tokens":2,"output_tokens":5}}}"#,
+    br#"{"type":"response.incomplete","response":{"status":"incomplete","incomplete_details":{"reason":"max_output_tokens"}}}"#,
+    br#"{"token":{"id":1,"text":"a","special":false},"generated_text":null,"details":null}"#,
+    br#"{"token":{"id":2,"text":"</s>","special":true},"generated_text":"a","details":{"finish_reason":"eos_token","generated_tokens":2,"input_length":4}}"#,
+    br#"{"error":"x","error_type":"validation"}"#,
+    br#"{"model":"l","message":{"role":"assistant","content":"a"},"done":false}"#,
+    br#"{"response":"b","done":false}"#,
+    br#"{"done":true,"done_reason":"length","prompt_eval_count":3,"eval_count":3,"prompt_eval_duration":5,"eval_duration":-1}"#,
+    br#"{"content":"a","stop":false,"tokens":[1,2]}"#,
+    br#"{"content":"","stop":true,"tokens_predicted":2.0,"tokens_evaluated":-1,"stop_type":"eos","timings":{"prompt_ms":1e300,"predicted_ms":-3}}"#,
+    br#"{"choices":[{"delta":{"content":"a"},"token_ids":[1,2,3]}],"usage":{"completion_tokens":7}}"#,
+    b"[DONE]",
+    b"{",
+    b"}",
+    b"\"",
+    b"\\",
+    b"\xff",
+    b"null",
+    b"[",
+    b"]",
+    b"1e999",
+];
+
+/// Every dialect's meter: never panics, and how the stream is cut changes nothing it records.
+#[test]
+fn dialect_meters_are_total_and_split_invariant() {
+    check!()
+        .with_type::<(Vec<u8>, Vec<u16>)>()
+        .for_each(|(input, cuts)| {
+            let stream = expand(input, DIALECT_DICT);
+            let mut points: Vec<usize> = cuts
+                .iter()
+                .map(|c| usize::from(*c) % (stream.len() + 1))
+                .collect();
+            points.extend([0, stream.len()]);
+            points.sort_unstable();
+            points.dedup();
+            let pieces: Vec<&[u8]> = points.windows(2).map(|w| &stream[w[0]..w[1]]).collect();
+            for (path, ctype) in [
+                ("/v1/chat/completions", "text/event-stream"),
+                ("/v1/messages", "text/event-stream"),
+                ("/v1/responses", "text/event-stream"),
+                ("/generate_stream", "text/event-stream"),
+                ("/api/chat", "application/x-ndjson"),
+                ("/completion", "text/event-stream"),
+                ("/v1/messages", "application/json"),
+                ("/api/generate", "application/json"),
+            ] {
+                let whole = common::meter::measure(path, ctype, &[&stream]);
+                let split = common::meter::measure(path, ctype, &pieces);
+                assert_eq!(
+                    (
+                        whole.output_tokens,
+                        &whole.finish,
+                        whole.outcome,
+                        whole.malformed
+                    ),
+                    (
+                        split.output_tokens,
+                        &split.finish,
+                        split.outcome,
+                        split.malformed
+                    ),
+                    "{path}: cutting the stream changed its record"
+                );
+                assert_eq!(
+                    (
+                        &whole.tokens_source,
+                        &whole.event_tokens,
+                        whole.input_tokens
+                    ),
+                    (
+                        &split.tokens_source,
+                        &split.event_tokens,
+                        split.input_tokens
+                    ),
+                    "{path}: cutting the stream changed its record"
+                );
+                assert_eq!(whole.engine, split.engine, "{path}");
+            }
+        });
+}
+
 const JSON_DICT: &[&[u8]] = &[
     b"{",
     b"}",
@@ -158,8 +261,11 @@ fn request_inspector_is_total_and_keeps_the_clients_fields() {
         let body = expand(input, JSON_DICT);
         let before: Option<serde_json::Map<String, serde_json::Value>> =
             serde_json::from_slice(&body).ok();
-        let Ok(p) = inferscope::proxy::prepare_body(Bytes::from(body.clone()), true, Some(256))
-        else {
+        let Ok(p) = inferscope::proxy::prepare_body(
+            Bytes::from(body.clone()),
+            inferscope::dialect::Endpoint::ChatCompletions,
+            Some(256),
+        ) else {
             return; // nested too deep: refused with a 400
         };
         if !p.strip_usage {

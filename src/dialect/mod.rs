@@ -1,27 +1,62 @@
 //! Wire formats: which endpoint speaks which dialect, and what one event of it means for
-//! measurement (output? usage? finish reason? error?).
+//! measurement (output? how many tokens? usage? finish reason? error? the end?).
 //!
-//! Only the OpenAI chat-completions and legacy completions formats are classified today; the
-//! other known inference endpoints are recognised (their request bodies are read for `model`)
-//! and measured by timing alone until their dialects land.
+//! Six dialects are classified event by event: OpenAI chat and completions, the OpenAI
+//! Responses API, Anthropic Messages, TGI's native `generate`, Ollama's native API and
+//! llama.cpp's native `/completion`. Each reads one event's JSON into a borrowed view
+//! (`json`), so classifying allocates nothing unless a string holds escapes.
 
+mod anthropic;
+mod json;
+mod llamacpp;
+mod ollama;
 mod openai;
+mod responses;
+mod tgi;
 
 pub use openai::{append_content, classify};
+
+use std::time::Duration;
 
 /// A wire format whose events the meter classifies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dialect {
-    /// OpenAI chat completions and legacy completions (what vLLM, SGLang, TGI's OpenAI layer and
-    /// hosted OpenAI-compatible APIs speak).
+    /// OpenAI chat completions and legacy completions (what vLLM, SGLang, TGI's OpenAI layer,
+    /// llama.cpp's and Ollama's `/v1` layers and hosted OpenAI-compatible APIs speak).
     OpenAi,
+    /// The OpenAI Responses API (`/v1/responses`): typed events, usage in `response.completed`.
+    Responses,
+    /// Anthropic Messages (`/v1/messages`): typed events, cumulative usage in `message_delta`.
+    Anthropic,
+    /// TGI's native `generate` / `generate_stream`: one event per token.
+    Tgi,
+    /// Ollama's native `/api/chat` and `/api/generate`: NDJSON, counts and engine timings in the
+    /// last line.
+    Ollama,
+    /// llama.cpp's native `/completion`: counts and engine `timings` in the last event.
+    LlamaCpp,
 }
 
 impl Dialect {
+    /// Every dialect.
+    pub const ALL: [Dialect; 6] = [
+        Dialect::OpenAi,
+        Dialect::Responses,
+        Dialect::Anthropic,
+        Dialect::Tgi,
+        Dialect::Ollama,
+        Dialect::LlamaCpp,
+    ];
+
     /// What one event (or one whole non-streaming body) of this dialect means for measurement.
     pub fn classify(self, data: &[u8]) -> Observation<'_> {
         match self {
             Dialect::OpenAi => openai::classify(data),
+            Dialect::Responses => responses::classify(data),
+            Dialect::Anthropic => anthropic::classify(data),
+            Dialect::Tgi => tgi::classify(data),
+            Dialect::Ollama => ollama::classify(data),
+            Dialect::LlamaCpp => llamacpp::classify(data),
         }
     }
 
@@ -29,7 +64,44 @@ impl Dialect {
     pub fn append_content(self, data: &[u8], out: &mut String, cap: usize) {
         match self {
             Dialect::OpenAi => openai::append_content(data, out, cap),
+            Dialect::Responses => responses::append_content(data, out, cap),
+            Dialect::Anthropic => anthropic::append_content(data, out, cap),
+            Dialect::Tgi => tgi::append_content(data, out, cap),
+            Dialect::Ollama => ollama::append_content(data, out, cap),
+            Dialect::LlamaCpp => llamacpp::append_content(data, out, cap),
         }
+    }
+
+    /// The stable label (`openai`, `responses`, `anthropic`, `tgi`, `ollama`, `llamacpp`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dialect::OpenAi => "openai",
+            Dialect::Responses => "responses",
+            Dialect::Anthropic => "anthropic",
+            Dialect::Tgi => "tgi",
+            Dialect::Ollama => "ollama",
+            Dialect::LlamaCpp => "llamacpp",
+        }
+    }
+}
+
+/// Prefill and decode time as the engine itself reported them for one request (Ollama
+/// `prompt_eval_duration` / `eval_duration`, llama.cpp `timings.prompt_ms` / `predicted_ms`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineTimes {
+    /// Time the engine spent on the prompt.
+    pub prefill: Option<Duration>,
+    /// Time the engine spent generating.
+    pub decode: Option<Duration>,
+}
+
+impl EngineTimes {
+    /// From nanoseconds; `None` when neither is known.
+    pub fn from_nanos(prefill: Option<u64>, decode: Option<u64>) -> Option<Self> {
+        (prefill.is_some() || decode.is_some()).then(|| Self {
+            prefill: prefill.map(Duration::from_nanos),
+            decode: decode.map(Duration::from_nanos),
+        })
     }
 }
 
@@ -40,16 +112,20 @@ pub enum Endpoint {
     ChatCompletions,
     /// `/v1/completions`
     Completions,
-    /// `/v1/responses` (recognised; events not yet classified)
+    /// `/v1/responses` (OpenAI Responses API)
     Responses,
-    /// `/v1/messages` (recognised; events not yet classified)
+    /// `/v1/messages` (Anthropic Messages)
     Messages,
-    /// TGI `/generate_stream` (recognised; events not yet classified)
+    /// TGI `/generate_stream` (always streams)
     GenerateStream,
-    /// Ollama `/api/chat` (recognised; events not yet classified)
+    /// TGI `/generate` (never streams)
+    Generate,
+    /// Ollama `/api/chat` (streams unless `"stream": false`)
     OllamaChat,
-    /// Ollama `/api/generate` (recognised; events not yet classified)
+    /// Ollama `/api/generate` (streams unless `"stream": false`)
     OllamaGenerate,
+    /// llama.cpp `/completion` (also `/completions` without `/v1`)
+    LlamaCompletion,
 }
 
 impl Endpoint {
@@ -61,10 +137,26 @@ impl Endpoint {
             "/v1/responses" => Self::Responses,
             "/v1/messages" => Self::Messages,
             "/generate_stream" => Self::GenerateStream,
+            "/generate" => Self::Generate,
             "/api/chat" => Self::OllamaChat,
             "/api/generate" => Self::OllamaGenerate,
+            "/completion" | "/completions" => Self::LlamaCompletion,
             _ => return None,
         })
+    }
+
+    /// Whether a request to this endpoint streams when its body says nothing (`stream` absent):
+    /// TGI's `generate_stream` always does, Ollama's API by default.
+    pub fn streams_by_default(self) -> bool {
+        matches!(
+            self,
+            Self::GenerateStream | Self::OllamaChat | Self::OllamaGenerate
+        )
+    }
+
+    /// Whether `stream` in the body decides streaming (TGI's two endpoints ignore it).
+    pub fn stream_in_body(self) -> bool {
+        !matches!(self, Self::GenerateStream | Self::Generate)
     }
 
     /// True for the OpenAI formats whose events `classify` understands and whose streaming
@@ -73,17 +165,27 @@ impl Endpoint {
         matches!(self, Self::ChatCompletions | Self::Completions)
     }
 
-    /// The dialect the meter classifies this endpoint's events by (`None`: timed only, every
-    /// event counts as output).
+    /// The dialect the meter classifies this endpoint's events by.
     pub fn dialect(self) -> Option<Dialect> {
-        self.is_openai().then_some(Dialect::OpenAi)
+        Some(match self {
+            Self::ChatCompletions | Self::Completions => Dialect::OpenAi,
+            Self::Responses => Dialect::Responses,
+            Self::Messages => Dialect::Anthropic,
+            Self::GenerateStream | Self::Generate => Dialect::Tgi,
+            Self::OllamaChat | Self::OllamaGenerate => Dialect::Ollama,
+            Self::LlamaCompletion => Dialect::LlamaCpp,
+        })
     }
 
     /// Name used for `gen_ai.operation.name`-style labels.
     pub fn operation(self) -> &'static str {
         match self {
             Self::ChatCompletions | Self::Responses | Self::Messages | Self::OllamaChat => "chat",
-            Self::Completions | Self::GenerateStream | Self::OllamaGenerate => "text_completion",
+            Self::Completions
+            | Self::GenerateStream
+            | Self::Generate
+            | Self::OllamaGenerate
+            | Self::LlamaCompletion => "text_completion",
         }
     }
 }
@@ -104,13 +206,16 @@ pub enum FinishReason {
 }
 
 impl FinishReason {
-    /// Parses a reported reason (allocates only for unusual values).
+    /// Parses a reported reason (allocates only for unusual values). Each dialect's own
+    /// spellings of the four common reasons map onto them (Anthropic `end_turn`,
+    /// `stop_sequence`, `max_tokens`, `tool_use`, `refusal`; TGI `eos_token`; llama.cpp `eos`,
+    /// `word`, `limit`); anything else is kept verbatim.
     pub fn parse(s: &str) -> Self {
         match s {
-            "stop" => Self::Stop,
-            "length" => Self::Length,
-            "tool_calls" => Self::ToolCalls,
-            "content_filter" => Self::ContentFilter,
+            "stop" | "end_turn" | "stop_sequence" | "eos_token" | "eos" | "word" => Self::Stop,
+            "length" | "max_tokens" | "limit" | "max_output_tokens" => Self::Length,
+            "tool_calls" | "tool_use" | "function_call" => Self::ToolCalls,
+            "content_filter" | "refusal" => Self::ContentFilter,
             other => Self::Other(other.into()),
         }
     }
@@ -150,13 +255,19 @@ pub struct Observation<'a> {
     pub model: Option<std::borrow::Cow<'a, str>>,
     /// The event carries output: non-empty content, reasoning, tool-call arguments or text.
     pub output: bool,
+    /// Tokens this output event carries, when the backend says (token ids, one TGI token
+    /// event): per-event ITL is then exact.
+    pub tokens: Option<u32>,
     /// Usage reported in this event.
     pub usage: Option<Usage>,
     /// A chunk with no choices and a usage object (the one `include_usage` adds).
     pub usage_only: bool,
     /// Finish reason reported in this event.
     pub finish: Option<FinishReason>,
-    /// The terminal `[DONE]` sentinel.
+    /// Prefill and decode time the engine reported.
+    pub engine: Option<EngineTimes>,
+    /// The stream's terminal event (`[DONE]`, `message_stop`, `response.completed`, Ollama
+    /// `done: true`, llama.cpp `stop: true`, TGI's event with `generated_text`).
     pub done: bool,
     /// An error object inside the stream.
     pub error: bool,

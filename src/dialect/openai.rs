@@ -4,7 +4,8 @@
 //! iterating arrays without collecting them, so classifying an event allocates nothing unless a
 //! string holds JSON escapes (then serde_json unescapes it into a scratch buffer).
 
-use super::{FinishReason, Observation, Usage};
+use super::json::{push_capped, Count, Millis, NonEmpty, Num, Reason, Str};
+use super::{EngineTimes, FinishReason, Observation, Usage};
 use serde::de::{self, Deserializer, IgnoredAny, SeqAccess, Visitor};
 use serde::Deserialize;
 use std::borrow::Cow;
@@ -22,8 +23,8 @@ pub fn classify(data: &[u8]) -> Observation<'_> {
     match serde_json::from_slice::<ChunkView>(trimmed) {
         Ok(v) => {
             let usage = v.usage.map(|u| Usage {
-                input: u.prompt_tokens,
-                output: u.completion_tokens,
+                input: u.prompt_tokens.0,
+                output: u.completion_tokens.0,
                 cached_input: u.prompt_tokens_details.and_then(|d| d.cached_tokens),
                 reasoning: u.completion_tokens_details.and_then(|d| d.reasoning_tokens),
             });
@@ -31,9 +32,11 @@ pub fn classify(data: &[u8]) -> Observation<'_> {
                 id: v.id.map(|s| s.0),
                 model: v.model.map(|s| s.0),
                 output: v.choices.output,
+                tokens: v.choices.token_ids,
                 usage_only: usage.is_some() && v.choices.count == 0,
                 usage,
                 finish: v.choices.finish,
+                engine: v.timings.and_then(TimingsView::times),
                 done: false,
                 error: v.error.is_some() || v.object.0,
                 malformed: false,
@@ -60,14 +63,32 @@ struct ChunkView<'a> {
     error: Option<IgnoredAny>,
     #[serde(default)]
     object: IsError,
+    /// llama.cpp's OpenAI layer adds its engine timings to the last chunk.
+    #[serde(default)]
+    timings: Option<TimingsView>,
+}
+
+/// llama.cpp's `timings` object (also on its native `/completion` responses).
+#[derive(Deserialize)]
+pub(super) struct TimingsView {
+    #[serde(default)]
+    prompt_ms: Millis,
+    #[serde(default)]
+    predicted_ms: Millis,
+}
+
+impl TimingsView {
+    pub(super) fn times(self) -> Option<EngineTimes> {
+        EngineTimes::from_nanos(self.prompt_ms.0, self.predicted_ms.0)
+    }
 }
 
 #[derive(Deserialize)]
 struct UsageView {
     #[serde(default)]
-    prompt_tokens: Option<u64>,
+    prompt_tokens: Num,
     #[serde(default)]
-    completion_tokens: Option<u64>,
+    completion_tokens: Num,
     #[serde(default)]
     prompt_tokens_details: Option<DetailsView>,
     #[serde(default)]
@@ -110,12 +131,7 @@ pub fn append_content(data: &[u8], out: &mut String, cap: usize) {
     for c in b.choices {
         let text = c.delta.or(c.message).and_then(|m| m.content).or(c.text);
         if let Some(t) = text {
-            let room = cap.saturating_sub(out.len());
-            let mut end = t.len().min(room);
-            while !t.is_char_boundary(end) {
-                end -= 1;
-            }
-            out.push_str(&t[..end]);
+            push_capped(out, &t, cap);
         }
     }
 }
@@ -126,6 +142,8 @@ struct Choices {
     count: u32,
     output: bool,
     finish: Option<FinishReason>,
+    /// Tokens the choices carry by id (vLLM `return_token_ids`), when any choice lists them.
+    token_ids: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -138,6 +156,8 @@ struct ChoiceView {
     text: NonEmpty,
     #[serde(default)]
     finish_reason: Option<Reason>,
+    #[serde(default)]
+    token_ids: Option<Count>,
 }
 
 #[derive(Deserialize)]
@@ -192,68 +212,11 @@ impl<'de> Deserialize<'de> for Choices {
                     if let Some(Reason(r)) = c.finish_reason {
                         out.finish = Some(r);
                     }
+                    if let Some(Count(n)) = c.token_ids {
+                        out.token_ids = Some(out.token_ids.unwrap_or(0).saturating_add(n));
+                    }
                 }
                 Ok(out)
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-/// A string borrowed from the input when it has no escapes. (serde's own `Cow` does not borrow
-/// inside an `Option`, which would allocate on every event.)
-struct Str<'a>(Cow<'a, str>);
-
-impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
-            type Value = Str<'a>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Str<'a>, E> {
-                Ok(Str(Cow::Borrowed(s)))
-            }
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<Str<'a>, E> {
-                Ok(Str(Cow::Owned(s.to_owned())))
-            }
-        }
-        d.deserialize_str(V(std::marker::PhantomData))
-    }
-}
-
-/// True when a string value is present and non-empty (null, absent and `""` are false).
-#[derive(Default)]
-struct NonEmpty(bool);
-
-impl<'de> Deserialize<'de> for NonEmpty {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = NonEmpty;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a string or null")
-            }
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<NonEmpty, E> {
-                Ok(NonEmpty(!s.is_empty()))
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<NonEmpty, E> {
-                Ok(NonEmpty(false))
-            }
-            fn visit_none<E: de::Error>(self) -> Result<NonEmpty, E> {
-                Ok(NonEmpty(false))
-            }
-            fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<NonEmpty, D::Error> {
-                d.deserialize_any(V)
-            }
-            // Some servers send content as an array of parts: any part counts as output.
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<NonEmpty, A::Error> {
-                let mut any = false;
-                while seq.next_element::<IgnoredAny>()?.is_some() {
-                    any = true;
-                }
-                Ok(NonEmpty(any))
             }
         }
         d.deserialize_any(V)
@@ -284,25 +247,6 @@ impl<'de> Deserialize<'de> for AnyToolOutput {
             }
         }
         d.deserialize_any(V)
-    }
-}
-
-/// A finish reason (string) or null.
-struct Reason(FinishReason);
-
-impl<'de> Deserialize<'de> for Reason {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Reason;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a finish reason")
-            }
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<Reason, E> {
-                Ok(Reason(FinishReason::parse(s)))
-            }
-        }
-        d.deserialize_str(V)
     }
 }
 

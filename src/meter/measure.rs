@@ -3,7 +3,7 @@
 
 use super::layer::{Held, Metering};
 use super::record::{
-    Gaps, ItlSample, Outcome, RequestMeta, RequestRecord, ResponseInfo, TokensSource,
+    EventTokens, Gaps, ItlSample, Outcome, RequestMeta, RequestRecord, ResponseInfo, TokensSource,
 };
 use crate::dialect::{Dialect, FinishReason, Usage};
 use crate::sse::{Event, NdjsonScanner, OpenBlock, SseScanner};
@@ -31,7 +31,7 @@ const MAX_JSON_CAPTURE: usize = 4 << 20;
 pub enum Framing {
     /// `text/event-stream` from an OpenAI-format endpoint.
     Sse(SseScanner),
-    /// `application/x-ndjson` (events timed, not yet classified).
+    /// `application/x-ndjson` (Ollama's streams).
     Ndjson(NdjsonScanner),
     /// A whole JSON body from an OpenAI-format endpoint: kept by reference, read at the end.
     Json {
@@ -81,8 +81,13 @@ struct Progress {
     t_tok_last: Option<Instant>,
     itl: Gaps,
     output_events: u64,
+    /// Output events whose token count the backend reported.
+    exact_events: u64,
+    /// Sum of those reported counts.
+    event_token_sum: u64,
     /// Cumulative completion tokens from per-chunk usage (vLLM `continuous_usage_stats`).
     cum_output: Option<u64>,
+    engine: Option<crate::dialect::EngineTimes>,
     usage: Usage,
     finish: Option<FinishReason>,
     done: bool,
@@ -125,19 +130,33 @@ impl Progress {
             self.usage.cached_input = u.cached_input.or(self.usage.cached_input);
             self.usage.reasoning = u.reasoning.or(self.usage.reasoning);
         }
+        if o.engine.is_some() {
+            self.engine = o.engine;
+        }
         if let Some(cap) = self.capture.filter(|_| o.output) {
             let out = self.response.output_content.get_or_insert_with(String::new);
             dialect.append_content(ev.data, out, cap);
         }
         if o.output {
-            self.output_events += 1;
-            let tokens = match (o.usage.and_then(|u| u.output), self.cum_output) {
-                (Some(cum), prev) => {
-                    self.cum_output = Some(cum);
-                    cum.saturating_sub(prev.unwrap_or(0)).max(1)
+            // The event's own count; else the step of a cumulative usage every output event
+            // carries (vLLM `continuous_usage_stats`) — a total that first appears on a late
+            // event is not that event's count.
+            let cum = o.usage.and_then(|u| u.output);
+            let reported = match (o.tokens, cum) {
+                (Some(n), _) => Some(u64::from(n)),
+                (None, Some(c)) if self.output_events == 0 || self.cum_output.is_some() => {
+                    let step = c.saturating_sub(self.cum_output.unwrap_or(0));
+                    self.cum_output = Some(c);
+                    Some(step)
                 }
-                (None, _) => 1,
+                _ => None,
             };
+            self.output_events += 1;
+            if let Some(n) = reported {
+                self.exact_events += 1;
+                self.event_token_sum += n;
+            }
+            let tokens = reported.unwrap_or(1).max(1);
             self.mark_output(now, u32::try_from(tokens).unwrap_or(u32::MAX));
         }
         if o.finish.is_some() {
@@ -357,6 +376,7 @@ impl Meter {
                     malformed += 1;
                 }
                 self.progress.error_event |= o.error;
+                self.progress.engine = o.engine;
                 if let Some(u) = o.usage {
                     self.progress.usage = u;
                 }
@@ -394,11 +414,22 @@ impl Meter {
             Some((o, e)) => (o, Some(e)),
             None => judged,
         };
+        let all_exact = p.output_events > 0 && p.exact_events == p.output_events;
         let (output_tokens, tokens_source) = match p.usage.output {
             Some(n) => (Some(n), Some(TokensSource::Usage)),
+            None if streamed && all_exact => (Some(p.event_token_sum), Some(TokensSource::Events)),
             None if streamed => (Some(p.output_events), Some(TokensSource::Counted)),
             None => (None, None),
         };
+        let event_tokens = (streamed && p.output_events > 0).then(|| {
+            if all_exact {
+                EventTokens::Exact
+            } else if p.usage.output.is_some() {
+                EventTokens::Derived
+            } else {
+                EventTokens::Assumed
+            }
+        });
         let t0 = self.meta.t0;
         let since =
             |t: Option<Instant>, from: Instant| t.map(|t| t.saturating_duration_since(from));
@@ -436,6 +467,7 @@ impl Meter {
             input_tokens: self.progress.usage.input,
             output_tokens,
             tokens_source,
+            event_tokens,
             finish_reason: self.progress.finish.take(),
             bytes_out: self.bytes_out,
             malformed_events: malformed,
@@ -443,6 +475,7 @@ impl Meter {
             response: ResponseInfo {
                 cached_input_tokens: self.progress.usage.cached_input,
                 reasoning_tokens: self.progress.usage.reasoning,
+                engine: self.progress.engine,
                 ..std::mem::take(&mut self.progress.response)
             },
             meta: self.meta,

@@ -98,9 +98,11 @@ impl Outcome {
 /// Where the token counts came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TokensSource {
-    /// The backend's `usage` object.
+    /// The backend's `usage` object (or its dialect's final counts).
     Usage,
-    /// Counted output events (one per event).
+    /// The sum of the per-event counts the backend reported (TGI token events, token ids).
+    Events,
+    /// Counted output events (one per event): the backend reported no count.
     Counted,
 }
 
@@ -109,7 +111,32 @@ impl TokensSource {
     pub fn as_str(self) -> &'static str {
         match self {
             TokensSource::Usage => "usage",
+            TokensSource::Events => "events",
             TokensSource::Counted => "counted",
+        }
+    }
+}
+
+/// How many tokens each output event carried, as far as the record knows: what per-event
+/// (inter-token) gaps mean per token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventTokens {
+    /// The backend reported every output event's count (token ids, TGI token events,
+    /// per-chunk cumulative usage): a gap's tokens are known exactly.
+    Exact,
+    /// Only the total is known (final usage): tokens per event are the total over the events.
+    Derived,
+    /// Nothing reported: one token per event is assumed.
+    Assumed,
+}
+
+impl EventTokens {
+    /// The stable label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventTokens::Exact => "exact",
+            EventTokens::Derived => "derived",
+            EventTokens::Assumed => "assumed",
         }
     }
 }
@@ -290,6 +317,8 @@ pub struct ResponseInfo {
     pub reasoning_tokens: Option<u64>,
     /// Output text, only when content capture is on (capped).
     pub output_content: Option<String>,
+    /// Prefill and decode time the engine itself reported (Ollama, llama.cpp).
+    pub engine: Option<crate::dialect::EngineTimes>,
 }
 
 /// An upstream attempt that failed before any response byte reached the client, and was retried.
@@ -452,6 +481,8 @@ pub struct RequestRecord {
     pub output_tokens: Option<u64>,
     /// Where `output_tokens` came from.
     pub tokens_source: Option<TokensSource>,
+    /// What an inter-token gap means per token (streamed responses with output).
+    pub event_tokens: Option<EventTokens>,
     /// Why generation stopped.
     pub finish_reason: Option<FinishReason>,
     /// Response body bytes sent to the client.
@@ -490,6 +521,7 @@ impl RequestRecord {
             input_tokens: None,
             output_tokens: None,
             tokens_source: None,
+            event_tokens: None,
             finish_reason: None,
             bytes_out,
             malformed_events: 0,

@@ -172,7 +172,7 @@ impl Ctx {
         // Kept for retries until the response ends, so held against the budget until then.
         self.notes.hold(reservation);
         let read = bytes.len() as u64;
-        let mut p = prepare_body(bytes, ep.is_openai(), self.gw.trace.capture_content)
+        let mut p = prepare_body(bytes, ep, self.gw.trace.capture_content)
             .map_err(|_| ProxyError::JsonTooDeep(MAX_JSON_DEPTH))?;
         p.params.operation = Some(ep.operation());
         if p.body.len() as u64 != read {

@@ -1,6 +1,7 @@
 //! Request-side helpers: what the gateway reads from an inference request's JSON body (and the
 //! `stream_options.include_usage` it adds), and hop-by-hop header removal.
 
+use crate::dialect::Endpoint;
 use crate::meter::RequestParams;
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -32,21 +33,22 @@ pub const MAX_JSON_DEPTH: usize = 128;
 #[error("the JSON body nests deeper than {MAX_JSON_DEPTH} levels")]
 pub struct TooDeep;
 
-/// Prepares an inference request body for forwarding: reads what measurement and routing need
-/// (`model`, `stream`, `user`, parameters) and, for a streaming OpenAI request that does not ask
-/// for usage, rewrites the body to ask for it (the response's extra usage chunk is then cut out
-/// again). A body that is not a JSON object is forwarded untouched. With `capture` (content
-/// capture opted in), the input messages are kept, up to that many bytes. A body nested deeper
-/// than `MAX_JSON_DEPTH` is an error.
+/// Prepares a request body for `endpoint` for forwarding: reads what measurement and routing
+/// need (`model`, `stream`, `user`, parameters, each where that dialect keeps it) and, for a
+/// streaming OpenAI chat or completions request that does not ask for usage, rewrites the body
+/// to ask for it (the response's extra usage chunk is then cut out again). The other dialects
+/// report their counts unasked. A body that is not a JSON object is forwarded untouched. With
+/// `capture` (content capture opted in), the input messages are kept, up to that many bytes. A
+/// body nested deeper than `MAX_JSON_DEPTH` is an error.
 pub fn prepare_body(
     body: Bytes,
-    openai: bool,
+    endpoint: Endpoint,
     capture: Option<usize>,
 ) -> Result<Prepared, TooDeep> {
     let mut out = Prepared {
         model: None,
         user: None,
-        stream: false,
+        stream: endpoint.streams_by_default(),
         strip_usage: false,
         body,
         params: RequestParams::default(),
@@ -60,18 +62,42 @@ pub fn prepare_body(
         _ => return Ok(out),
     };
     out.model = v.get("model").and_then(Value::as_str).map(str::to_owned);
-    out.user = v.get("user").and_then(Value::as_str).map(str::to_owned);
-    out.stream = v.get("stream").and_then(Value::as_bool).unwrap_or(false);
-    out.params.max_tokens = v
-        .get("max_completion_tokens")
-        .or_else(|| v.get("max_tokens"))
-        .and_then(Value::as_u64);
-    out.params.temperature = v.get("temperature").and_then(Value::as_f64);
-    out.params.top_p = v.get("top_p").and_then(Value::as_f64);
+    out.user = v
+        .get("user")
+        .or_else(|| v.get("metadata").and_then(|m| m.get("user_id")))
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    if endpoint.stream_in_body() {
+        if let Some(s) = v.get("stream").and_then(Value::as_bool) {
+            out.stream = s;
+        }
+    }
+    // Sampling parameters: top level (OpenAI, Anthropic, llama.cpp), `parameters` (TGI) or
+    // `options` (Ollama).
+    let nested = v
+        .get("parameters")
+        .or_else(|| v.get("options"))
+        .and_then(Value::as_object);
+    let param = |names: &[&str]| {
+        names
+            .iter()
+            .find_map(|n| v.get(*n).or_else(|| nested.and_then(|o| o.get(*n))))
+    };
+    out.params.max_tokens = param(&[
+        "max_completion_tokens",
+        "max_tokens",
+        "max_output_tokens",
+        "max_new_tokens",
+        "num_predict",
+        "n_predict",
+    ])
+    .and_then(Value::as_u64);
+    out.params.temperature = param(&["temperature"]).and_then(Value::as_f64);
+    out.params.top_p = param(&["top_p"]).and_then(Value::as_f64);
     if let Some(cap) = capture {
         out.params.input_content = input_messages(&v, cap);
     }
-    if !(openai && out.stream) {
+    if !(endpoint.is_openai() && out.stream) {
         return Ok(out);
     }
     match v.get_mut("stream_options") {
@@ -124,7 +150,11 @@ fn input_messages(v: &serde_json::Map<String, Value>, cap: usize) -> Option<Stri
                 serde_json::json!({"role": role, "parts": m.get("content").map(text_of).unwrap_or_default()})
             })
             .collect()
-    } else if let Some(p) = v.get("prompt") {
+    } else if let Some(p) = v
+        .get("prompt")
+        .or_else(|| v.get("inputs"))
+        .or_else(|| v.get("input"))
+    {
         vec![serde_json::json!({"role": "user", "parts": text_of(p)})]
     } else {
         return None;
@@ -220,20 +250,20 @@ mod tests {
     #[test]
     fn injects_usage_only_when_missing_and_keeps_bytes() {
         let body = Bytes::from_static(br#"{"model": "m", "stream": true, "messages": []}"#);
-        let i = prepare_body(body, true, None).unwrap();
+        let i = prepare_body(body, Endpoint::ChatCompletions, None).unwrap();
         assert!(i.strip_usage && i.stream);
         assert_eq!(i.model.as_deref(), Some("m"));
         assert_eq!(&i.body[..], &br#"{"model": "m", "stream": true, "messages": [],"stream_options":{"include_usage":true}}"#[..]);
 
         let asked =
             Bytes::from_static(br#"{"stream":true,"stream_options":{"include_usage":true}}"#);
-        let i = prepare_body(asked.clone(), true, None).unwrap();
+        let i = prepare_body(asked.clone(), Endpoint::ChatCompletions, None).unwrap();
         assert!(!i.strip_usage);
         assert_eq!(i.body, asked);
 
         let off =
             Bytes::from_static(br#"{"stream":true,"stream_options":{"include_usage":false}}"#);
-        let i = prepare_body(off, true, None).unwrap();
+        let i = prepare_body(off, Endpoint::ChatCompletions, None).unwrap();
         assert!(i.strip_usage);
         let v: Value = serde_json::from_slice(&i.body).unwrap_or_default();
         assert_eq!(
@@ -242,36 +272,105 @@ mod tests {
         );
 
         let plain = Bytes::from_static(br#"{"stream":false}"#);
-        assert!(!prepare_body(plain, true, None).unwrap().strip_usage);
         assert!(
-            !prepare_body(Bytes::from_static(b"not json"), true, None)
+            !prepare_body(plain, Endpoint::ChatCompletions, None)
                 .unwrap()
                 .strip_usage
         );
         assert!(
-            !prepare_body(Bytes::from_static(br#"{"stream":true}"#), false, None)
-                .unwrap()
-                .strip_usage
+            !prepare_body(
+                Bytes::from_static(b"not json"),
+                Endpoint::ChatCompletions,
+                None
+            )
+            .unwrap()
+            .strip_usage
         );
+        assert!(
+            !prepare_body(
+                Bytes::from_static(br#"{"stream":true}"#),
+                Endpoint::Messages,
+                None
+            )
+            .unwrap()
+            .strip_usage
+        );
+    }
+
+    #[test]
+    fn each_dialect_says_stream_and_limits_where_it_keeps_them() {
+        let p = |ep, b: &'static [u8]| prepare_body(Bytes::from_static(b), ep, None).unwrap();
+        // Ollama streams unless told not to; TGI's endpoints decide by path alone.
+        assert!(
+            p(
+                Endpoint::OllamaChat,
+                br#"{"model":"llama3.2","messages":[]}"#
+            )
+            .stream
+        );
+        assert!(!p(Endpoint::OllamaChat, br#"{"model":"m","stream":false}"#).stream);
+        assert!(
+            p(
+                Endpoint::GenerateStream,
+                br#"{"inputs":"hi","stream":false}"#
+            )
+            .stream
+        );
+        assert!(!p(Endpoint::Generate, br#"{"inputs":"hi","stream":true}"#).stream);
+        assert!(!p(Endpoint::Messages, br#"{"max_tokens":3}"#).stream);
+        let tgi = p(
+            Endpoint::GenerateStream,
+            br#"{"inputs":"hi","parameters":{"max_new_tokens":20,"temperature":0.5}}"#,
+        );
+        assert_eq!(tgi.params.max_tokens, Some(20));
+        assert_eq!(tgi.params.temperature, Some(0.5));
+        let max = |ep, b| p(ep, b).params.max_tokens;
+        assert_eq!(
+            max(
+                Endpoint::OllamaGenerate,
+                br#"{"prompt":"hi","options":{"num_predict":7}}"#
+            ),
+            Some(7)
+        );
+        assert_eq!(
+            max(
+                Endpoint::Responses,
+                br#"{"input":"hi","max_output_tokens":9}"#
+            ),
+            Some(9)
+        );
+        assert_eq!(
+            max(
+                Endpoint::LlamaCompletion,
+                br#"{"prompt":"hi","n_predict":5}"#
+            ),
+            Some(5)
+        );
+        let claude = p(
+            Endpoint::Messages,
+            br#"{"model":"c","stream":true,"metadata":{"user_id":"u1"}}"#,
+        );
+        assert!(claude.stream && !claude.strip_usage);
+        assert_eq!(claude.user.as_deref(), Some("u1"));
     }
 
     #[test]
     fn input_messages_follow_the_genai_shape_and_cap() {
         let body = Bytes::from_static(br#"{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"hi"}]}]}"#);
-        let i = prepare_body(body.clone(), true, Some(1000)).unwrap();
+        let i = prepare_body(body.clone(), Endpoint::ChatCompletions, Some(1000)).unwrap();
         let v: Value = serde_json::from_str(i.params.input_content.as_deref().unwrap_or(""))
             .unwrap_or_default();
         assert_eq!(v[0]["role"], "system");
         assert_eq!(v[1]["parts"][0]["content"], "hi");
         assert_eq!(
-            prepare_body(body.clone(), true, Some(10))
+            prepare_body(body.clone(), Endpoint::ChatCompletions, Some(10))
                 .unwrap()
                 .params
                 .input_content
                 .map(|s| s.len()),
             Some(10)
         );
-        assert!(prepare_body(body, true, None)
+        assert!(prepare_body(body, Endpoint::ChatCompletions, None)
             .unwrap()
             .params
             .input_content
@@ -288,17 +387,22 @@ mod tests {
             Bytes::from(b)
         };
         assert_eq!(
-            prepare_body(deep(MAX_JSON_DEPTH - 2), true, None)
+            prepare_body(deep(MAX_JSON_DEPTH - 2), Endpoint::ChatCompletions, None)
                 .unwrap()
                 .model
                 .as_deref(),
             Some("m")
         );
         assert_eq!(
-            prepare_body(deep(MAX_JSON_DEPTH + 10), true, None).unwrap_err(),
+            prepare_body(deep(MAX_JSON_DEPTH + 10), Endpoint::ChatCompletions, None).unwrap_err(),
             TooDeep
         );
         // Merely invalid JSON is the backend's to judge, as before.
-        assert!(prepare_body(Bytes::from_static(b"{\"model\":"), true, None).is_ok());
+        assert!(prepare_body(
+            Bytes::from_static(b"{\"model\":"),
+            Endpoint::ChatCompletions,
+            None
+        )
+        .is_ok());
     }
 }

@@ -1,7 +1,9 @@
 //! Request handling for the simulator: parses an OpenAI request, then generates the response on
 //! the profile's schedule, recording ground truth as it writes.
 
+use super::wire::{EngineTime, Gen};
 use super::{ChunkKind, Faults, Rng, Sent, SimState, Truth};
+use crate::dialect::Endpoint;
 use bytes::Bytes;
 use http::{header, Method, Response, StatusCode};
 use http_body::{Body, Frame};
@@ -19,9 +21,24 @@ use tokio::time::{sleep_until, Instant};
 /// Response body of the simulator: a whole body, or chunks produced by a generator task.
 pub type SimBody = Either<Full<Bytes>, ChannelBody>;
 
+/// The simulator's vocabulary: one token a word, each with its leading space.
 const WORDS: [&str; 16] = [
-    "the", "model", "answers", "quickly", "and", "tokens", "stream", "out", "one", "by", "while",
-    "latency", "is", "measured", "at", "every",
+    " the",
+    " model",
+    " answers",
+    " quickly",
+    " and",
+    " tokens",
+    " stream",
+    " out",
+    " one",
+    " by",
+    " while",
+    " latency",
+    " is",
+    " measured",
+    " at",
+    " every",
 ];
 
 /// The `refuse` fault: returned as the service's error, so hyper drops the connection unanswered.
@@ -62,15 +79,8 @@ fn error(status: StatusCode, msg: &str) -> Response<SimBody> {
 
 /// What one generation request asked for.
 struct Plan {
-    index: u64,
-    chat: bool,
-    model: String,
+    gen: Gen,
     stream: bool,
-    include_usage: bool,
-    prompt_tokens: u64,
-    output_tokens: u64,
-    hit_max: bool,
-    created: u64,
     /// The letter to answer with, when the prompt is a quiz question.
     answer: Option<char>,
 }
@@ -139,7 +149,10 @@ async fn respond(
             }]});
             full(StatusCode::OK, "application/json", body.to_string())
         }
-        (&Method::POST, "/v1/chat/completions" | "/v1/completions") => {
+        (&Method::POST, p) if Endpoint::from_path(p).is_some() => {
+            let Some(ep) = Endpoint::from_path(p) else {
+                return error(StatusCode::NOT_FOUND, "no such endpoint on the simulator");
+            };
             let body = match Limited::new(req.into_body(), 16 << 20).collect().await {
                 Ok(b) => b.to_bytes(),
                 Err(_) => return error(StatusCode::BAD_REQUEST, "could not read the request body"),
@@ -147,32 +160,29 @@ async fn respond(
             let Ok(v) = serde_json::from_slice::<Value>(&body) else {
                 return error(StatusCode::BAD_REQUEST, "the request body is not JSON");
             };
-            let chat = path == "/v1/chat/completions";
-            let plan = plan(&state, &v, chat);
+            let plan = plan(&state, &v, ep);
             if faults.error_rate > 0.0 {
-                let mut rng = Rng::new(state.opts.seed ^ plan.index.rotate_left(29) ^ 0xFA17);
+                let mut rng = Rng::new(state.opts.seed ^ plan.gen.index.rotate_left(29) ^ 0xFA17);
                 if rng.unit() < faults.error_rate {
                     let status = StatusCode::from_u16(faults.error_status.unwrap_or(503))
                         .unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
                     let mut truth =
-                        Truth::new(plan.index, path, body.to_vec(), traceparent, arrival);
+                        Truth::new(plan.gen.index, path, body.to_vec(), traceparent, arrival);
                     truth.completed = true;
                     finish(&state, truth);
                     return error(status, "injected fault");
                 }
             }
-            let mut truth = Truth::new(plan.index, path, body.to_vec(), traceparent, arrival);
-            truth.prompt_tokens = plan.prompt_tokens;
-            truth.output_tokens = plan.output_tokens;
+            let mut truth = Truth::new(plan.gen.index, path, body.to_vec(), traceparent, arrival);
+            truth.prompt_tokens = plan.gen.prompt_tokens;
+            truth.output_tokens = plan.gen.output_tokens;
             if plan.stream {
                 let (tx, rx) = mpsc::channel(4);
+                let ctype = plan.gen.stream_type();
                 tokio::spawn(generate(state, plan, truth, tx, faults));
                 let mut r = Response::new(Either::Right(ChannelBody(rx)));
                 let h = r.headers_mut();
-                h.insert(
-                    header::CONTENT_TYPE,
-                    http::HeaderValue::from_static("text/event-stream"),
-                );
+                h.insert(header::CONTENT_TYPE, http::HeaderValue::from_static(ctype));
                 h.insert(
                     header::CACHE_CONTROL,
                     http::HeaderValue::from_static("no-cache"),
@@ -186,49 +196,94 @@ async fn respond(
     }
 }
 
-fn plan(state: &SimState, v: &Value, chat: bool) -> Plan {
+/// Words in a prompt value: a string, or an array of parts or messages with text.
+fn word_count(x: &Value) -> usize {
+    match x {
+        Value::String(s) => s.split_whitespace().count(),
+        Value::Array(parts) => parts
+            .iter()
+            .map(|p| match p.get("content") {
+                // A message (Responses API input items): its role costs what a chat message's does.
+                Some(c) => 4 + word_count(c),
+                None => p
+                    .get("text")
+                    .or(Some(p))
+                    .and_then(Value::as_str)
+                    .map_or(0, |s| s.split_whitespace().count()),
+            })
+            .sum(),
+        _ => 0,
+    }
+}
+
+/// The prompt's size in tokens (by the simulator's rule: words, plus 4 per message) and the
+/// text of its last message or prompt.
+fn prompt_of(v: &Value, ep: Endpoint) -> (u64, Option<&str>) {
+    fn last_message(m: &[Value]) -> Option<&str> {
+        let c = m.last()?.get("content")?;
+        c.as_str().or_else(|| {
+            c.as_array()?
+                .iter()
+                .rev()
+                .find_map(|p| p.get("text").and_then(Value::as_str))
+        })
+    }
+    let messages = |key: &str| v.get(key).and_then(Value::as_array);
+    match ep {
+        Endpoint::ChatCompletions | Endpoint::Messages | Endpoint::OllamaChat => {
+            let m = messages("messages").map_or(&[][..], Vec::as_slice);
+            let system = v.get("system").map_or(0, word_count);
+            let n: usize = m
+                .iter()
+                .map(|m| 4 + m.get("content").map_or(0, word_count))
+                .sum();
+            ((n + system) as u64, last_message(m))
+        }
+        Endpoint::Responses => {
+            let input = v.get("input");
+            let last = match input {
+                Some(Value::String(s)) => Some(s.as_str()),
+                Some(Value::Array(m)) => last_message(m),
+                _ => None,
+            };
+            (input.map_or(0, word_count) as u64, last)
+        }
+        Endpoint::GenerateStream | Endpoint::Generate => {
+            let i = v.get("inputs");
+            (i.map_or(0, word_count) as u64, i.and_then(Value::as_str))
+        }
+        Endpoint::Completions | Endpoint::OllamaGenerate | Endpoint::LlamaCompletion => {
+            let p = v.get("prompt");
+            (p.map_or(0, word_count) as u64, p.and_then(Value::as_str))
+        }
+    }
+}
+
+fn plan(state: &SimState, v: &Value, ep: Endpoint) -> Plan {
     let index = state.next_index.fetch_add(1, Ordering::Relaxed);
     let mut rng = Rng::new(state.opts.seed.wrapping_add(index));
     let p = &state.opts.profile;
-    let max_tokens = v
-        .get("max_completion_tokens")
-        .or_else(|| v.get("max_tokens"))
-        .and_then(Value::as_u64);
+    let nested = v
+        .get("parameters")
+        .or_else(|| v.get("options"))
+        .and_then(Value::as_object);
+    let param = |n: &str| v.get(n).or_else(|| nested.and_then(|o| o.get(n)));
+    let max_tokens = [
+        "max_completion_tokens",
+        "max_tokens",
+        "max_output_tokens",
+        "max_new_tokens",
+        "num_predict",
+        "n_predict",
+    ]
+    .iter()
+    .find_map(|n| param(n))
+    .and_then(Value::as_u64);
     let output_tokens = max_tokens
         .unwrap_or_else(|| u64::from(rng.range(p.min_output_tokens, p.max_output_tokens)))
         .max(1);
-    let text = |x: &Value| -> usize {
-        match x {
-            Value::String(s) => s.split_whitespace().count(),
-            Value::Array(parts) => parts
-                .iter()
-                .map(|p| {
-                    p.get("text")
-                        .or(Some(p))
-                        .and_then(Value::as_str)
-                        .map_or(0, |s| s.split_whitespace().count())
-                })
-                .sum(),
-            _ => 0,
-        }
-    };
-    let prompt_tokens = if chat {
-        v.get("messages").and_then(Value::as_array).map_or(0, |m| {
-            m.iter().map(|m| 4 + m.get("content").map_or(0, text)).sum()
-        })
-    } else {
-        v.get("prompt").map_or(0, text)
-    } as u64;
+    let (prompt_tokens, last_text) = prompt_of(v, ep);
     // A quiz question gets a one-letter answer: right, or wrong at the profile's error rate.
-    let last_text = if chat {
-        v.get("messages")
-            .and_then(Value::as_array)
-            .and_then(|m| m.last())
-            .and_then(|m| m.get("content"))
-            .and_then(Value::as_str)
-    } else {
-        v.get("prompt").and_then(Value::as_str)
-    };
     let answer = last_text.and_then(super::quiz::solve).map(|right| {
         let mut r = Rng::new(state.opts.seed ^ index.rotate_left(23) ^ 0x0A05);
         if r.unit() < p.answer_error_rate {
@@ -238,98 +293,57 @@ fn plan(state: &SimState, v: &Value, chat: bool) -> Plan {
         }
     });
     let output_tokens = if answer.is_some() { 1 } else { output_tokens };
-    Plan {
-        index,
-        chat,
-        model: v
-            .get("model")
-            .and_then(Value::as_str)
-            .unwrap_or(&state.opts.model)
-            .to_owned(),
-        stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false),
-        include_usage: v
-            .pointer("/stream_options/include_usage")
+    let stream = if ep.stream_in_body() {
+        v.get("stream")
             .and_then(Value::as_bool)
-            .unwrap_or(false),
-        prompt_tokens: prompt_tokens.max(1),
-        output_tokens,
-        hit_max: max_tokens.is_some() && answer.is_none(),
+            .unwrap_or(ep.streams_by_default())
+    } else {
+        ep.streams_by_default()
+    };
+    Plan {
+        gen: Gen {
+            index,
+            ep,
+            model: v
+                .get("model")
+                .and_then(Value::as_str)
+                .unwrap_or(&state.opts.model)
+                .to_owned(),
+            created: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            prompt_tokens: prompt_tokens.max(1),
+            output_tokens,
+            hit_max: max_tokens.is_some() && answer.is_none(),
+            include_usage: v
+                .pointer("/stream_options/include_usage")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+            details: v
+                .pointer("/parameters/details")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+            role_chunk: p.role_chunk,
+        },
+        stream,
         answer,
-        created: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
     }
 }
 
-impl Plan {
-    fn id(&self) -> String {
-        format!(
-            "{}-sim-{}",
-            if self.chat { "chatcmpl" } else { "cmpl" },
-            self.index
-        )
-    }
-
-    fn head(&self, object: &str) -> String {
-        format!(
-            r#""id":"{}","object":"{object}","created":{},"model":{}"#,
-            self.id(),
-            self.created,
-            Value::from(self.model.as_str())
-        )
-    }
-
-    fn usage(&self) -> Value {
-        json!({
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.output_tokens,
-            "total_tokens": self.prompt_tokens + self.output_tokens,
-        })
-    }
-
-    fn finish_reason(&self) -> &'static str {
-        if self.hit_max {
-            "length"
-        } else {
-            "stop"
-        }
-    }
-
-    /// One SSE event carrying a chunk whose choice is `choice` (a JSON object body).
-    fn chunk(&self, choice: &str) -> Vec<u8> {
-        let object = if self.chat {
-            "chat.completion.chunk"
-        } else {
-            "text_completion"
-        };
-        format!(
-            "data: {{{},\"choices\":[{{\"index\":0,{choice}}}]}}\n\n",
-            self.head(object)
-        )
-        .into_bytes()
-    }
-
-    fn content(&self, text: &str) -> Vec<u8> {
-        let t = Value::from(text);
-        if self.chat {
-            self.chunk(&format!(
-                r#""delta":{{"content":{t}}},"logprobs":null,"finish_reason":null"#
-            ))
-        } else {
-            self.chunk(&format!(
-                r#""text":{t},"logprobs":null,"finish_reason":null"#
-            ))
-        }
-    }
+/// `k` words, one token each, each with its leading space.
+fn words(rng: &mut Rng, k: u64) -> Vec<&'static str> {
+    (0..k)
+        .map(|_| WORDS[(rng.next_u64() % WORDS.len() as u64) as usize])
+        .collect()
 }
 
-fn words(rng: &mut Rng, k: u64) -> String {
-    let mut s = String::new();
-    for _ in 0..k {
-        s.push(' ');
-        s.push_str(WORDS[(rng.next_u64() % WORDS.len() as u64) as usize]);
+/// The quiz answer as its one token.
+fn answer_word(a: char) -> &'static str {
+    const LETTERS: [&str; 4] = [" A", " B", " C", " D"];
+    match a {
+        'A'..='D' => LETTERS[(a as u8 - b'A') as usize],
+        _ => " ?",
     }
-    s
 }
 
 /// Counts the stream as active while alive.
@@ -379,12 +393,14 @@ async fn stream(
     tx: &mpsc::Sender<Result<Bytes, std::io::Error>>,
     faults: &Faults,
 ) -> bool {
+    let gen = &plan.gen;
     let mut chunks = 0u32;
-    let mut fault_rng = Rng::new(state.opts.seed ^ plan.index.rotate_left(41) ^ 0xBAD);
+    let mut fault_rng = Rng::new(state.opts.seed ^ gen.index.rotate_left(41) ^ 0xBAD);
     let p = &state.opts.profile;
-    let mut rng = Rng::new(state.opts.seed.wrapping_add(plan.index).rotate_left(17));
+    let mut rng = Rng::new(state.opts.seed.wrapping_add(gen.index).rotate_left(17));
     let record = state.opts.record_truth;
-    let comments = state.opts.truth_comments;
+    // NDJSON has no comments.
+    let comments = state.opts.truth_comments && !gen.ndjson();
     let send = |kind: ChunkKind, mut bytes: Vec<u8>, truth: &mut Truth, chunks: &mut u32| {
         *chunks += 1;
         let at = Instant::now();
@@ -432,11 +448,8 @@ async fn stream(
             }
         };
     }
-    if plan.chat && p.role_chunk {
-        let role = plan.chunk(
-            r#""delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null"#,
-        );
-        if send(ChunkKind::Role, role, truth, &mut chunks)
+    if let Some(pre) = gen.preamble() {
+        if send(ChunkKind::Role, pre, truth, &mut chunks)
             .await
             .is_err()
         {
@@ -444,26 +457,40 @@ async fn stream(
         }
     }
     let slow = std::time::Duration::from_secs_f64(faults.slow_first_token_ms / 1000.0);
-    let mut deadline = truth.arrival + rng.jitter(p.ttft(plan.prompt_tokens), p.jitter) + slow;
+    let mut deadline = truth.arrival + rng.jitter(p.ttft(gen.prompt_tokens), p.jitter) + slow;
     let mut produced = 0;
-    while produced < plan.output_tokens {
+    let mut text = String::new();
+    // The Responses API numbers its events (the preamble took 0..4); TGI numbers its tokens.
+    let responses = gen.ep == Endpoint::Responses;
+    let mut seq: u64 = if responses { 4 } else { 1 };
+    let (mut first, mut last) = (None, None);
+    while produced < gen.output_tokens {
         tokio::select! {
             () = sleep_until(deadline) => {}
             () = tx.closed() => return false,
         }
         check_fault!();
-        let k = u64::from(p.tokens_per_chunk).min(plan.output_tokens - produced);
-        let text = match plan.answer {
-            Some(a) => format!(" {a}"),
+        let k = u64::from(p.tokens_per_chunk).min(gen.output_tokens - produced);
+        let ws = match plan.answer {
+            Some(a) => vec![answer_word(a)],
             None => words(&mut rng, k),
         };
-        let kind = ChunkKind::Content { tokens: k as u32 };
-        let mut event = plan.content(&text);
-        if faults.malformed_rate > 0.0 && fault_rng.unit() < faults.malformed_rate {
-            // Cut the JSON short: the event is still a well-formed SSE event.
-            event.truncate(event.len() - 6);
-            event.extend_from_slice(b"\n\n");
+        for w in &ws {
+            text.push_str(w);
         }
+        let kind = ChunkKind::Content { tokens: k as u32 };
+        let end = produced + k >= gen.output_tokens;
+        let mut event = gen.content(&ws, seq, end, &text);
+        seq += if responses { 1 } else { k };
+        if faults.malformed_rate > 0.0 && fault_rng.unit() < faults.malformed_rate {
+            // Cut the JSON short: the event is still a well-formed SSE event (NDJSON line).
+            let term: &[u8] = if gen.ndjson() { b"\n" } else { b"\n\n" };
+            event.truncate(event.len() - term.len() - 4);
+            event.extend_from_slice(term);
+        }
+        let now = Instant::now();
+        first.get_or_insert(now);
+        last = Some(now);
         if send(kind, event, truth, &mut chunks).await.is_err() {
             return false;
         }
@@ -474,52 +501,20 @@ async fn stream(
         );
         deadline += step * k as u32;
     }
-    let fin = if plan.chat {
-        plan.chunk(&format!(
-            r#""delta":{{}},"logprobs":null,"finish_reason":"{}""#,
-            plan.finish_reason()
-        ))
-    } else {
-        plan.chunk(&format!(
-            r#""text":"","logprobs":null,"finish_reason":"{}""#,
-            plan.finish_reason()
-        ))
+    let eng = match (first, last) {
+        (Some(f), Some(l)) => EngineTime {
+            prefill: f - truth.arrival,
+            decode: l - f,
+        },
+        _ => EngineTime::default(),
     };
-    check_fault!();
-    if send(ChunkKind::Finish, fin, truth, &mut chunks)
-        .await
-        .is_err()
-    {
-        return false;
-    }
-    if plan.include_usage {
-        let object = if plan.chat {
-            "chat.completion.chunk"
-        } else {
-            "text_completion"
-        };
-        let usage = format!(
-            "data: {{{},\"choices\":[],\"usage\":{}}}\n\n",
-            plan.head(object),
-            plan.usage()
-        );
+    for (kind, bytes) in gen.tail(seq, &text, eng) {
         check_fault!();
-        if send(ChunkKind::Usage, usage.into_bytes(), truth, &mut chunks)
-            .await
-            .is_err()
-        {
+        if send(kind, bytes, truth, &mut chunks).await.is_err() {
             return false;
         }
     }
-    check_fault!();
-    send(
-        ChunkKind::Done,
-        b"data: [DONE]\n\n".to_vec(),
-        truth,
-        &mut chunks,
-    )
-    .await
-    .is_ok()
+    true
 }
 
 async fn whole(
@@ -528,13 +523,15 @@ async fn whole(
     mut truth: Truth,
     faults: Faults,
 ) -> Response<SimBody> {
+    let gen = &plan.gen;
     let p = &state.opts.profile;
-    let mut rng = Rng::new(state.opts.seed.wrapping_add(plan.index).rotate_left(17));
+    let mut rng = Rng::new(state.opts.seed.wrapping_add(gen.index).rotate_left(17));
     let body = {
         let _active = Active::new(&state);
         let slow = std::time::Duration::from_secs_f64(faults.slow_first_token_ms / 1000.0);
-        let mut deadline = truth.arrival + rng.jitter(p.ttft(plan.prompt_tokens), p.jitter) + slow;
-        for _ in 1..plan.output_tokens {
+        let prefill = rng.jitter(p.ttft(gen.prompt_tokens), p.jitter) + slow;
+        let mut deadline = truth.arrival + prefill;
+        for _ in 1..gen.output_tokens {
             deadline += rng.jitter(
                 p.decode_step(state.active.load(Ordering::Relaxed)),
                 p.jitter,
@@ -543,24 +540,13 @@ async fn whole(
         sleep_until(deadline).await;
         let text = match plan.answer {
             Some(a) => a.to_string(),
-            None => words(&mut rng, plan.output_tokens),
+            None => words(&mut rng, gen.output_tokens).concat(),
         };
-        let choice = if plan.chat {
-            json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": plan.finish_reason()})
-        } else {
-            json!({"index": 0, "text": text, "logprobs": null, "finish_reason": plan.finish_reason()})
+        let eng = EngineTime {
+            prefill,
+            decode: (deadline - truth.arrival).saturating_sub(prefill),
         };
-        let object = if plan.chat {
-            "chat.completion"
-        } else {
-            "text_completion"
-        };
-        format!(
-            "{{{},\"choices\":[{}],\"usage\":{}}}",
-            plan.head(object),
-            choice,
-            plan.usage()
-        )
+        gen.whole(&text, eng).to_string()
     };
     let at = Instant::now();
     if state.opts.record_truth {

@@ -1,15 +1,17 @@
-//! A simulated OpenAI-compatible backend: `/v1/chat/completions` and `/v1/completions` (streaming
-//! and not), `/v1/models`, `/health`, with a timing model (see `profile`) deterministic under a
-//! seed. It keeps ground truth for verification: per request, the exact bytes it sent and the
-//! instant each chunk left, readable in-process through `SimHandle`.
-//!
-//! Fault injection (refuse, error status, die or stall after K chunks, malformed SSE) arrives with
-//! the resilience work; `Profile` is where those knobs will live.
+//! A simulated inference backend speaking every dialect the gateway measures (`wire`): OpenAI
+//! `/v1/chat/completions` and `/v1/completions`, the Responses API `/v1/responses`, Anthropic
+//! `/v1/messages`, TGI `/generate_stream` and `/generate`, Ollama `/api/chat` and `/api/generate`,
+//! llama.cpp `/completion` — streaming and not — plus `/v1/models` and `/health`, with a timing
+//! model (see `profile`) deterministic under a seed. It keeps ground truth for verification: per
+//! request, the exact bytes it sent and the instant each chunk left, readable in-process through
+//! `SimHandle`. Faults (refuse, error status, die or stall after K chunks, malformed events, a
+//! slow first token) are injected per `Faults`.
 
 mod faults;
 mod handler;
 mod profile;
 pub mod quiz;
+mod wire;
 
 pub use crate::util::Rng;
 pub use faults::Faults;

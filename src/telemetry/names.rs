@@ -62,6 +62,11 @@ pub const IS_ITL_P99: &str = "inferscope.itl.p99";
 pub const IS_ITL_MAX: &str = "inferscope.itl.max";
 pub const IS_ITL_COUNT: &str = "inferscope.itl.count";
 pub const IS_TOKENS_SOURCE: &str = "inferscope.tokens_source";
+/// What an inter-token gap means per token: `exact`, `derived` or `assumed`.
+pub const IS_EVENT_TOKENS: &str = "inferscope.event_tokens";
+/// The engine's own prefill and decode time (Ollama, llama.cpp), seconds.
+pub const IS_ENGINE_PREFILL: &str = "inferscope.engine.prefill";
+pub const IS_ENGINE_DECODE: &str = "inferscope.engine.decode";
 /// Event on the client span at the first output token.
 pub const EVENT_FIRST_TOKEN: &str = "inferscope.first_token";
 

@@ -252,7 +252,13 @@ pub fn build(
     if let Some(t) = rec.tokens_source {
         a.push(KeyValue::new(n::IS_TOKENS_SOURCE, t.as_str()));
     }
+    if let Some(t) = rec.event_tokens {
+        a.push(KeyValue::new(n::IS_EVENT_TOKENS, t.as_str()));
+    }
+    let engine = rec.response.engine.unwrap_or_default();
     let durations = [
+        (n::IS_ENGINE_PREFILL, engine.prefill),
+        (n::IS_ENGINE_DECODE, engine.decode),
         (n::GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK, rec.ttfc),
         (n::IS_TTFC, rec.ttfc),
         (n::IS_TTFT, rec.ttft),
