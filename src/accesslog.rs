@@ -558,6 +558,12 @@ struct LogLine<'a> {
     engine_prefill_ms: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     engine_decode_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    backend_running: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    backend_queue_depth: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    backend_kv_cache_usage: Option<f32>,
     finish_reason: Option<&'a str>,
     response_id: Option<&'a str>,
     bytes_in: u64,
@@ -631,6 +637,9 @@ impl<'a> From<&'a RequestRecord> for LogLine<'a> {
             event_tokens: r.event_tokens.map(|t| t.as_str()),
             engine_prefill_ms: r.response.engine.and_then(|e| e.prefill).map(ms),
             engine_decode_ms: r.response.engine.and_then(|e| e.decode).map(ms),
+            backend_running: m.engine.and_then(|e| e.running),
+            backend_queue_depth: m.engine.and_then(|e| e.waiting),
+            backend_kv_cache_usage: m.engine.and_then(|e| e.kv_cache_usage),
             finish_reason: r.finish_reason.as_ref().map(|f| f.as_str()),
             response_id: r.response.id.as_deref(),
             bytes_in: m.bytes_in,

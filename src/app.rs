@@ -123,6 +123,7 @@ impl Reloader {
             self.limiter.configure(new.rate_limits.as_ref());
             let router = Arc::new(router);
             crate::route::spawn_probes(&new, router.backends());
+            crate::route::spawn_scrapes(&new, router.backends());
             self.routes.store(router);
             *self.current.lock() = new;
             Ok::<(), ReloadError>(())
@@ -252,6 +253,7 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         .collect();
     let router = Arc::new(router);
     crate::route::spawn_probes(&config, router.backends());
+    crate::route::spawn_scrapes(&config, router.backends());
 
     let data_listener = TcpListener::bind(overrides.listen.unwrap_or(config.listen))
         .await

@@ -95,6 +95,25 @@ fn validation_errors_point_at_the_offending_line() {
     let e = parse(&text, "gw.yaml").unwrap_err();
     assert!(e.message.contains("unknown field `p99`"), "{e}");
 
+    for (metrics, why) in [
+        ("{ url: metrics }", "neither a path"),
+        ("{ url: null }", "nothing to scrape"),
+        ("{ interval: 0s }", "greater than 0"),
+        ("{ gpu_url: \"ftp://x/metrics\" }", "neither a path"),
+    ] {
+        let text = BASE.replace(
+            "url: \"http://127.0.0.1:1\" }",
+            &format!("url: \"http://127.0.0.1:1\", metrics: {metrics} }}"),
+        );
+        let e = parse(&text, "gw.yaml").unwrap_err();
+        assert_eq!(
+            (e.line, e.key.as_str()),
+            (Some(2), "backends[0].metrics"),
+            "{e}"
+        );
+        assert!(e.message.contains(why), "{e}");
+    }
+
     let two_controls = "\
 backends:
   - { name: a, url: \"http://127.0.0.1:1\" }

@@ -405,10 +405,49 @@ fn backend_json(router: &Router) -> serde_json::Value {
                 "queued": s.queued,
                 "ewma_ttft_ms": s.ewma_ttft_ms,
                 "ewma_tpot_ms": s.ewma_tpot_ms,
+                "scrape": scrape_json(&s),
             })
         })
         .collect();
     list.into()
+}
+
+/// The backend's own metrics as last scraped (`metrics:`): `null` without a scrape.
+fn scrape_json(s: &crate::route::BackendStatus) -> serde_json::Value {
+    let Some((v, age)) = &s.scraped else {
+        return if s.scrapes == (0, 0) {
+            serde_json::Value::Null
+        } else {
+            serde_json::json!({"ok_total": s.scrapes.0, "failed_total": s.scrapes.1})
+        };
+    };
+    let engine = v.engine.as_ref().map(|e| {
+        serde_json::json!({
+            "running": e.running,
+            "waiting": e.waiting,
+            "kv_cache_usage": e.kv_cache_usage,
+            "prefix_cache_hit_rate": e.prefix_cache_hit_rate,
+            "prefill_seconds": e.prefill_seconds,
+        })
+    });
+    let gpu = v.gpu.as_ref().map(|g| {
+        serde_json::json!({
+            "count": g.count,
+            "utilization": g.utilization,
+            "memory_used_bytes": g.memory_used_bytes,
+            "memory_total_bytes": g.memory_total_bytes,
+            "power_watts": g.power_watts,
+            "sm_clock_hz": g.sm_clock_hz,
+        })
+    });
+    serde_json::json!({
+        "age_ms": age.as_secs_f64() * 1e3,
+        "fresh": s.scrape_fresh,
+        "ok_total": s.scrapes.0,
+        "failed_total": s.scrapes.1,
+        "engine": engine,
+        "gpu": gpu,
+    })
 }
 
 /// Per-backend health and load gauges, for `/metrics`.
@@ -460,6 +499,105 @@ fn backend_metrics(router: &Router, w: &mut Writer) {
         .collect();
     for (name, kind, help, get) in series {
         w.series(name, kind, help, labels.iter().zip(all.iter().map(get)));
+    }
+    scrape_metrics(&all, &labels, w);
+}
+
+/// The backends' own metrics as last scraped, for `/metrics`: a series only for the backends
+/// whose latest scrape had the value (stale ones included: the age says how old).
+fn scrape_metrics(all: &[crate::route::BackendStatus], labels: &[Labels], w: &mut Writer) {
+    use crate::route::engine::{EngineView, GpuView};
+    type Engine = fn(&EngineView) -> Option<f64>;
+    type Gpu = fn(&GpuView) -> Option<f64>;
+    let scraped = || all.iter().zip(labels);
+    if all.iter().all(|s| s.scrapes == (0, 0)) {
+        return; // no backend scrapes its metrics
+    }
+    w.series(
+        "inferscope_backend_scrapes_total",
+        "counter",
+        "Scrapes of the backend's metrics endpoints where every one answered.",
+        scraped().map(|(s, l)| (l, s.scrapes.0 as f64)),
+    );
+    w.series(
+        "inferscope_backend_scrape_failures_total",
+        "counter",
+        "Scrapes of the backend's metrics endpoints where one did not answer.",
+        scraped().map(|(s, l)| (l, s.scrapes.1 as f64)),
+    );
+    w.series(
+        "inferscope_backend_scrape_age_seconds",
+        "gauge",
+        "Age of the latest scrape of the backend's metrics.",
+        scraped().filter_map(|(s, l)| Some((l, s.scraped.as_ref()?.1.as_secs_f64()))),
+    );
+    let engine: [(&str, &str, Engine); 5] = [
+        (
+            "inferscope_backend_engine_running",
+            "Requests the backend's engine runs (its batch), as last scraped.",
+            |e| e.running,
+        ),
+        (
+            "inferscope_backend_engine_waiting",
+            "Requests waiting in the backend engine's queue, as last scraped.",
+            |e| e.waiting,
+        ),
+        (
+            "inferscope_backend_kv_cache_usage_ratio",
+            "The backend engine's KV-cache use, 0-1, as last scraped.",
+            |e| e.kv_cache_usage,
+        ),
+        (
+            "inferscope_backend_prefix_cache_hit_ratio",
+            "The backend engine's prefix-cache hits over queries between the last two scrapes.",
+            |e| e.prefix_cache_hit_rate,
+        ),
+        (
+            "inferscope_backend_engine_prefill_seconds",
+            "The backend engine's mean prefill time between the last two scrapes.",
+            |e| e.prefill_seconds,
+        ),
+    ];
+    for (name, help, get) in engine {
+        let rows = scraped().filter_map(|(s, l)| {
+            let e = s.scraped.as_ref()?.0.engine.as_ref()?;
+            Some((l, get(e)?))
+        });
+        w.series(name, "gauge", help, rows);
+    }
+    let gpu: [(&str, &str, Gpu); 5] = [
+        (
+            "inferscope_backend_gpu_utilization_ratio",
+            "Mean utilisation of the backend's GPUs, 0-1.",
+            |g| g.utilization,
+        ),
+        (
+            "inferscope_backend_gpu_memory_used_bytes",
+            "Memory used on the backend's GPUs.",
+            |g| g.memory_used_bytes,
+        ),
+        (
+            "inferscope_backend_gpu_memory_total_bytes",
+            "Memory of the backend's GPUs.",
+            |g| g.memory_total_bytes,
+        ),
+        (
+            "inferscope_backend_gpu_power_watts",
+            "Power drawn by the backend's GPUs.",
+            |g| g.power_watts,
+        ),
+        (
+            "inferscope_backend_gpu_sm_clock_hertz",
+            "Mean SM clock of the backend's GPUs.",
+            |g| g.sm_clock_hz,
+        ),
+    ];
+    for (name, help, get) in gpu {
+        let rows = scraped().filter_map(|(s, l)| {
+            let g = s.scraped.as_ref()?.0.gpu.as_ref()?;
+            Some((l, get(g)?))
+        });
+        w.series(name, "gauge", help, rows);
     }
 }
 

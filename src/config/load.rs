@@ -463,6 +463,32 @@ fn validate_backend(b: &BackendConfig) -> Result<(), (&'static str, String)> {
     if b.max_concurrency == Some(0) {
         return Err(("max_concurrency", "must be greater than 0".into()));
     }
+    if let Some(m) = &b.metrics {
+        for u in m.url.iter().chain(&m.gpu_url) {
+            let ok = u.starts_with('/')
+                || u.parse::<http::Uri>().is_ok_and(|x| {
+                    matches!(x.scheme_str(), Some("http" | "https")) && x.host().is_some()
+                });
+            if !ok {
+                return Err((
+                    "metrics",
+                    format!("`{u}` is neither a path (`/metrics`) nor an http(s) URL"),
+                ));
+            }
+        }
+        if m.url.is_none() && m.gpu_url.is_none() {
+            return Err((
+                "metrics",
+                "url and gpu_url are both null: nothing to scrape".into(),
+            ));
+        }
+        if m.interval.is_zero() || m.timeout.is_zero() {
+            return Err((
+                "metrics",
+                "interval and timeout must be greater than 0".into(),
+            ));
+        }
+    }
     if let Some(p) = &b.probe {
         if !p.path.starts_with('/') {
             return Err(("probe", format!("path `{}` must start with /", p.path)));

@@ -336,6 +336,50 @@ pub struct BackendConfig {
     /// Passive outlier ejection.
     #[serde(default)]
     pub outlier: OutlierConfig,
+    /// Scrape the backend's own metrics (engine queue, KV cache, GPUs) and join them to requests.
+    #[serde(default)]
+    pub metrics: Option<MetricsConfig>,
+}
+
+/// Scraping a backend's Prometheus endpoints: its engine's (vLLM, SGLang, TGI, llama.cpp) and
+/// its GPUs' exporter (NVIDIA DCGM exporter, nvidia_gpu_exporter).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// The engine's endpoint: a path under the backend's URL (`/metrics`), an absolute URL, or
+    /// null for none.
+    pub url: Option<String>,
+    /// The GPU exporter's endpoint (absent: none), e.g. `http://gpu-host:9400/metrics`.
+    pub gpu_url: Option<String>,
+    /// Time between scrapes.
+    #[serde(with = "super::duration")]
+    pub interval: Duration,
+    /// A scrape slower than this fails.
+    #[serde(with = "super::duration")]
+    pub timeout: Duration,
+    /// Values older than this are not used (by requests' records and the balancer); absent:
+    /// three intervals.
+    #[serde(with = "super::duration::option")]
+    pub stale_after: Option<Duration>,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        Self {
+            url: Some("/metrics".into()),
+            gpu_url: None,
+            interval: Duration::from_secs(5),
+            timeout: Duration::from_secs(2),
+            stale_after: None,
+        }
+    }
+}
+
+impl MetricsConfig {
+    /// How old a scrape may be and still be used.
+    pub fn stale_after(&self) -> Duration {
+        self.stale_after.unwrap_or(self.interval * 3)
+    }
 }
 
 /// Which built-in roots verify an upstream's certificate.

@@ -27,7 +27,7 @@ pub use layer::{
 };
 pub use measure::{Deadlines, End, Framing, MeasureOptions, Meter, StripPlan};
 pub use record::{
-    Attempt, EventTokens, Gaps, ItlSample, ItlSummary, Outcome, RequestMeta, RequestParams,
-    RequestRecord, ResponseInfo, TokensSource, Upstream, MAX_ITL_SAMPLES, NONE,
+    Attempt, EngineLoad, EventTokens, Gaps, ItlSample, ItlSummary, Outcome, RequestMeta,
+    RequestParams, RequestRecord, ResponseInfo, TokensSource, Upstream, MAX_ITL_SAMPLES, NONE,
 };
 pub use trace::TraceContext;

@@ -410,6 +410,8 @@ pub struct RequestMeta {
     pub t_hdr: Option<Instant>,
     /// The route's latency objectives, once routed.
     pub slo: Option<crate::config::SloConfig>,
+    /// The backend engine's load as its latest fresh scrape had it when the request was sent.
+    pub engine: Option<EngineLoad>,
 }
 
 impl RequestMeta {
@@ -444,8 +446,23 @@ impl RequestMeta {
             t_sent: None,
             t_hdr: None,
             slo: None,
+            engine: None,
         }
     }
+}
+
+/// A backend engine's load when a request was sent to it, from the latest scrape of its metrics
+/// (`metrics:`) no older than its staleness bound.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EngineLoad {
+    /// Requests the engine was running (its batch).
+    pub running: Option<f32>,
+    /// Requests waiting in its queue.
+    pub waiting: Option<f32>,
+    /// Its KV-cache use, 0–1.
+    pub kv_cache_usage: Option<f32>,
+    /// Age of the scrape, milliseconds.
+    pub age_ms: u32,
 }
 
 /// Everything measured about one request. Durations are `None` when they do not apply.

@@ -269,9 +269,11 @@ impl Ctx {
         let mut tried: Vec<Arc<str>> = Vec::new();
         loop {
             tried.push(Arc::clone(&backend.name));
+            let engine = backend.engine_load();
             self.notes.update(|m| {
                 m.backend = Arc::clone(&backend.name);
                 m.upstream = Some(backend.info.clone());
+                m.engine = engine;
             });
             let guard = backend.admit().await.map_err(ProxyError::Busy)?;
             let body = match (self.first_body.take(), &self.replay) {
@@ -518,9 +520,11 @@ impl ShadowCopy {
             .pool(Some(self.variant_index))
             .and_then(|p| p.pick(route.balancer, &[]))
             .ok_or(ProxyError::NoRoute)?;
+        let engine = backend.engine_load();
         notes.update(|m| {
             m.backend = Arc::clone(&backend.name);
             m.upstream = Some(backend.info.clone());
+            m.engine = engine;
         });
         let guard = backend.admit().await.map_err(ProxyError::Busy)?;
         let mut headers = self.headers.clone();

@@ -72,6 +72,12 @@ pub struct Backend {
     ejections_total: AtomicU64,
     ewma_ttft_us: AtomicU64,
     ewma_tpot_us: AtomicU64,
+    /// The latest scrape of its metrics endpoints (`metrics:`), if any answered.
+    scraped: arc_swap::ArcSwapOption<super::engine::Scraped>,
+    /// Scrapes older than this are not used.
+    stale_after: Duration,
+    scrapes_ok: AtomicU64,
+    scrapes_failed: AtomicU64,
 }
 
 /// Holds a backend's in-flight slot (and queue permit) until dropped with the response.
@@ -126,6 +132,12 @@ pub struct BackendStatus {
     pub ewma_ttft_ms: f64,
     /// TPOT moving average, milliseconds (0 before any sample).
     pub ewma_tpot_ms: f64,
+    /// The latest scrape of its metrics, fresh or not, and its age.
+    pub scraped: Option<(Arc<super::engine::Scraped>, Duration)>,
+    /// Whether that scrape is within the staleness bound.
+    pub scrape_fresh: bool,
+    /// Scrapes where every endpoint answered, and where one did not.
+    pub scrapes: (u64, u64),
 }
 
 impl Backend {
@@ -133,6 +145,34 @@ impl Backend {
     pub fn with_tls(mut self, tls: Option<Arc<crate::tls::ClientTls>>) -> Self {
         self.tls = tls;
         self
+    }
+
+    /// Uses scrapes of its metrics for this long.
+    pub fn with_stale_after(mut self, d: Duration) -> Self {
+        self.stale_after = d;
+        self
+    }
+
+    /// Takes a scrape's result: `ok` when every configured endpoint answered; `view` when any did.
+    pub fn scraped(&self, ok: bool, view: Option<super::engine::Scraped>) {
+        if ok {
+            self.scrapes_ok.fetch_add(1, Relaxed);
+        } else {
+            self.scrapes_failed.fetch_add(1, Relaxed);
+        }
+        self.scraped.store(view.map(Arc::new));
+    }
+
+    /// The latest scrape, if it is fresh (no older than the staleness bound).
+    pub fn fresh_scrape(&self) -> Option<Arc<super::engine::Scraped>> {
+        let s = self.scraped.load_full()?;
+        (s.at.elapsed() <= self.stale_after).then_some(s)
+    }
+
+    /// The engine's load as a request sent now finds it (a fresh scrape only).
+    pub fn engine_load(&self) -> Option<crate::meter::EngineLoad> {
+        let s = self.scraped.load();
+        super::engine::at_request(s.as_deref()?, Instant::now(), self.stale_after)
     }
 
     /// The upstream path and query for a request's: the request's own, under the base URL's API
@@ -185,6 +225,10 @@ impl Backend {
             busy_until_ms: AtomicU64::new(0),
             rate_limited_total: AtomicU64::new(0),
             ejections_total: AtomicU64::new(0),
+            scraped: arc_swap::ArcSwapOption::empty(),
+            stale_after: Duration::from_secs(15),
+            scrapes_ok: AtomicU64::new(0),
+            scrapes_failed: AtomicU64::new(0),
             ewma_ttft_us: AtomicU64::new(0f64.to_bits()),
             ewma_tpot_us: AtomicU64::new(0f64.to_bits()),
         }
@@ -317,6 +361,15 @@ impl Backend {
             queued: self.limiter.as_ref().map_or(0, |l| l.queued.load(Relaxed)),
             ewma_ttft_ms: f64::from_bits(self.ewma_ttft_us.load(Relaxed)) / 1000.0,
             ewma_tpot_ms: f64::from_bits(self.ewma_tpot_us.load(Relaxed)) / 1000.0,
+            scraped: self.scraped.load_full().map(|s| {
+                let age = s.at.elapsed();
+                (s, age)
+            }),
+            scrape_fresh: self.fresh_scrape().is_some(),
+            scrapes: (
+                self.scrapes_ok.load(Relaxed),
+                self.scrapes_failed.load(Relaxed),
+            ),
         }
     }
 }

@@ -13,14 +13,17 @@
 //! current router — nothing on the measuring side calls into routing.
 
 mod backend;
+pub mod engine;
 mod observer;
 mod probe;
+mod scrape;
 mod split;
 
 pub use crate::meter::NONE;
 pub use backend::{Backend, BackendGuard, BackendStatus, Busy};
 pub use observer::{Observer, TripReporter};
 pub use probe::spawn_probes;
+pub use scrape::spawn_scrapes;
 pub use split::{Split, Sticky};
 
 use crate::config::{Balancer, Config, RetryConfig, TimeoutsConfig};
@@ -314,7 +317,11 @@ impl Router {
                     b.queue_timeout,
                     b.outlier.clone(),
                 )
-                .with_tls(tls),
+                .with_tls(tls)
+                .with_stale_after(b.metrics.as_ref().map_or(
+                    std::time::Duration::from_secs(15),
+                    crate::config::MetricsConfig::stale_after,
+                )),
             );
             by_name.insert(Arc::clone(&backend.name), Arc::clone(&backend));
             all.push(backend);

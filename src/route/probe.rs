@@ -6,7 +6,8 @@ use super::Backend;
 use crate::config::{Config, ProbeConfig};
 use bytes::Bytes;
 use http::uri::PathAndQuery;
-use http_body_util::{BodyExt, Empty};
+use http::StatusCode;
+use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::rt::TokioIo;
 use std::sync::{Arc, Weak};
 
@@ -21,39 +22,58 @@ pub fn spawn_probes(config: &Config, backends: &[Arc<Backend>]) {
     }
 }
 
-/// One probe on a connection of its own (over TLS for an `https://` backend, with the backend's
-/// key): `true` when it answered 2xx.
-async fn probe_once(b: &Backend, path: &str) -> Option<bool> {
-    let host = b.base.host()?;
-    let port = b
-        .base
-        .port_u16()
-        .unwrap_or(if b.tls.is_some() { 443 } else { 80 });
-    let pq = b.upstream_path(Some(&PathAndQuery::try_from(path).ok()?))?;
-    let stream = crate::tls::connect(
-        host,
-        port,
-        b.tls.as_deref(),
-        std::time::Duration::from_secs(30),
-    )
-    .await
-    .ok()?;
+/// One GET on a connection of its own, of `target`: a path under the backend's URL (over TLS
+/// for an `https://` backend, with the backend's key), or an absolute `http(s)://` URL of another
+/// server (the backend's TLS settings for `https`, no key). Returns the status and up to `limit`
+/// bytes of the body (`None` past it).
+pub(super) async fn get(b: &Backend, target: &str, limit: usize) -> Option<(StatusCode, Bytes)> {
+    let (uri, tls, key) = if target.starts_with('/') {
+        let pq = b.upstream_path(Some(&PathAndQuery::try_from(target).ok()?))?;
+        let mut parts = b.base.clone().into_parts();
+        parts.path_and_query = Some(pq);
+        (http::Uri::from_parts(parts).ok()?, b.tls.as_deref(), true)
+    } else {
+        let uri: http::Uri = target.parse().ok()?;
+        let tls = (uri.scheme_str() == Some("https"))
+            .then_some(b.tls.as_deref())
+            .flatten();
+        (uri, tls, false)
+    };
+    let https = uri.scheme_str() == Some("https");
+    if https && tls.is_none() {
+        return None;
+    }
+    let host = uri.host()?;
+    let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
+    let stream = crate::tls::connect(host, port, tls, std::time::Duration::from_secs(30))
+        .await
+        .ok()?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .ok()?;
     let driver = tokio::spawn(conn);
-    let mut req = http::Request::get(http::Uri::from(pq))
-        .header(http::header::HOST, b.base.authority()?.as_str())
+    let pq = uri.path_and_query().map_or("/", |p| p.as_str());
+    let mut req = http::Request::get(pq)
+        .header(http::header::HOST, uri.authority()?.as_str())
         .body(Empty::<Bytes>::new())
         .ok()?;
-    if let Some((name, value)) = &b.authorization {
-        req.headers_mut().insert(name.clone(), value.clone());
+    if key {
+        if let Some((name, value)) = &b.authorization {
+            req.headers_mut().insert(name.clone(), value.clone());
+        }
     }
     let resp = sender.send_request(req).await.ok()?;
-    let ok = resp.status().is_success();
-    let _ = resp.into_body().collect().await;
+    let status = resp.status();
+    let body = Limited::new(resp.into_body(), limit).collect().await;
     driver.abort();
-    Some(ok)
+    Some((status, body.ok()?.to_bytes()))
+}
+
+/// One probe: `true` when the backend answered 2xx.
+async fn probe_once(b: &Backend, path: &str) -> Option<bool> {
+    // A probe's answer is read but not kept: a large one is still an answer.
+    let (status, _) = get(b, path, 1 << 20).await?;
+    Some(status.is_success())
 }
 
 async fn run(backend: Weak<Backend>, cfg: ProbeConfig) {

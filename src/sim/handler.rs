@@ -11,7 +11,7 @@ use http_body_util::{BodyExt, Either, Full, Limited};
 use hyper::body::Incoming;
 use serde_json::{json, Value};
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -143,6 +143,9 @@ async fn respond(
     match (req.method(), path.as_str()) {
         // As vLLM answers it: 200 with an empty body (`content-length: 0`).
         (&Method::GET, "/health") => Response::new(Either::Left(Full::new(Bytes::new()))),
+        (&Method::GET, "/metrics") => {
+            full(StatusCode::OK, "text/plain; version=0.0.4", metrics(&state))
+        }
         (&Method::GET, "/v1/models") => {
             let body = json!({"object": "list", "data": [{
                 "id": state.opts.model, "object": "model", "owned_by": state.opts.profile.name,
@@ -346,20 +349,86 @@ fn answer_word(a: char) -> &'static str {
     }
 }
 
-/// Counts the stream as active while alive.
-struct Active<'a>(&'a SimState);
+/// Counts the stream as active, and the KV-cache tokens it holds, while alive.
+struct Active<'a> {
+    s: &'a SimState,
+    kv: u64,
+}
 
 impl<'a> Active<'a> {
     fn new(s: &'a SimState) -> Self {
         s.active.fetch_add(1, Ordering::Relaxed);
-        Self(s)
+        Self { s, kv: 0 }
+    }
+
+    /// The stream now holds `n` more tokens in the KV cache.
+    fn hold(&mut self, n: u64) {
+        self.s.engine.kv_tokens.fetch_add(n, Ordering::Relaxed);
+        self.kv += n;
     }
 }
 
 impl Drop for Active<'_> {
     fn drop(&mut self) {
-        self.0.active.fetch_sub(1, Ordering::Relaxed);
+        self.s.active.fetch_sub(1, Ordering::Relaxed);
+        self.s
+            .engine
+            .kv_tokens
+            .fetch_sub(self.kv, Ordering::Relaxed);
     }
+}
+
+/// A prefill done: counted as vLLM counts `request_prefill_time_seconds`.
+fn prefilled(state: &SimState, took: std::time::Duration) {
+    let e = &state.engine;
+    e.prefill_us.fetch_add(
+        u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
+        Ordering::Relaxed,
+    );
+    e.prefills.fetch_add(1, Ordering::Relaxed);
+}
+
+/// `/metrics` under vLLM's names, from the simulator's own state.
+fn metrics(state: &SimState) -> String {
+    let e = &state.engine;
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let labels = format!(
+        "{{engine=\"0\",model_name={}}}",
+        Value::from(state.opts.model.as_str())
+    );
+    let kv = load(&e.kv_tokens) as f64 / state.opts.profile.kv_capacity_tokens.max(1) as f64;
+    let mut out = String::new();
+    let mut put = |name: &str, kind: &str, suffix: &str, v: f64| {
+        out.push_str(&format!(
+            "# TYPE {name} {kind}\n{name}{suffix}{labels} {v:?}\n"
+        ));
+    };
+    put(
+        "vllm:num_requests_running",
+        "gauge",
+        "",
+        state.active.load(Ordering::Relaxed) as f64,
+    );
+    put("vllm:num_requests_waiting", "gauge", "", 0.0);
+    put("vllm:kv_cache_usage_perc", "gauge", "", kv.min(1.0));
+    let prompt = load(&e.prompt_tokens) as f64;
+    put("vllm:prefix_cache_queries", "counter", "_total", prompt);
+    put("vllm:prefix_cache_hits", "counter", "_total", 0.0);
+    put("vllm:prompt_tokens", "counter", "_total", prompt);
+    put(
+        "vllm:generation_tokens",
+        "counter",
+        "_total",
+        load(&e.generation_tokens) as f64,
+    );
+    let (sum, n) = (load(&e.prefill_us) as f64 / 1e6, load(&e.prefills) as f64);
+    out.push_str(&format!(
+        "# TYPE vllm:request_prefill_time_seconds histogram\n\
+         vllm:request_prefill_time_seconds_bucket{{engine=\"0\",le=\"+Inf\"}} {n:?}\n\
+         vllm:request_prefill_time_seconds_sum{labels} {sum:?}\n\
+         vllm:request_prefill_time_seconds_count{labels} {n:?}\n"
+    ));
+    out
 }
 
 fn finish(state: &SimState, truth: Truth) {
@@ -377,8 +446,9 @@ async fn generate(
     faults: Faults,
 ) {
     let done = {
-        let _active = Active::new(&state);
-        stream(&state, &plan, &mut truth, &tx, &faults).await
+        let mut active = Active::new(&state);
+        active.hold(plan.gen.prompt_tokens);
+        stream(&state, &plan, &mut truth, &tx, &faults, &mut active).await
     };
     truth.completed = done;
     truth.cancelled = !done;
@@ -392,6 +462,7 @@ async fn stream(
     truth: &mut Truth,
     tx: &mpsc::Sender<Result<Bytes, std::io::Error>>,
     faults: &Faults,
+    active: &mut Active<'_>,
 ) -> bool {
     let gen = &plan.gen;
     let mut chunks = 0u32;
@@ -489,8 +560,16 @@ async fn stream(
             event.extend_from_slice(term);
         }
         let now = Instant::now();
+        if first.is_none() {
+            prefilled(state, now - truth.arrival);
+        }
         first.get_or_insert(now);
         last = Some(now);
+        active.hold(k);
+        state
+            .engine
+            .generation_tokens
+            .fetch_add(k, Ordering::Relaxed);
         if send(kind, event, truth, &mut chunks).await.is_err() {
             return false;
         }
@@ -527,9 +606,15 @@ async fn whole(
     let p = &state.opts.profile;
     let mut rng = Rng::new(state.opts.seed.wrapping_add(gen.index).rotate_left(17));
     let body = {
-        let _active = Active::new(&state);
+        let mut active = Active::new(&state);
+        active.hold(gen.prompt_tokens + gen.output_tokens);
         let slow = std::time::Duration::from_secs_f64(faults.slow_first_token_ms / 1000.0);
         let prefill = rng.jitter(p.ttft(gen.prompt_tokens), p.jitter) + slow;
+        prefilled(&state, prefill);
+        state
+            .engine
+            .generation_tokens
+            .fetch_add(gen.output_tokens, Ordering::Relaxed);
         let mut deadline = truth.arrival + prefill;
         for _ in 1..gen.output_tokens {
             deadline += rng.jitter(

@@ -170,12 +170,26 @@ impl Truth {
     }
 }
 
+/// The simulated engine's counters, exposed at `/metrics` with vLLM's metric names.
+#[derive(Debug, Default)]
+struct EngineCounters {
+    /// Tokens held by the streams in flight (prompt and output so far).
+    kv_tokens: AtomicU64,
+    prompt_tokens: AtomicU64,
+    generation_tokens: AtomicU64,
+    /// Sum of prefill times (arrival to first token), µs, and how many.
+    prefill_us: AtomicU64,
+    prefills: AtomicU64,
+}
+
 #[derive(Debug)]
 struct SimState {
     opts: SimOptions,
     faults: parking_lot::RwLock<Faults>,
     next_index: AtomicU64,
     active: AtomicUsize,
+    /// What `/metrics` reports, under vLLM's names.
+    engine: EngineCounters,
     truth: Mutex<Vec<Truth>>,
     /// Bumped whenever a request finishes (completed or cancelled), for waiters.
     finished: watch::Sender<u64>,
@@ -238,6 +252,7 @@ pub fn spawn(
         opts,
         next_index: AtomicU64::new(0),
         active: AtomicUsize::new(0),
+        engine: EngineCounters::default(),
         truth: Mutex::new(Vec::new()),
         finished,
         credentials: Mutex::new(Vec::new()),

@@ -47,6 +47,10 @@ pub struct Profile {
     /// Fraction of quiz questions (see `quiz`) answered wrong: the quality cost of a variant.
     #[serde(default)]
     pub answer_error_rate: f64,
+    /// Tokens its KV cache holds: `/metrics` reports the tokens of the streams in flight (prompt
+    /// and output so far) over this as `vllm:kv_cache_usage_perc`.
+    #[serde(default = "kv_capacity")]
+    pub kv_capacity_tokens: u64,
     /// Injected faults (none by default).
     #[serde(default)]
     pub faults: super::Faults,
@@ -64,6 +68,9 @@ fn max_out() -> u32 {
 fn yes() -> bool {
     true
 }
+fn kv_capacity() -> u64 {
+    65_536
+}
 
 impl Profile {
     /// FP16-like: the baseline.
@@ -80,6 +87,7 @@ impl Profile {
             max_output_tokens: 96,
             role_chunk: true,
             answer_error_rate: 0.01,
+            kv_capacity_tokens: kv_capacity(),
             faults: super::Faults::default(),
         }
     }
@@ -92,6 +100,7 @@ impl Profile {
             prefill_per_token_ms: 0.035,
             tpot_ms: 13.0,
             answer_error_rate: 0.04,
+            kv_capacity_tokens: kv_capacity(),
             ..Self::fp16()
         }
     }

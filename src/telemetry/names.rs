@@ -67,6 +67,10 @@ pub const IS_EVENT_TOKENS: &str = "inferscope.event_tokens";
 /// The engine's own prefill and decode time (Ollama, llama.cpp), seconds.
 pub const IS_ENGINE_PREFILL: &str = "inferscope.engine.prefill";
 pub const IS_ENGINE_DECODE: &str = "inferscope.engine.decode";
+/// The backend engine's load when the request was sent (its latest fresh scrape).
+pub const IS_BACKEND_RUNNING: &str = "inferscope.backend.running";
+pub const IS_BACKEND_QUEUE_DEPTH: &str = "inferscope.backend.queue_depth";
+pub const IS_BACKEND_KV_CACHE_USAGE: &str = "inferscope.backend.kv_cache_usage";
 /// Event on the client span at the first output token.
 pub const EVENT_FIRST_TOKEN: &str = "inferscope.first_token";
 

@@ -255,6 +255,18 @@ pub fn build(
     if let Some(t) = rec.event_tokens {
         a.push(KeyValue::new(n::IS_EVENT_TOKENS, t.as_str()));
     }
+    if let Some(e) = rec.meta.engine {
+        let load = [
+            (n::IS_BACKEND_RUNNING, e.running),
+            (n::IS_BACKEND_QUEUE_DEPTH, e.waiting),
+            (n::IS_BACKEND_KV_CACHE_USAGE, e.kv_cache_usage),
+        ];
+        for (k, v) in load {
+            if let Some(v) = v {
+                a.push(KeyValue::new(k, f64::from(v)));
+            }
+        }
+    }
     let engine = rec.response.engine.unwrap_or_default();
     let durations = [
         (n::IS_ENGINE_PREFILL, engine.prefill),

@@ -1,0 +1,222 @@
+//! The backend's own view of itself: its engine's Prometheus metrics (vLLM, SGLang, TGI,
+//! llama.cpp) and its GPUs' (NVIDIA DCGM exporter, nvidia_gpu_exporter), scraped every
+//! `metrics.interval` and kept on the backend — for `/stats`, `/metrics`, the `least_queue`
+//! balancer, and each request's record at the moment it was sent.
+
+use crate::util::promtext::{samples, Sample};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Names each engine gives the same quantity, first match wins per sample.
+const RUNNING: &[&str] = &[
+    "vllm:num_requests_running",
+    "sglang:num_running_reqs",
+    "tgi_batch_current_size",
+    "llamacpp:requests_processing",
+];
+const WAITING: &[&str] = &[
+    "vllm:num_requests_waiting",
+    "sglang:num_queue_reqs",
+    "tgi_queue_size",
+    "llamacpp:requests_deferred",
+];
+/// KV-cache use as a ratio (vLLM's `_perc` is a ratio despite its name).
+const KV_USAGE: &[&str] = &[
+    "vllm:kv_cache_usage_perc",
+    "vllm:gpu_cache_usage_perc",
+    "sglang:token_usage",
+    "llamacpp:kv_cache_usage_ratio",
+];
+const PREFIX_HITS: &[&str] = &[
+    "vllm:prefix_cache_hits_total",
+    "vllm:gpu_prefix_cache_hits_total",
+];
+const PREFIX_QUERIES: &[&str] = &[
+    "vllm:prefix_cache_queries_total",
+    "vllm:gpu_prefix_cache_queries_total",
+];
+const PREFIX_RATE: &[&str] = &["sglang:cache_hit_rate"];
+const PREFILL_SUM: &[&str] = &["vllm:request_prefill_time_seconds_sum"];
+const PREFILL_COUNT: &[&str] = &["vllm:request_prefill_time_seconds_count"];
+
+/// Counters kept between scrapes, for rates over the interval.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Counters {
+    prefix_hits: Option<f64>,
+    prefix_queries: Option<f64>,
+    prefill_sum: Option<f64>,
+    prefill_count: Option<f64>,
+}
+
+/// What the engine said in one scrape.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EngineView {
+    /// Requests the engine is running (its batch), summed over its series.
+    pub running: Option<f64>,
+    /// Requests waiting in the engine's queue, summed.
+    pub waiting: Option<f64>,
+    /// KV-cache use, 0–1 (the fullest series).
+    pub kv_cache_usage: Option<f64>,
+    /// Prefix-cache hits over queries since the previous scrape (SGLang: its own rate).
+    pub prefix_cache_hit_rate: Option<f64>,
+    /// Mean engine prefill time of the requests that finished prefill since the previous scrape.
+    pub prefill_seconds: Option<f64>,
+    counters: Counters,
+}
+
+/// What the GPUs said in one scrape (every GPU the exporter lists).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GpuView {
+    /// GPUs seen.
+    pub count: u32,
+    /// Mean utilisation, 0–1.
+    pub utilization: Option<f64>,
+    /// Memory used, bytes, summed.
+    pub memory_used_bytes: Option<f64>,
+    /// Memory in all, bytes, summed.
+    pub memory_total_bytes: Option<f64>,
+    /// Power draw, watts, summed.
+    pub power_watts: Option<f64>,
+    /// Mean SM clock, hertz.
+    pub sm_clock_hz: Option<f64>,
+}
+
+/// The latest scrape of a backend.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scraped {
+    /// When it was taken.
+    pub at: Instant,
+    /// The engine's metrics, when an engine endpoint is configured and answered.
+    pub engine: Option<EngineView>,
+    /// The GPUs', when a GPU endpoint is configured and answered.
+    pub gpu: Option<GpuView>,
+}
+
+fn one_of(s: &Sample<'_>, names: &[&str]) -> bool {
+    s.value.is_finite() && names.contains(&s.name)
+}
+
+fn add(acc: &mut Option<f64>, v: f64) {
+    *acc = Some(acc.unwrap_or(0.0) + v);
+}
+
+fn max(acc: &mut Option<f64>, v: f64) {
+    *acc = Some(acc.map_or(v, |a| a.max(v)));
+}
+
+/// `(now − before) / (now_total − before_total)` over an interval; `None` without a previous
+/// scrape, without new queries, or when a counter went back (a restart).
+fn ratio_since(now: (Option<f64>, Option<f64>), before: (Option<f64>, Option<f64>)) -> Option<f64> {
+    let (n, d) = (now.0? - before.0?, now.1? - before.1?);
+    (d > 0.0 && n >= 0.0).then(|| (n / d).min(1.0))
+}
+
+impl EngineView {
+    /// Reads an engine's exposition; `prev` (the previous scrape) turns counters into rates.
+    pub fn parse(text: &str, prev: Option<&EngineView>) -> Self {
+        let mut v = EngineView::default();
+        let mut sglang_rate = None;
+        for s in samples(text) {
+            let c = &mut v.counters;
+            if one_of(&s, RUNNING) {
+                add(&mut v.running, s.value);
+            } else if one_of(&s, WAITING) {
+                add(&mut v.waiting, s.value);
+            } else if one_of(&s, KV_USAGE) {
+                max(&mut v.kv_cache_usage, s.value.clamp(0.0, 1.0));
+            } else if one_of(&s, PREFIX_HITS) {
+                add(&mut c.prefix_hits, s.value);
+            } else if one_of(&s, PREFIX_QUERIES) {
+                add(&mut c.prefix_queries, s.value);
+            } else if one_of(&s, PREFIX_RATE) {
+                max(&mut sglang_rate, s.value.clamp(0.0, 1.0));
+            } else if one_of(&s, PREFILL_SUM) {
+                add(&mut c.prefill_sum, s.value);
+            } else if one_of(&s, PREFILL_COUNT) {
+                add(&mut c.prefill_count, s.value);
+            }
+        }
+        if let Some(p) = prev.map(|p| p.counters) {
+            let c = v.counters;
+            v.prefix_cache_hit_rate = ratio_since(
+                (c.prefix_hits, c.prefix_queries),
+                (p.prefix_hits, p.prefix_queries),
+            );
+            let (sum, n) = (
+                c.prefill_sum.zip(p.prefill_sum).map(|(a, b)| a - b),
+                c.prefill_count.zip(p.prefill_count).map(|(a, b)| a - b),
+            );
+            v.prefill_seconds = sum
+                .zip(n)
+                .filter(|(s, n)| *n > 0.0 && *s >= 0.0)
+                .map(|(s, n)| s / n);
+        }
+        v.prefix_cache_hit_rate = v.prefix_cache_hit_rate.or(sglang_rate);
+        v
+    }
+
+    /// True when the exposition named none of the quantities read (not an engine this knows).
+    pub fn is_empty(&self) -> bool {
+        self.running.is_none()
+            && self.waiting.is_none()
+            && self.kv_cache_usage.is_none()
+            && self.counters == Counters::default()
+    }
+}
+
+impl GpuView {
+    /// Reads a DCGM exporter's or nvidia_gpu_exporter's exposition.
+    pub fn parse(text: &str) -> Self {
+        const MIB: f64 = 1024.0 * 1024.0;
+        let (mut util, mut clock) = ((0.0, 0u32), (0.0, 0u32));
+        let mut g = GpuView::default();
+        let (mut used, mut free, mut total) = (None, None, None);
+        for s in samples(text) {
+            if !s.value.is_finite() {
+                continue;
+            }
+            match s.name {
+                // DCGM: percent, MiB, watts, MHz.
+                "DCGM_FI_DEV_GPU_UTIL" => util = (util.0 + s.value / 100.0, util.1 + 1),
+                "DCGM_FI_DEV_FB_USED" => add(&mut used, s.value * MIB),
+                "DCGM_FI_DEV_FB_FREE" => add(&mut free, s.value * MIB),
+                "DCGM_FI_DEV_POWER_USAGE" => add(&mut g.power_watts, s.value),
+                "DCGM_FI_DEV_SM_CLOCK" => clock = (clock.0 + s.value * 1e6, clock.1 + 1),
+                // nvidia_gpu_exporter: ratios, bytes, watts, hertz.
+                "nvidia_smi_utilization_gpu_ratio" => util = (util.0 + s.value, util.1 + 1),
+                "nvidia_smi_memory_used_bytes" => add(&mut used, s.value),
+                "nvidia_smi_memory_total_bytes" => add(&mut total, s.value),
+                "nvidia_smi_power_draw_watts" => add(&mut g.power_watts, s.value),
+                "nvidia_smi_clocks_current_sm_clock_hz" => {
+                    clock = (clock.0 + s.value, clock.1 + 1);
+                }
+                _ => {}
+            }
+        }
+        g.count = util.1;
+        g.utilization = (util.1 > 0).then(|| (util.0 / f64::from(util.1)).clamp(0.0, 1.0));
+        g.sm_clock_hz = (clock.1 > 0).then(|| clock.0 / f64::from(clock.1));
+        g.memory_used_bytes = used;
+        g.memory_total_bytes = total.or_else(|| used.zip(free).map(|(u, f)| u + f));
+        g
+    }
+}
+
+/// An engine's load as a request found it: what its record keeps.
+pub fn at_request(
+    s: &Scraped,
+    now: Instant,
+    stale_after: Duration,
+) -> Option<crate::meter::EngineLoad> {
+    let age = now.saturating_duration_since(s.at);
+    if age > stale_after {
+        return None;
+    }
+    let e = s.engine.as_ref()?;
+    Some(crate::meter::EngineLoad {
+        running: e.running.map(|v| v as f32),
+        waiting: e.waiting.map(|v| v as f32),
+        kv_cache_usage: e.kv_cache_usage.map(|v| v as f32),
+        age_ms: u32::try_from(age.as_millis()).unwrap_or(u32::MAX),
+    })
+}

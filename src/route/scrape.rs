@@ -1,0 +1,68 @@
+//! Scraping each backend's metrics endpoints (`metrics: { url, gpu_url, interval }`): one task per
+//! backend, ending by itself when its backend is dropped (e.g. after a config reload).
+
+use super::engine::{EngineView, GpuView, Scraped};
+use super::Backend;
+use crate::config::{Config, MetricsConfig};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Largest exposition read (vLLM's is tens of KiB; a DCGM exporter's on eight GPUs, a few
+/// hundred).
+const MAX_EXPOSITION: usize = 8 << 20;
+
+/// Starts one scrape task per backend that configures `metrics:`.
+pub fn spawn_scrapes(config: &Config, backends: &[Arc<Backend>]) {
+    for b in &config.backends {
+        let (Some(m), Some(backend)) = (&b.metrics, backends.iter().find(|x| *x.name == *b.name))
+        else {
+            continue;
+        };
+        tokio::spawn(run(Arc::downgrade(backend), m.clone()));
+    }
+}
+
+/// GETs `url` (a path under the backend's base, or an absolute `http(s)://` URL) and returns the
+/// body of a 2xx answer as text.
+async fn fetch(b: &Backend, url: &str, timeout: Duration) -> Option<String> {
+    let (status, body) = tokio::time::timeout(timeout, super::probe::get(b, url, MAX_EXPOSITION))
+        .await
+        .ok()??;
+    status
+        .is_success()
+        .then(|| String::from_utf8_lossy(&body).into_owned())
+}
+
+async fn run(backend: Weak<Backend>, cfg: MetricsConfig) {
+    let mut tick = tokio::time::interval(cfg.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut prev: Option<EngineView> = None;
+    loop {
+        tick.tick().await;
+        let Some(b) = backend.upgrade() else { return };
+        let engine = match &cfg.url {
+            Some(u) => fetch(&b, u, cfg.timeout).await,
+            None => None,
+        };
+        let gpu = match &cfg.gpu_url {
+            Some(u) => fetch(&b, u, cfg.timeout).await,
+            None => None,
+        };
+        let ok =
+            (cfg.url.is_none() || engine.is_some()) && (cfg.gpu_url.is_none() || gpu.is_some());
+        let engine = engine.map(|t| EngineView::parse(&t, prev.as_ref()));
+        let gpu = gpu.map(|t| GpuView::parse(&t));
+        if let Some(e) = &engine {
+            prev = Some(e.clone());
+        }
+        b.scraped(
+            ok,
+            (engine.is_some() || gpu.is_some()).then(|| Scraped {
+                at: Instant::now(),
+                engine,
+                gpu,
+            }),
+        );
+    }
+}

@@ -1,0 +1,187 @@
+//! The backend's own view, joined: engine and GPU metrics read from each engine's and exporter's
+//! documented exposition (tests/fixtures/metrics/), and scraped end to end from the simulator's
+//! vLLM-named `/metrics` into `/stats`, `/metrics` and each request's access-log line.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use inferscope::route::engine::{EngineView, GpuView};
+use serde_json::Value;
+use std::time::Duration;
+
+fn fixture(name: &str) -> String {
+    std::fs::read_to_string(format!(
+        "{}/tests/fixtures/metrics/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap()
+}
+
+fn near(a: Option<f64>, b: f64) -> bool {
+    a.is_some_and(|a| (a - b).abs() < 1e-9)
+}
+
+#[test]
+fn every_engine_is_read_by_its_own_names() {
+    let first = EngineView::parse(&fixture("vllm.txt"), None);
+    // Two engines (data parallel): queues summed, the fuller cache kept.
+    assert_eq!((first.running, first.waiting), (Some(21.0), Some(4.0)));
+    assert!(near(first.kv_cache_usage, 0.71));
+    assert_eq!(
+        first.prefix_cache_hit_rate, None,
+        "a rate needs two scrapes"
+    );
+    let later = EngineView::parse(&fixture("vllm-later.txt"), Some(&first));
+    assert!(near(later.prefix_cache_hit_rate, 400.0 / 500.0));
+    assert!(near(later.prefill_seconds, 1.5 / 10.0));
+    // A counter that went back (a restart) gives no rate rather than a wrong one.
+    let restarted = EngineView::parse(&fixture("vllm.txt"), Some(&later));
+    assert_eq!(restarted.prefix_cache_hit_rate, None);
+
+    let sglang = EngineView::parse(&fixture("sglang.txt"), None);
+    assert_eq!((sglang.running, sglang.waiting), (Some(24.0), Some(5.0)));
+    assert!(near(sglang.kv_cache_usage, 0.43));
+    assert!(near(sglang.prefix_cache_hit_rate, 0.25));
+    let tgi = EngineView::parse(&fixture("tgi.txt"), None);
+    assert_eq!((tgi.running, tgi.waiting), (Some(32.0), Some(7.0)));
+    let llama = EngineView::parse(&fixture("llamacpp.txt"), None);
+    assert_eq!((llama.running, llama.waiting), (Some(2.0), Some(1.0)));
+    assert!(near(llama.kv_cache_usage, 0.125));
+    assert!(EngineView::parse(&fixture("dcgm.txt"), None).is_empty());
+}
+
+#[test]
+fn both_gpu_exporters_are_read_in_base_units() {
+    let dcgm = GpuView::parse(&fixture("dcgm.txt"));
+    assert_eq!(dcgm.count, 2);
+    assert!(near(dcgm.utilization, 0.94));
+    assert!(near(dcgm.memory_used_bytes, 2.0 * 77824.0 * 1048576.0));
+    assert!(near(dcgm.memory_total_bytes, 2.0 * 81920.0 * 1048576.0));
+    assert!(near(dcgm.power_watts, 1200.0));
+    assert!(near(dcgm.sm_clock_hz, 1867.5e6));
+    let smi = GpuView::parse(&fixture("nvidia-smi-exporter.txt"));
+    assert_eq!(smi.count, 1);
+    assert!(near(smi.utilization, 0.83));
+    assert!(near(smi.memory_used_bytes, 2.097152e10));
+    assert!(near(smi.memory_total_bytes, 2.4146608128e10));
+    assert!(near(smi.power_watts, 71.5));
+    assert!(near(smi.sm_clock_hz, 2.04e9));
+}
+
+/// A server answering every GET with `body` as a Prometheus exposition.
+async fn exporter(body: &str) -> std::net::SocketAddr {
+    let response = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    start_raw(vec![response.into_bytes()], Duration::ZERO).await
+}
+
+async fn stats(admin: std::net::SocketAddr) -> Value {
+    serde_json::from_str(&admin_get(admin, "/stats").await.1).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_and_gpu_scrapes_reach_stats_metrics_and_each_request() {
+    // Long streams, so a scrape sees them running.
+    let sim = start_sim(exact(5.0, 20.0), 11).await;
+    let gpu = exporter(&fixture("dcgm.txt")).await;
+    let dir = temp_dir();
+    let yaml = format!(
+        "access_log: {{ path: {:?} }}\n\
+         backends:\n  - name: sim\n    url: \"http://{}\"\n    metrics: {{ interval: 50ms, gpu_url: \"http://{gpu}/metrics\" }}\n  \
+         - name: blind\n    url: \"http://{}\"\n    metrics: {{ url: \"http://{DEAD}/metrics\", interval: 50ms }}\n\
+         routes:\n  - name: main\n    match: {{ model: demo }}\n    backends: [sim]\n  \
+         - name: other\n    backends: [blind]\n",
+        dir.join("access.jsonl"),
+        sim.addr,
+        sim.addr,
+    );
+    let gw = start_yaml(&yaml).await;
+    // Three streams held open (150 tokens at 20 ms: three seconds).
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut c = Client::connect(gw.data_addr).await;
+        let r = c
+            .send_until("POST", "/v1/chat/completions", &chat(true, 150, ""), &[], 2)
+            .await;
+        held.push((c, r));
+    }
+    // Until a scrape has seen all three.
+    let mut seen = Value::Null;
+    for _ in 0..100 {
+        let s = stats(gw.admin_addr).await;
+        let b = s["backends"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["backend"] == "sim")
+            .unwrap()
+            .clone();
+        if b["scrape"]["engine"]["running"] == 3.0 {
+            seen = b;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let scrape = &seen["scrape"];
+    assert!(scrape["fresh"].as_bool().unwrap(), "{seen}");
+    assert_eq!(scrape["engine"]["waiting"], 0.0);
+    let kv = scrape["engine"]["kv_cache_usage"].as_f64().unwrap();
+    assert!(
+        kv > 0.0 && kv < 0.01,
+        "three short prompts in 65,536 tokens: {kv}"
+    );
+    assert_eq!(scrape["gpu"]["count"], 2);
+    assert_eq!(scrape["gpu"]["power_watts"], 1200.0);
+    // A request now is sent while the engine runs three.
+    let r = post(
+        gw.data_addr,
+        "/v1/chat/completions",
+        &chat(true, 3, ""),
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    // The unreachable exporter: counted as failed, nothing joined.
+    let r = post(
+        gw.data_addr,
+        "/v1/completions",
+        r#"{"model":"x","prompt":"hi","max_tokens":2}"#,
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let blind = backend_stats(gw.admin_addr, "blind").await;
+    assert!(
+        blind["scrape"]["failed_total"].as_u64().unwrap() > 0,
+        "{blind}"
+    );
+    assert!(blind["scrape"].get("engine").is_none(), "{blind}");
+    let (_, metrics) = admin_get(gw.admin_addr, "/metrics").await;
+    for series in [
+        "inferscope_backend_engine_running{backend=\"sim\"} 3",
+        "inferscope_backend_gpu_power_watts{backend=\"sim\"} 1200",
+        "inferscope_backend_engine_waiting{backend=\"sim\"} 0",
+    ] {
+        assert!(metrics.contains(series), "{series} not in:\n{metrics}");
+    }
+    assert!(metrics.contains("inferscope_backend_scrape_failures_total{backend=\"blind\"}"));
+    for (c, _) in held {
+        c.abort();
+    }
+    let log = stop_and_read_log(gw, &dir).await;
+    let line = log
+        .iter()
+        .find(|l| l["backend"] == "sim" && l["output_tokens"] == 3)
+        .unwrap_or_else(|| panic!("no short chat request in {log:?}"));
+    assert_eq!(line["backend_running"], 3.0, "{line}");
+    assert_eq!(line["backend_queue_depth"], 0.0, "{line}");
+    assert!(
+        line["backend_kv_cache_usage"].as_f64().unwrap() > 0.0,
+        "{line}"
+    );
+    let blind = log.iter().find(|l| l["backend"] == "blind").unwrap();
+    assert!(blind.get("backend_running").is_none(), "{blind}");
+}
