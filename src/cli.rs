@@ -83,6 +83,9 @@ enum Cmd {
         /// Override the output tokens carried by each chunk.
         #[arg(long)]
         tokens_per_chunk: Option<u32>,
+        /// Requests generated at once; more wait in a queue (reported at /metrics).
+        #[arg(long)]
+        max_batch: Option<u32>,
         /// Seed of every random choice.
         #[arg(long, default_value_t = 0)]
         seed: u64,
@@ -460,6 +463,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             tpot_ms,
             jitter,
             tokens_per_chunk,
+            max_batch,
             seed,
             model,
             truth_comments,
@@ -476,6 +480,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             p.tpot_ms = tpot_ms.unwrap_or(p.tpot_ms);
             p.jitter = jitter.unwrap_or(p.jitter);
             p.tokens_per_chunk = tokens_per_chunk.unwrap_or(p.tokens_per_chunk);
+            p.max_batch = max_batch.or(p.max_batch);
             let f = &mut p.faults;
             f.refuse |= refuse;
             f.error_rate = error_rate.unwrap_or(f.error_rate);

@@ -185,3 +185,43 @@ async fn engine_and_gpu_scrapes_reach_stats_metrics_and_each_request() {
     let blind = log.iter().find(|l| l["backend"] == "blind").unwrap();
     assert!(blind.get("backend_running").is_none(), "{blind}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_simulator_queues_past_its_batch_and_says_so() {
+    let profile = inferscope::sim::Profile {
+        max_batch: Some(2),
+        ..exact(5.0, 20.0)
+    };
+    let sim = start_sim(profile, 12).await;
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let mut c = Client::connect(sim.addr).await;
+        // Headers come at once; tokens only once in the batch.
+        let r = c
+            .send_until("POST", "/v1/chat/completions", &chat(true, 100, ""), &[], 0)
+            .await;
+        held.push((c, r));
+    }
+    let mut text = String::new();
+    for _ in 0..100 {
+        text = admin_get(sim.addr, "/metrics").await.1;
+        if text.contains("vllm:num_requests_waiting{engine=\"0\",model_name=\"demo\"} 2.0") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let v = EngineView::parse(&text, None);
+    assert_eq!((v.running, v.waiting), (Some(2.0), Some(2.0)), "{text}");
+    for (c, _) in held {
+        c.abort();
+    }
+    // The queue empties as the clients leave.
+    for _ in 0..100 {
+        let v = EngineView::parse(&admin_get(sim.addr, "/metrics").await.1, None);
+        if v.waiting == Some(0.0) && v.running == Some(0.0) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the simulator still counts streams whose clients left");
+}

@@ -620,6 +620,11 @@ pub enum Balancer {
     /// Power of two choices on the TTFT/TPOT this gateway measures (EWMA), penalised by the
     /// requests in flight.
     LatencyAware,
+    /// Power of two choices on what the backends' engines report (`metrics:`): the shorter
+    /// queue (waiting requests plus those sent since the scrape), then the emptier KV cache,
+    /// then the smaller batch. A candidate without a fresh scrape makes the choice
+    /// `latency_aware`'s.
+    LeastQueue,
 }
 
 /// Retry policy. Retries happen only before any response byte reached the client, only with a

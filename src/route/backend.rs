@@ -160,7 +160,15 @@ impl Backend {
         } else {
             self.scrapes_failed.fetch_add(1, Relaxed);
         }
-        self.scraped.store(view.map(Arc::new));
+        self.scraped.store(view.map(|mut v| {
+            v.in_flight = self.in_flight();
+            Arc::new(v)
+        }));
+    }
+
+    /// `engine::queue_score` of a fresh scrape.
+    pub fn queue_score(&self) -> Option<(f64, f64, f64)> {
+        super::engine::queue_score(&*self.fresh_scrape()?, self.in_flight())
     }
 
     /// The latest scrape, if it is fresh (no older than the staleness bound).

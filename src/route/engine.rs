@@ -90,6 +90,8 @@ pub struct Scraped {
     pub engine: Option<EngineView>,
     /// The GPUs', when a GPU endpoint is configured and answered.
     pub gpu: Option<GpuView>,
+    /// Requests this gateway had in flight to the backend when the scrape was stored.
+    pub in_flight: usize,
 }
 
 fn one_of(s: &Sample<'_>, names: &[&str]) -> bool {
@@ -200,6 +202,18 @@ impl GpuView {
         g.memory_total_bytes = total.or_else(|| used.zip(free).map(|(u, f)| u + f));
         g
     }
+}
+
+/// How loaded an engine is for a new request, lower first: the queue it would join (waiting, plus
+/// what this gateway sent since the scrape), then KV-cache use, then the batch.
+pub fn queue_score(s: &Scraped, in_flight_now: usize) -> Option<(f64, f64, f64)> {
+    let e = s.engine.as_ref()?;
+    let sent_since = in_flight_now.saturating_sub(s.in_flight) as f64;
+    Some((
+        e.waiting.unwrap_or(0.0) + sent_since,
+        e.kv_cache_usage.unwrap_or(0.0),
+        e.running.unwrap_or(0.0),
+    ))
 }
 
 /// An engine's load as a request found it: what its record keeps.

@@ -130,7 +130,7 @@ impl Pool {
                     found
                 }
             }
-            Balancer::LatencyAware => {
+            Balancer::LatencyAware | Balancer::LeastQueue => {
                 if n == 1 {
                     pool[0]
                 } else {
@@ -139,7 +139,14 @@ impl Pool {
                     let i = (h % n as u64) as usize;
                     let j = (i + 1 + ((h >> 32) % (n as u64 - 1)) as usize) % n;
                     let (a, b) = (pool[i], pool[j]);
-                    if b.latency_score() < a.latency_score() {
+                    let engines = (balancer == Balancer::LeastQueue)
+                        .then(|| a.queue_score().zip(b.queue_score()))
+                        .flatten();
+                    let b_better = match engines {
+                        Some((sa, sb)) => sb.partial_cmp(&sa) == Some(std::cmp::Ordering::Less),
+                        None => b.latency_score() < a.latency_score(),
+                    };
+                    if b_better {
                         b
                     } else {
                         a
@@ -617,5 +624,44 @@ mod tests {
             vec![0, 10],
             "two of two compared: the fast one wins"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn least_queue_follows_the_engines_and_falls_back_when_stale() {
+        use engine::{EngineView, Scraped};
+        let scrape = |waiting: f64, kv: f64| Scraped {
+            at: tokio::time::Instant::now(),
+            engine: Some(EngineView::parse(
+                &format!(
+                    "vllm:num_requests_running 8\nvllm:num_requests_waiting {waiting}\n\
+                     vllm:kv_cache_usage_perc {kv}\n"
+                ),
+                None,
+            )),
+            gpu: None,
+            in_flight: 0,
+        };
+        let pool = Pool::new(backends(&[1, 1]));
+        // b1 measured faster by this gateway, but its engine has a queue.
+        pool.backends[0].observe_success(Some(Duration::from_millis(500)), None);
+        pool.backends[1].observe_success(Some(Duration::from_millis(50)), None);
+        pool.backends[0].scraped(true, Some(scrape(0.0, 0.9)));
+        pool.backends[1].scraped(true, Some(scrape(4.0, 0.1)));
+        assert_eq!(counts(&pool, Balancer::LeastQueue, 10), vec![10, 0]);
+        // No queue anywhere: the emptier KV cache.
+        pool.backends[1].scraped(true, Some(scrape(0.0, 0.1)));
+        assert_eq!(counts(&pool, Balancer::LeastQueue, 10), vec![0, 10]);
+        // Requests sent since the scrape count as queued.
+        let _held: Vec<_> = [
+            pool.backends[1].admit().await,
+            pool.backends[1].admit().await,
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(counts(&pool, Balancer::LeastQueue, 10), vec![10, 0]);
+        // Past the staleness bound (15 s by default) the scrapes are not used: latency_aware's
+        // choice (b1 measured faster, even with two in flight).
+        tokio::time::advance(Duration::from_secs(16)).await;
+        assert_eq!(counts(&pool, Balancer::LeastQueue, 10), vec![0, 10]);
     }
 }

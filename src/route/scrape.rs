@@ -62,6 +62,7 @@ async fn run(backend: Weak<Backend>, cfg: MetricsConfig) {
                 at: Instant::now(),
                 engine,
                 gpu,
+                in_flight: 0, // the backend's, when stored
             }),
         );
     }

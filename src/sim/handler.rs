@@ -409,7 +409,12 @@ fn metrics(state: &SimState) -> String {
         "",
         state.active.load(Ordering::Relaxed) as f64,
     );
-    put("vllm:num_requests_waiting", "gauge", "", 0.0);
+    put(
+        "vllm:num_requests_waiting",
+        "gauge",
+        "",
+        state.waiting.load(Ordering::Relaxed) as f64,
+    );
     put("vllm:kv_cache_usage_perc", "gauge", "", kv.min(1.0));
     let prompt = load(&e.prompt_tokens) as f64;
     put("vllm:prefix_cache_queries", "counter", "_total", prompt);
@@ -445,7 +450,12 @@ async fn generate(
     tx: mpsc::Sender<Result<Bytes, std::io::Error>>,
     faults: Faults,
 ) {
-    let done = {
+    let done = 'run: {
+        // A full batch: wait for a slot (the client may leave meanwhile).
+        let _slot = match admit(&state, &tx).await {
+            Some(s) => s,
+            None => break 'run false,
+        };
         let mut active = Active::new(&state);
         active.hold(plan.gen.prompt_tokens);
         stream(&state, &plan, &mut truth, &tx, &faults, &mut active).await
@@ -453,6 +463,39 @@ async fn generate(
     truth.completed = done;
     truth.cancelled = !done;
     finish(&state, truth);
+}
+
+/// A slot in the batch (`max_batch`), waited for in the queue; `None` when the client left first.
+/// `Some(None)`: no batch limit.
+async fn admit(
+    state: &SimState,
+    tx: &mpsc::Sender<Result<Bytes, std::io::Error>>,
+) -> Option<Option<tokio::sync::OwnedSemaphorePermit>> {
+    let Some(batch) = &state.batch else {
+        return Some(None);
+    };
+    let _queued = Queued::new(state);
+    let slot = tokio::select! {
+        p = Arc::clone(batch).acquire_owned() => p.ok(),
+        () = tx.closed() => None,
+    };
+    slot.map(Some)
+}
+
+/// Counts a request as waiting for a batch slot while alive (dropped with its future too).
+struct Queued<'a>(&'a SimState);
+
+impl<'a> Queued<'a> {
+    fn new(s: &'a SimState) -> Self {
+        s.waiting.fetch_add(1, Ordering::Relaxed);
+        Self(s)
+    }
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Writes the whole stream; false when the client went away first.
@@ -528,7 +571,13 @@ async fn stream(
         }
     }
     let slow = std::time::Duration::from_secs_f64(faults.slow_first_token_ms / 1000.0);
-    let mut deadline = truth.arrival + rng.jitter(p.ttft(gen.prompt_tokens), p.jitter) + slow;
+    // Prefill starts when the request is admitted to the batch (at once without a limit).
+    let started = if state.batch.is_some() {
+        Instant::now()
+    } else {
+        truth.arrival
+    };
+    let mut deadline = started + rng.jitter(p.ttft(gen.prompt_tokens), p.jitter) + slow;
     let mut produced = 0;
     let mut text = String::new();
     // The Responses API numbers its events (the preamble took 0..4); TGI numbers its tokens.
@@ -606,6 +655,18 @@ async fn whole(
     let p = &state.opts.profile;
     let mut rng = Rng::new(state.opts.seed.wrapping_add(gen.index).rotate_left(17));
     let body = {
+        let _slot = match &state.batch {
+            Some(b) => {
+                let _queued = Queued::new(&state);
+                Arc::clone(b).acquire_owned().await.ok()
+            }
+            None => None,
+        };
+        let started = if state.batch.is_some() {
+            Instant::now()
+        } else {
+            truth.arrival
+        };
         let mut active = Active::new(&state);
         active.hold(gen.prompt_tokens + gen.output_tokens);
         let slow = std::time::Duration::from_secs_f64(faults.slow_first_token_ms / 1000.0);
@@ -615,7 +676,7 @@ async fn whole(
             .engine
             .generation_tokens
             .fetch_add(gen.output_tokens, Ordering::Relaxed);
-        let mut deadline = truth.arrival + prefill;
+        let mut deadline = started + prefill;
         for _ in 1..gen.output_tokens {
             deadline += rng.jitter(
                 p.decode_step(state.active.load(Ordering::Relaxed)),
@@ -629,7 +690,7 @@ async fn whole(
         };
         let eng = EngineTime {
             prefill,
-            decode: (deadline - truth.arrival).saturating_sub(prefill),
+            decode: (deadline - started).saturating_sub(prefill),
         };
         gen.whole(&text, eng).to_string()
     };

@@ -190,6 +190,9 @@ struct SimState {
     active: AtomicUsize,
     /// What `/metrics` reports, under vLLM's names.
     engine: EngineCounters,
+    /// The batch's slots (`max_batch`); requests waiting for one.
+    batch: Option<Arc<tokio::sync::Semaphore>>,
+    waiting: AtomicUsize,
     truth: Mutex<Vec<Truth>>,
     /// Bumped whenever a request finishes (completed or cancelled), for waiters.
     finished: watch::Sender<u64>,
@@ -247,12 +250,18 @@ pub fn spawn(
 ) -> std::io::Result<SimHandle> {
     let addr = listener.local_addr()?;
     let (finished, _) = watch::channel(0);
+    let batch = opts
+        .profile
+        .max_batch
+        .map(|n| Arc::new(tokio::sync::Semaphore::new(n.max(1) as usize)));
     let state = Arc::new(SimState {
         faults: parking_lot::RwLock::new(opts.profile.faults.clone()),
         opts,
         next_index: AtomicU64::new(0),
         active: AtomicUsize::new(0),
         engine: EngineCounters::default(),
+        batch,
+        waiting: AtomicUsize::new(0),
         truth: Mutex::new(Vec::new()),
         finished,
         credentials: Mutex::new(Vec::new()),

@@ -51,6 +51,10 @@ pub struct Profile {
     /// and output so far) over this as `vllm:kv_cache_usage_perc`.
     #[serde(default = "kv_capacity")]
     pub kv_capacity_tokens: u64,
+    /// Requests generated at once (the engine's batch); more wait in a queue before their
+    /// prefill starts (`vllm:num_requests_waiting`). Absent: no limit.
+    #[serde(default)]
+    pub max_batch: Option<u32>,
     /// Injected faults (none by default).
     #[serde(default)]
     pub faults: super::Faults,
@@ -88,6 +92,7 @@ impl Profile {
             role_chunk: true,
             answer_error_rate: 0.01,
             kv_capacity_tokens: kv_capacity(),
+            max_batch: None,
             faults: super::Faults::default(),
         }
     }
@@ -101,6 +106,7 @@ impl Profile {
             tpot_ms: 13.0,
             answer_error_rate: 0.04,
             kv_capacity_tokens: kv_capacity(),
+            max_batch: None,
             ..Self::fp16()
         }
     }
