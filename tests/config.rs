@@ -114,6 +114,47 @@ fn validation_errors_point_at_the_offending_line() {
         assert!(e.message.contains(why), "{e}");
     }
 
+    for (extra, key, why) in [
+        (
+            "model: { params_b: 8 }",
+            "backends[0].model",
+            "needs `gpu:` too",
+        ),
+        (
+            "gpu: { preset: h100 }",
+            "backends[0].gpu",
+            "needs `model:` too",
+        ),
+        (
+            "model: { params_b: 8 }, gpu: { preset: b300 }",
+            "backends[0].gpu",
+            "none of a100, h100, h200, l4, l40s",
+        ),
+        (
+            "model: { params_b: 8 }, gpu: { tflops: 100 }",
+            "backends[0].gpu",
+            "both hbm_gb_s and tflops",
+        ),
+        (
+            "model: { params_b: -1 }, gpu: { preset: l4 }",
+            "backends[0].model",
+            "must be positive",
+        ),
+    ] {
+        let text = BASE.replace(
+            "url: \"http://127.0.0.1:1\" }",
+            &format!("url: \"http://127.0.0.1:1\", {extra} }}"),
+        );
+        let e = parse(&text, "gw.yaml").unwrap_err();
+        assert_eq!((e.line, e.key.as_str()), (Some(2), key), "{e}");
+        assert!(e.message.contains(why), "{e}");
+    }
+    let fine = BASE.replace(
+        "url: \"http://127.0.0.1:1\" }",
+        "url: \"http://127.0.0.1:1\", model: { params_b: 8, bytes_per_param: 1, kv_bytes_per_token: 131072 }, gpu: { preset: H100, count: 2 } }",
+    );
+    assert!(parse(&fine, "gw.yaml").is_ok());
+
     let two_controls = "\
 backends:
   - { name: a, url: \"http://127.0.0.1:1\" }
@@ -187,7 +228,7 @@ fn check_command_reports_file_line_and_key() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains(&format!("{}:17:", good.display()))
+        err.contains(&format!("{}:28:", good.display()))
             && err.contains("backends[1].api_key_env")
             && err.contains("INT8_KEY is not set"),
         "{err}"

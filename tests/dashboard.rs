@@ -97,7 +97,7 @@ async fn the_dashboard_shows_what_stats_says_in_a_real_browser() {
     let (fp16, int8) = (start_sim(p(3.0), 1).await, start_sim(p(2.0), 2).await);
     let dir = temp_dir();
     let yaml = format!(
-        "access_log: {{ path: {:?} }}\nbackends:\n  - {{ name: fp16, url: \"http://{}\", metrics: {{ interval: 100ms }} }}\n  - {{ name: int8, url: \"http://{}\" }}\nroutes:\n  - name: chat\n    slo: {{ ttft: 12ms, tpot: 3ms }}\n    experiment:\n      name: int8-vs-fp16\n      sticky_key: \"header:x-user-id\"\n      min_samples: 20\n      guardrails: {{ rules: [{{ variant: int8, metric: ttft_p99_ms, max: 10000 }}] }}\n      variants:\n        - {{ name: fp16, backends: [fp16], weight: 50, control: true }}\n        - {{ name: int8, backends: [int8], weight: 50 }}\n",
+        "access_log: {{ path: {:?} }}\nbackends:\n  - {{ name: fp16, url: \"http://{}\", metrics: {{ interval: 100ms }}, model: {{ params_b: 8 }}, gpu: {{ preset: h100 }} }}\n  - {{ name: int8, url: \"http://{}\" }}\nroutes:\n  - name: chat\n    slo: {{ ttft: 12ms, tpot: 3ms }}\n    experiment:\n      name: int8-vs-fp16\n      sticky_key: \"header:x-user-id\"\n      min_samples: 20\n      guardrails: {{ rules: [{{ variant: int8, metric: ttft_p99_ms, max: 10000 }}] }}\n      variants:\n        - {{ name: fp16, backends: [fp16], weight: 50, control: true }}\n        - {{ name: int8, backends: [int8], weight: 50 }}\n",
         dir.join("access.jsonl"),
         fp16.addr,
         int8.addr
@@ -171,6 +171,11 @@ async fn the_dashboard_shows_what_stats_says_in_a_real_browser() {
             .iter()
             .any(|(p, _)| p.ends_with("scrape/engine/kv_cache_usage")),
         "the scraped backend's engine columns are shown"
+    );
+    let words = at(&stats, "backends/0/roofline/decode/words");
+    assert!(
+        dom.contains(&format!("fp16: {}", words.as_str().unwrap_or("?"))),
+        "the roofline verdict {words} is shown"
     );
     let mut compared = 0;
     for (path, text) in &cells {

@@ -246,14 +246,15 @@ pub async fn handle(
             reply(StatusCode::OK, "application/json", doc)
         }
         "/stats" => {
-            let mut v = state.recorder.stats.snapshot().to_json();
+            let snap = state.recorder.stats.snapshot();
+            let mut v = snap.to_json();
             if let serde_json::Value::Object(m) = &mut v {
                 m.insert("in_flight".into(), state.metering.in_flight().into());
                 m.insert(
                     "access_log_dropped".into(),
                     state.recorder.log.dropped().into(),
                 );
-                m.insert("backends".into(), backend_json(&router));
+                m.insert("backends".into(), backend_json(&router, &snap));
                 m.insert("keys".into(), keys_json(&state.limiter));
                 m.insert("instrument".into(), instrument_json(&state));
             }
@@ -378,8 +379,10 @@ fn metrics_body(state: &AdminState, router: &Router, protobuf: bool) -> (&'stati
     } else {
         Writer::new()
     };
-    write_prometheus(&mut w, &rec.stats.snapshot(), &scalars);
+    let snap = rec.stats.snapshot();
+    write_prometheus(&mut w, &snap, &scalars);
     backend_metrics(router, &mut w);
+    roofline_metrics(router, &snap, &mut w);
     key_metrics(&state.limiter, &mut w);
     instrument_metrics(state, &mut w);
     guardrail_metrics(router, &mut w);
@@ -387,12 +390,18 @@ fn metrics_body(state: &AdminState, router: &Router, protobuf: bool) -> (&'stati
 }
 
 /// Per-backend health and load, for `/stats`.
-fn backend_json(router: &Router) -> serde_json::Value {
+fn backend_json(router: &Router, snap: &crate::stats::Snapshot) -> serde_json::Value {
     let list: Vec<serde_json::Value> = router
         .backends()
         .iter()
         .map(|b| {
             let s = b.status();
+            let roofline = b
+                .roofline
+                .as_ref()
+                .map_or(serde_json::Value::Null, |(m, peak)| {
+                    crate::route::roofline::assess(m, *peak, measured(snap, b))
+                });
             serde_json::json!({
                 "backend": s.name.as_ref(),
                 "available": s.available,
@@ -406,10 +415,43 @@ fn backend_json(router: &Router) -> serde_json::Value {
                 "ewma_ttft_ms": s.ewma_ttft_ms,
                 "ewma_tpot_ms": s.ewma_tpot_ms,
                 "scrape": scrape_json(&s),
+                "roofline": roofline,
             })
         })
         .collect();
     list.into()
+}
+
+/// What the roofline of backend `b` rests on: its requests over the window (every group it
+/// served, merged) and its engine's fresh scrape.
+fn measured(
+    snap: &crate::stats::Snapshot,
+    b: &crate::route::Backend,
+) -> crate::route::roofline::Measured {
+    use crate::meter::Outcome;
+    let mut t = crate::stats::Tally::default();
+    for (k, _, w) in &snap.groups {
+        if *k.backend == *b.name {
+            t.merge(w);
+        }
+    }
+    let median = |name: &str| {
+        let i = crate::stats::METRICS.iter().position(|m| *m == name)?;
+        let h = t.hists[i].histogram().filter(|h| !h.is_empty())?;
+        Some(h.value_at_quantile(0.5) as f64 / 1e6)
+    };
+    let ok = t.outcomes[Outcome::Ok.index()] as f64;
+    let mean = |sum: u64| (ok > 0.0 && sum > 0).then(|| sum as f64 / ok);
+    let engine = b.fresh_scrape();
+    let engine = engine.as_ref().and_then(|s| s.engine.as_ref());
+    crate::route::roofline::Measured {
+        tpot_s: median("tpot"),
+        ttft_s: median("ttft"),
+        prompt_tokens: mean(t.input_tokens),
+        output_tokens: mean(t.output_tokens),
+        batch: engine.and_then(|e| e.busy_batch.or(e.running)),
+        engine_prefill_s: engine.and_then(|e| e.prefill_seconds),
+    }
 }
 
 /// The backend's own metrics as last scraped (`metrics:`): `null` without a scrape.
@@ -503,6 +545,59 @@ fn backend_metrics(router: &Router, w: &mut Writer) {
     scrape_metrics(&all, &labels, w);
 }
 
+/// Each backend's place on its roofline (`model:` and `gpu:` set), for `/metrics`.
+fn roofline_metrics(router: &Router, snap: &crate::stats::Snapshot, w: &mut Writer) {
+    let rows: Vec<(Labels, serde_json::Value)> = router
+        .backends()
+        .iter()
+        .filter_map(|b| {
+            let (m, peak) = b.roofline.as_ref()?;
+            Some((
+                Labels::new(&[("backend", &b.name)]),
+                crate::route::roofline::assess(m, *peak, measured(snap, b)),
+            ))
+        })
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    let series: [(&str, &str, &str); 4] = [
+        (
+            "inferscope_backend_decode_bandwidth_bytes_per_second",
+            "Decode bandwidth achieved by the backend: (weights + KV cache read per step) / TPOT.",
+            "/decode/achieved_gb_s",
+        ),
+        (
+            "inferscope_backend_mbu_ratio",
+            "Model-bandwidth utilisation of the backend's decode: achieved / peak HBM bandwidth.",
+            "/decode/mbu",
+        ),
+        (
+            "inferscope_backend_prefill_mfu_ratio",
+            "Model-FLOPs utilisation of the backend's prefill (a lower bound when timed by TTFT).",
+            "/prefill/mfu",
+        ),
+        (
+            "inferscope_backend_prefill_flops_per_second",
+            "Prefill compute achieved by the backend: 2 x parameters x prompt tokens / prefill time.",
+            "/prefill/achieved_tflops",
+        ),
+    ];
+    for (name, help, path) in series {
+        let scale = if path.ends_with("_gb_s") {
+            1e9
+        } else if path.ends_with("_tflops") {
+            1e12
+        } else {
+            1.0
+        };
+        let values = rows
+            .iter()
+            .filter_map(|(l, v)| Some((l, v.pointer(path)?.as_f64()? * scale)));
+        w.series(name, "gauge", help, values);
+    }
+}
+
 /// The backends' own metrics as last scraped, for `/metrics`: a series only for the backends
 /// whose latest scrape had the value (stale ones included: the age says how old).
 fn scrape_metrics(all: &[crate::route::BackendStatus], labels: &[Labels], w: &mut Writer) {
@@ -549,12 +644,12 @@ fn scrape_metrics(all: &[crate::route::BackendStatus], labels: &[Labels], w: &mu
         ),
         (
             "inferscope_backend_prefix_cache_hit_ratio",
-            "The backend engine's prefix-cache hits over queries between the last two scrapes.",
+            "The backend engine's prefix-cache hits over queries over the last minute.",
             |e| e.prefix_cache_hit_rate,
         ),
         (
             "inferscope_backend_engine_prefill_seconds",
-            "The backend engine's mean prefill time between the last two scrapes.",
+            "The backend engine's mean prefill time over the last minute.",
             |e| e.prefill_seconds,
         ),
     ];

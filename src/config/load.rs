@@ -463,6 +463,44 @@ fn validate_backend(b: &BackendConfig) -> Result<(), (&'static str, String)> {
     if b.max_concurrency == Some(0) {
         return Err(("max_concurrency", "must be greater than 0".into()));
     }
+    if let Some(m) = &b.model {
+        let positive = |x: f64| x > 0.0 && x.is_finite();
+        if !positive(m.params_b)
+            || !positive(m.bytes_per_param)
+            || m.kv_bytes_per_token.is_some_and(|k| !positive(k))
+        {
+            return Err((
+                "model",
+                "params_b, bytes_per_param and kv_bytes_per_token must be positive".into(),
+            ));
+        }
+        if b.gpu.is_none() {
+            return Err(("model", "a roofline needs `gpu:` too".into()));
+        }
+    }
+    if let Some(g) = &b.gpu {
+        if let Some(p) = &g.preset {
+            let known = crate::config::GPU_PRESETS;
+            if !known.iter().any(|k| k.eq_ignore_ascii_case(p)) {
+                return Err((
+                    "gpu",
+                    format!("preset `{p}` is none of {}", known.join(", ")),
+                ));
+            }
+        } else if g.hbm_gb_s.is_none() || g.tflops.is_none() {
+            return Err(("gpu", "give a preset, or both hbm_gb_s and tflops".into()));
+        }
+        if [g.hbm_gb_s, g.tflops]
+            .into_iter()
+            .flatten()
+            .any(|x| x <= 0.0 || !x.is_finite())
+        {
+            return Err(("gpu", "hbm_gb_s and tflops must be positive".into()));
+        }
+        if b.model.is_none() {
+            return Err(("gpu", "a roofline needs `model:` too".into()));
+        }
+    }
     if let Some(m) = &b.metrics {
         for u in m.url.iter().chain(&m.gpu_url) {
             let ok = u.starts_with('/')

@@ -20,8 +20,8 @@ pub use schema::{
     RootsConfig, ServerTlsConfig,
 };
 pub use schema::{
-    Balancer, FeedbackConfig, GuardRule, GuardrailsConfig, MetricsConfig, OutlierConfig,
-    ProbeConfig, RetryConfig, ShadowConfig, SloConfig, TimeoutsConfig,
+    Balancer, FeedbackConfig, GpuSpec, GuardRule, GuardrailsConfig, MetricsConfig, ModelSpec,
+    OutlierConfig, ProbeConfig, RetryConfig, ShadowConfig, SloConfig, TimeoutsConfig, GPU_PRESETS,
 };
 pub use telemetry::{
     resolve as resolve_telemetry, Protocol, Settings as TelemetrySettings, SettingsError,

@@ -51,6 +51,10 @@ mod defaults {
     use std::net::SocketAddr;
     use std::time::Duration;
 
+    pub fn bytes_per_param() -> f64 {
+        2.0
+    }
+
     pub fn listen() -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], 8080))
     }
@@ -339,6 +343,44 @@ pub struct BackendConfig {
     /// Scrape the backend's own metrics (engine queue, KV cache, GPUs) and join them to requests.
     #[serde(default)]
     pub metrics: Option<MetricsConfig>,
+    /// The model it serves, for its roofline (with `gpu`).
+    #[serde(default)]
+    pub model: Option<ModelSpec>,
+    /// Its GPUs, for its roofline (with `model`).
+    #[serde(default)]
+    pub gpu: Option<GpuSpec>,
+}
+
+/// The GPU presets `gpu.preset` knows (their numbers: `route::roofline::PRESETS`).
+pub const GPU_PRESETS: [&str; 5] = ["a100", "h100", "h200", "l4", "l40s"];
+
+/// The model a backend serves, as its roofline needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSpec {
+    /// Parameters, in billions.
+    pub params_b: f64,
+    /// Bytes per parameter as served: 2 for FP16/BF16, 1 for INT8/FP8, 0.5 for INT4.
+    #[serde(default = "defaults::bytes_per_param")]
+    pub bytes_per_param: f64,
+    /// KV-cache bytes per token (2 × layers × KV heads × head size × bytes); absent: the KV
+    /// traffic is left out of the decode bytes (a lower bound).
+    #[serde(default)]
+    pub kv_bytes_per_token: Option<f64>,
+}
+
+/// A backend's GPUs: a preset (`a100`, `h100`, `h200`, `l4`, `l40s`) and/or numbers, which win.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GpuSpec {
+    /// One of the presets.
+    pub preset: Option<String>,
+    /// HBM bandwidth of one GPU, GB/s.
+    pub hbm_gb_s: Option<f64>,
+    /// Dense FP16/BF16 tensor throughput of one GPU, TFLOP/s.
+    pub tflops: Option<f64>,
+    /// GPUs serving the model (tensor parallel); absent or 0: one.
+    pub count: u32,
 }
 
 /// Scraping a backend's Prometheus endpoints: its engine's (vLLM, SGLang, TGI, llama.cpp) and

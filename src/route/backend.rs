@@ -76,6 +76,8 @@ pub struct Backend {
     scraped: arc_swap::ArcSwapOption<super::engine::Scraped>,
     /// Scrapes older than this are not used.
     stale_after: Duration,
+    /// What its roofline needs: the model and the GPUs' peaks.
+    pub roofline: Option<(crate::config::ModelSpec, super::roofline::Peak)>,
     scrapes_ok: AtomicU64,
     scrapes_failed: AtomicU64,
 }
@@ -144,6 +146,15 @@ impl Backend {
     /// Reaches the backend over TLS.
     pub fn with_tls(mut self, tls: Option<Arc<crate::tls::ClientTls>>) -> Self {
         self.tls = tls;
+        self
+    }
+
+    /// Places it on a roofline.
+    pub fn with_roofline(
+        mut self,
+        r: Option<(crate::config::ModelSpec, super::roofline::Peak)>,
+    ) -> Self {
+        self.roofline = r;
         self
     }
 
@@ -235,6 +246,7 @@ impl Backend {
             ejections_total: AtomicU64::new(0),
             scraped: arc_swap::ArcSwapOption::empty(),
             stale_after: Duration::from_secs(15),
+            roofline: None,
             scrapes_ok: AtomicU64::new(0),
             scrapes_failed: AtomicU64::new(0),
             ewma_ttft_us: AtomicU64::new(0f64.to_bits()),

@@ -57,10 +57,14 @@ pub struct EngineView {
     pub waiting: Option<f64>,
     /// KV-cache use, 0–1 (the fullest series).
     pub kv_cache_usage: Option<f64>,
-    /// Prefix-cache hits over queries since the previous scrape (SGLang: its own rate).
+    /// Prefix-cache hits over queries since `base` (the scrape loop passes the oldest of the
+    /// last minute; SGLang: its own rate).
     pub prefix_cache_hit_rate: Option<f64>,
-    /// Mean engine prefill time of the requests that finished prefill since the previous scrape.
+    /// Mean engine prefill time of the requests that finished prefill since `base`.
     pub prefill_seconds: Option<f64>,
+    /// Mean `running` over the scrapes of the last minute that found it busy (`running > 0`):
+    /// the batch its requests decoded in (set by the scrape loop).
+    pub busy_batch: Option<f64>,
     counters: Counters,
 }
 
@@ -114,8 +118,9 @@ fn ratio_since(now: (Option<f64>, Option<f64>), before: (Option<f64>, Option<f64
 }
 
 impl EngineView {
-    /// Reads an engine's exposition; `prev` (the previous scrape) turns counters into rates.
-    pub fn parse(text: &str, prev: Option<&EngineView>) -> Self {
+    /// Reads an engine's exposition; `base` (an earlier scrape) turns counters into rates and
+    /// means since then.
+    pub fn parse(text: &str, base: Option<&EngineView>) -> Self {
         let mut v = EngineView::default();
         let mut sglang_rate = None;
         for s in samples(text) {
@@ -138,7 +143,7 @@ impl EngineView {
                 add(&mut c.prefill_count, s.value);
             }
         }
-        if let Some(p) = prev.map(|p| p.counters) {
+        if let Some(p) = base.map(|p| p.counters) {
             let c = v.counters;
             v.prefix_cache_hit_rate = ratio_since(
                 (c.prefix_hits, c.prefix_queries),

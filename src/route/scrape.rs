@@ -12,6 +12,9 @@ use tokio::time::Instant;
 /// hundred).
 const MAX_EXPOSITION: usize = 8 << 20;
 
+/// How far back rates, means and the busy batch size are taken: `/stats`'s window.
+const WINDOW: Duration = Duration::from_secs(60);
+
 /// Starts one scrape task per backend that configures `metrics:`.
 pub fn spawn_scrapes(config: &Config, backends: &[Arc<Backend>]) {
     for b in &config.backends {
@@ -37,7 +40,10 @@ async fn fetch(b: &Backend, url: &str, timeout: Duration) -> Option<String> {
 async fn run(backend: Weak<Backend>, cfg: MetricsConfig) {
     let mut tick = tokio::time::interval(cfg.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut prev: Option<EngineView> = None;
+    // The views of the last minute (the stats window): rates and means are taken over it.
+    let mut history: std::collections::VecDeque<(Instant, EngineView)> = Default::default();
+    // Busy batch sizes over the same minute, for the roofline.
+    let mut batches: std::collections::VecDeque<(Instant, f64)> = Default::default();
     loop {
         tick.tick().await;
         let Some(b) = backend.upgrade() else { return };
@@ -51,10 +57,25 @@ async fn run(backend: Weak<Backend>, cfg: MetricsConfig) {
         };
         let ok =
             (cfg.url.is_none() || engine.is_some()) && (cfg.gpu_url.is_none() || gpu.is_some());
-        let engine = engine.map(|t| EngineView::parse(&t, prev.as_ref()));
+        let now = Instant::now();
+        let old = |t: &Instant| now.duration_since(*t) > WINDOW;
+        while history.front().is_some_and(|(t, _)| old(t)) {
+            history.pop_front();
+        }
+        while batches.front().is_some_and(|(t, _)| old(t)) {
+            batches.pop_front();
+        }
+        let mut engine = engine.map(|t| EngineView::parse(&t, history.front().map(|(_, v)| v)));
+        if let Some(e) = &mut engine {
+            if let Some(r) = e.running.filter(|r| *r > 0.0) {
+                batches.push_back((now, r));
+            }
+            e.busy_batch = (!batches.is_empty())
+                .then(|| batches.iter().map(|b| b.1).sum::<f64>() / batches.len() as f64);
+        }
         let gpu = gpu.map(|t| GpuView::parse(&t));
         if let Some(e) = &engine {
-            prev = Some(e.clone());
+            history.push_back((now, e.clone()));
         }
         b.scraped(
             ok,
