@@ -1,0 +1,88 @@
+//! A real vLLM server behind the gateway (opt-in: `INFERSCOPE_VLLM_URL=http://127.0.0.1:8001`,
+//! the CPU server of `../shared/vllm-cpu/`, model `tiny-llama`): its chat (with
+//! `return_token_ids`), completions, Responses and Anthropic Messages streams are classified
+//! event by event, and its `/metrics` is scraped into `/stats` under the names the engine
+//! module reads.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_dialect_vllm_speaks_is_measured_and_its_metrics_are_read() {
+    let Ok(url) = std::env::var("INFERSCOPE_VLLM_URL") else {
+        eprintln!(
+            "SKIPPED: set INFERSCOPE_VLLM_URL to a running vLLM (../shared/vllm-cpu/serve.sh)"
+        );
+        return;
+    };
+    let dir = temp_dir();
+    let yaml = format!(
+        "access_log: {{ path: {:?} }}\nbackends:\n  - name: vllm\n    url: \"{url}\"\n    provider: vllm\n    metrics: {{ interval: 200ms }}\nroutes:\n  - {{ name: all, backends: [vllm] }}\n",
+        dir.join("access.jsonl"),
+    );
+    let gw = start_yaml(&yaml).await;
+    let msg = r#"[{"role":"user","content":"hello there"}]"#;
+    let cases = [
+        (
+            "/v1/chat/completions",
+            format!(
+                r#"{{"model":"tiny-llama","stream":true,"max_tokens":8,"return_token_ids":true,"messages":{msg}}}"#
+            ),
+            "exact",
+        ),
+        (
+            "/v1/chat/completions",
+            format!(r#"{{"model":"tiny-llama","stream":true,"max_tokens":8,"messages":{msg}}}"#),
+            "derived",
+        ),
+        (
+            "/v1/completions",
+            r#"{"model":"tiny-llama","stream":true,"max_tokens":8,"prompt":"hello there"}"#
+                .to_string(),
+            "derived",
+        ),
+        (
+            "/v1/responses",
+            r#"{"model":"tiny-llama","stream":true,"max_output_tokens":8,"input":"hello there"}"#
+                .to_string(),
+            "derived",
+        ),
+        (
+            "/v1/messages",
+            format!(r#"{{"model":"tiny-llama","stream":true,"max_tokens":8,"messages":{msg}}}"#),
+            "derived",
+        ),
+    ];
+    for (path, body, _) in &cases {
+        let r = post(gw.data_addr, path, body, &[]).await;
+        assert_eq!(
+            r.status,
+            200,
+            "{path}: {}",
+            String::from_utf8_lossy(&r.body())
+        );
+    }
+    // A scrape after the requests: the engine's counters moved.
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    let b = backend_stats(gw.admin_addr, "vllm").await;
+    let e = &b["scrape"]["engine"];
+    for k in ["running", "waiting", "kv_cache_usage", "prefill_seconds"] {
+        assert!(e[k].is_number(), "{k} not read from vLLM's /metrics: {b}");
+    }
+    let log = stop_and_read_log(gw, &dir).await;
+    assert_eq!(log.len(), cases.len());
+    for ((path, _, event_tokens), l) in cases.iter().zip(&log) {
+        assert_eq!(l["outcome"], "ok", "{path}: {l}");
+        assert_eq!(l["output_tokens"], 8, "{path}: {l}");
+        assert_eq!(l["tokens_source"], "usage", "{path}: {l}");
+        assert_eq!(l["event_tokens"], *event_tokens, "{path}: {l}");
+        assert_eq!(l["finish_reason"], "length", "{path}: {l}");
+        assert!(l["input_tokens"].as_u64().unwrap() > 0, "{path}: {l}");
+        assert!(l["ttft_ms"].as_f64().unwrap() > 0.0, "{path}: {l}");
+        assert_eq!(l["malformed_events"], 0, "{path}: {l}");
+        let _: &Value = l;
+    }
+}
