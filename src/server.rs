@@ -235,7 +235,7 @@ where
             let accepted = Instant::now();
             let result = match &opts.tls {
                 None => {
-                    let conn = builder.serve_connection(TokioIo::new(io), service);
+                    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
                     supervise(conn, &state, &opts, accepted, stop).await
                 }
                 Some(tls) => {
@@ -243,7 +243,8 @@ where
                     match tokio::time::timeout(limit, tls.acceptor().accept(io)).await {
                         Ok(Ok(tls_stream)) => {
                             state.after_handshake(tls_stream.get_ref().1.alpn_protocol());
-                            let conn = builder.serve_connection(TokioIo::new(tls_stream), service);
+                            let conn = builder
+                                .serve_connection_with_upgrades(TokioIo::new(tls_stream), service);
                             supervise(conn, &state, &opts, accepted, stop).await
                         }
                         Ok(Err(e)) => {

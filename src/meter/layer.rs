@@ -284,6 +284,18 @@ impl Annotations {
         self.with(|n| n.refused = Some((outcome, error)));
     }
 
+    /// Takes the record out of the response's hands for a session the request turned into (an
+    /// upgraded connection such as a WebSocket): the response head then passes through
+    /// unmeasured, and the record is written when the `Session` ends, with what it carried.
+    /// Whatever was held stays held until then. `None` when the record was taken already.
+    pub fn session(&self) -> Option<Session> {
+        let notes = self.0.notes.lock().take()?;
+        Some(Session {
+            notes: Some(notes),
+            metering: Arc::clone(&self.0.metering),
+        })
+    }
+
     /// Notes that go nowhere (a service used without `MeterLayer`).
     pub fn detached() -> Self {
         struct Nowhere;
@@ -363,6 +375,62 @@ impl Annotations {
             let rec = RequestRecord::without_body(n.meta, status, outcome, Some(error), 0);
             drop(n.held);
             self.0.metering.finish(rec);
+        }
+    }
+}
+
+/// A request that became a session (`Annotations::session`): one record when it ends, its
+/// duration the request's `e2e`, the bytes each way `bytes_in` and `bytes_out`. Dropped without
+/// `finish` (its task cancelled), it records a cancellation, or `shutdown` while the gateway
+/// cuts what is left at the end of its grace period.
+#[derive(Debug)]
+pub struct Session {
+    notes: Option<Notes>,
+    metering: Arc<Metering>,
+}
+
+impl Session {
+    /// Keeps `x` until the session ends.
+    pub fn hold(&mut self, x: impl Send + Sync + 'static) {
+        if let Some(n) = &mut self.notes {
+            n.held.push(x);
+        }
+    }
+
+    /// The gateway is cutting what is left at the end of its shutdown grace period.
+    pub fn cutting(&self) -> bool {
+        self.metering.cutting()
+    }
+
+    /// Writes the session's record.
+    pub fn finish(
+        mut self,
+        status: u16,
+        outcome: Outcome,
+        error: Option<&'static str>,
+        bytes_in: u64,
+        bytes_out: u64,
+    ) {
+        if let Some(mut n) = self.notes.take() {
+            n.meta.bytes_in = bytes_in;
+            let rec = RequestRecord::without_body(n.meta, status, outcome, error, bytes_out);
+            drop(n.held);
+            self.metering.finish(rec);
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if let Some(n) = self.notes.take() {
+            let (outcome, error) = if self.metering.cutting() {
+                (Outcome::Shutdown, "shutdown")
+            } else {
+                (Outcome::ClientCancelled, "client_disconnected")
+            };
+            let rec = RequestRecord::without_body(n.meta, 101, outcome, Some(error), 0);
+            drop(n.held);
+            self.metering.finish(rec);
         }
     }
 }

@@ -23,7 +23,7 @@ pub mod trace;
 pub use body::{BoxError, MeteredBody, StreamAborted};
 pub use layer::{
     Annotations, Held, MeterFuture, MeterLayer, MeterService, MeterSettings, Metering, RecordSink,
-    REQUEST_ID_HEADER,
+    Session, REQUEST_ID_HEADER,
 };
 pub use measure::{Deadlines, End, Framing, MeasureOptions, Meter, StripPlan};
 pub use record::{

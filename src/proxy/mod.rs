@@ -12,6 +12,7 @@ mod limit;
 mod phases;
 mod request;
 mod service;
+mod tunnel;
 mod upstream;
 
 pub use body::{BodyBudget, Pace, PacedBody, Reservation, TooSlow, RATE_GRACE};

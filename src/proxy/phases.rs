@@ -61,12 +61,19 @@ struct Ctx {
     capture_output: Option<usize>,
     /// The rate limit that applies, as it stood at admission (for the response headers).
     rate: Option<crate::access::RateState>,
+    /// An HTTP/1.1 request to switch protocols: the client side of the upgrade and its
+    /// `Upgrade` value.
+    upgrade: Option<(hyper::upgrade::OnUpgrade, HeaderValue)>,
 }
 
 impl Ctx {
     /// Phase 1: take the request apart; the layers outside have admitted it and started its
     /// record (`Annotations`).
-    fn admit(gw: Arc<Gateway>, req: Request<Incoming>) -> (Self, Incoming) {
+    fn admit(gw: Arc<Gateway>, mut req: Request<Incoming>) -> (Self, Incoming) {
+        let upgrade = super::tunnel::is_upgrade(req.method(), req.version(), req.headers())
+            .then(|| req.headers().get(header::UPGRADE).cloned())
+            .flatten()
+            .map(|v| (hyper::upgrade::on(&mut req), v));
         let (mut parts, body) = req.into_parts();
         // Without `MeterLayer` outside nothing is measured: the notes go nowhere.
         let notes = parts
@@ -99,11 +106,15 @@ impl Ctx {
             first_body: None,
             replay: None,
             rate: None,
+            upgrade,
         };
         (cx, body)
     }
 
     async fn run(&mut self, body: Incoming) -> Result<Response<ProxyBody>, ProxyError> {
+        if self.upgrade.is_some() {
+            return self.tunnel().await;
+        }
         self.authenticate()?;
         self.read_body(body).await?;
         let sel = self.route()?;
@@ -119,6 +130,62 @@ impl Ctx {
         self.shadow(&sel);
         let (resp, guard) = self.attempt(&sel).await?;
         Ok(self.respond(&sel.route, resp, guard))
+    }
+
+    /// An upgraded connection (WebSocket): authenticated, routed and rate-limited like any
+    /// request, then handed to `tunnel` on a connection of its own. The record becomes the
+    /// session's, written when it ends.
+    async fn tunnel(&mut self) -> Result<Response<ProxyBody>, ProxyError> {
+        self.authenticate()?;
+        let sel = self.route()?;
+        if let Some(state) = self
+            .gw
+            .limiter
+            .admit_route(&sel.route.name)
+            .map_err(ProxyError::RateLimited)?
+        {
+            self.rate.get_or_insert(state);
+        }
+        let (client, upgrade) = self.upgrade.take().ok_or(ProxyError::BadUpstreamRequest)?;
+        upstream_headers(&mut self.headers, self.client);
+        let backend = Arc::clone(&sel.backend);
+        let engine = backend.engine_load();
+        self.notes.update(|m| {
+            m.backend = Arc::clone(&backend.name);
+            m.upstream = Some(backend.info.clone());
+            m.engine = engine;
+            m.stream = true;
+            m.t_sent = Some(Instant::now());
+        });
+        let guard = backend.admit().await.map_err(ProxyError::Busy)?;
+        self.notes.hold(guard);
+        let session = self.notes.session().ok_or(ProxyError::BadUpstreamRequest)?;
+        let t = &sel.route.timeouts;
+        let limits = super::tunnel::Limits {
+            idle: nonzero(t.idle),
+            until: nonzero(t.total).map(|d| self.t0 + d),
+            connect: self.gw.limits.connect_timeout,
+        };
+        let headers = std::mem::take(&mut self.headers);
+        let pq = self.path_and_query.clone();
+        match super::tunnel::open(
+            &backend,
+            pq.as_ref(),
+            headers,
+            upgrade,
+            client,
+            session,
+            limits,
+        )
+        .await
+        {
+            Ok(r) => Ok(r),
+            Err((e, session)) => {
+                // The record tells the observer (an unreachable backend counts against it).
+                session.finish(e.status().as_u16(), e.outcome(), Some(e.kind()), 0, 0);
+                Ok(e.into_response().map(Either::Right))
+            }
+        }
     }
 
     /// Phase 1½: with client keys configured, the request must present one (its name goes into
