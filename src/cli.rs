@@ -20,6 +20,8 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+// Parsed once per process: the size of its largest variant (`bench`'s flags) does not matter.
+#[allow(clippy::large_enum_variant)]
 enum Cmd {
     /// Run the gateway (with no --config: two simulated backends behind model `demo`).
     Serve {
@@ -182,6 +184,28 @@ enum Cmd {
         /// For an https:// URL: a PEM CA bundle trusted besides the bundled Mozilla roots.
         #[arg(long)]
         ca_file: Option<PathBuf>,
+        /// Roofline: the served model's parameters, in billions (with --gpu, or --hbm-gb-s and
+        /// --tflops): decode bandwidth, MBU and prefill MFU next to the latencies.
+        #[arg(long)]
+        params_b: Option<f64>,
+        /// Roofline: bytes per parameter as served (2: FP16/BF16, 1: INT8/FP8, 0.5: INT4).
+        #[arg(long, default_value_t = 2.0)]
+        bytes_per_param: f64,
+        /// Roofline: KV-cache bytes per token (absent: KV traffic left out, a lower bound).
+        #[arg(long)]
+        kv_bytes_per_token: Option<f64>,
+        /// Roofline: GPU preset (a100, h100, h200, l4, l40s).
+        #[arg(long)]
+        gpu: Option<String>,
+        /// Roofline: HBM bandwidth of one GPU, GB/s (overrides the preset's).
+        #[arg(long)]
+        hbm_gb_s: Option<f64>,
+        /// Roofline: dense FP16/BF16 TFLOP/s of one GPU (overrides the preset's).
+        #[arg(long)]
+        tflops: Option<f64>,
+        /// Roofline: GPUs serving the model.
+        #[arg(long, default_value_t = 1)]
+        gpus: u32,
     },
     /// Report from an access log: TTFT, TPOT, tokens/s, P99, error rate per group, and each group
     /// compared with a control (median and p99 change with 95% intervals, Mann-Whitney p).
@@ -212,6 +236,10 @@ enum Cmd {
         /// Print JSON (per group: labels, counts, p50/p90/p99 of every metric; comparisons).
         #[arg(long)]
         json: bool,
+        /// The gateway's config: with access logs, each backend it gives `model:` and `gpu:` is
+        /// placed on its roofline from its logged requests.
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
     /// Quality check of an experiment: run a dataset through the gateway once per variant and
     /// compare accuracy (or, with --generate N, print a quiz dataset the simulator can answer).
@@ -273,6 +301,7 @@ pub fn main() -> ExitCode {
         control,
         min_samples,
         json,
+        config: roof_config,
     } = &cli.cmd
     {
         let mut sources: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
@@ -289,8 +318,15 @@ pub fn main() -> ExitCode {
             read_report_sources(&sources, token.as_deref(), ca_file.clone()).and_then(|read| {
                 match read {
                     ReportSources::Logs(files) => {
-                        let opts = crate::experiment::ReportOptions { files, ..opts };
-                        crate::experiment::report(&opts).map_err(anyhow::Error::from)
+                        let opts = crate::experiment::ReportOptions {
+                            files: files.clone(),
+                            ..opts
+                        };
+                        let text = crate::experiment::report(&opts).map_err(anyhow::Error::from)?;
+                        match roof_config {
+                            Some(c) => with_rooflines(text, &files, c, *json),
+                            None => Ok(text),
+                        }
                     }
                     ReportSources::Hdr(docs) => {
                         crate::stats::hdr::report(&docs, by, control.as_deref(), *json)
@@ -563,8 +599,35 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             http2_connections,
             warmup,
             ca_file,
+            params_b,
+            bytes_per_param,
+            kv_bytes_per_token,
+            gpu,
+            hbm_gb_s,
+            tflops,
+            gpus,
         } => {
             use crate::loadgen::{self, Arrivals, BenchOptions};
+            let roof = match params_b {
+                None => None,
+                Some(params_b) => {
+                    let model = crate::config::ModelSpec {
+                        params_b,
+                        bytes_per_param,
+                        kv_bytes_per_token,
+                    };
+                    let spec = crate::config::GpuSpec {
+                        preset: gpu,
+                        hbm_gb_s,
+                        tflops,
+                        count: gpus,
+                    };
+                    let peak = crate::stats::roofline::Peak::of(&spec).context(
+                        "--params-b needs --gpu (a100, h100, h200, l4, l40s) or both --hbm-gb-s and --tflops",
+                    )?;
+                    Some((model, peak))
+                }
+            };
             let alpn: &[&[u8]] = if http2_connections.is_some() {
                 &[b"h2"]
             } else {
@@ -640,12 +703,23 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 return Ok(());
             }
             let (samples, wall) = loadgen::run(&opts).await;
-            let report = loadgen::summarize(&samples, wall, &opts.slo);
+            let mut report = loadgen::summarize(&samples, wall, &opts.slo);
             let gateway = match &compare_gateway {
                 Some(admin) => Some(fetch_stats(admin).await?),
                 None => None,
             };
             print!("{}", loadgen::render(&report, gateway.as_ref()));
+            if let Some((model, peak)) = &roof {
+                let v = crate::stats::roofline::assess(model, *peak, bench_measured(&report));
+                for part in ["decode", "prefill"] {
+                    if let Some(w) = v[part]["words"].as_str() {
+                        println!("roofline: {w}");
+                    }
+                }
+                if let serde_json::Value::Object(m) = &mut report {
+                    m.insert("roofline".into(), v);
+                }
+            }
             if let Some(path) = out {
                 let mut doc = report.clone();
                 if let (Some(g), serde_json::Value::Object(m)) = (&gateway, &mut doc) {
@@ -658,6 +732,89 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
         }
         Cmd::Check { .. } | Cmd::Report { .. } => Ok(()),
     }
+}
+
+/// What a bench run says for the roofline: its median TPOT and TTFT, mean tokens, and as the
+/// batch the mean number of its requests in flight (Little's law: throughput × mean E2E; the
+/// engine's batch when this run is its only load).
+fn bench_measured(r: &serde_json::Value) -> crate::stats::roofline::Measured {
+    let ms = |k: &str, q: &str| r[k][q].as_f64().map(|v| v / 1e3);
+    let ok = r["successful"].as_f64().filter(|n| *n > 0.0);
+    let secs = r["duration_s"].as_f64();
+    let per_request = |k: &str| Some(r[k].as_f64()? * secs? / ok?);
+    let output = per_request("output_token_throughput");
+    let input = per_request("total_token_throughput")
+        .zip(output)
+        .map(|(t, o)| t - o);
+    let in_flight = r["request_throughput"]
+        .as_f64()
+        .zip(ms("e2e_ms", "mean"))
+        .map(|(x, e2e)| x * e2e);
+    crate::stats::roofline::Measured {
+        tpot_s: ms("tpot_ms", "median"),
+        ttft_s: ms("ttft_ms", "median"),
+        prompt_tokens: input.filter(|n| *n > 0.0),
+        output_tokens: output,
+        batch: in_flight.filter(|b| *b > 0.0),
+        engine_prefill_s: None,
+    }
+}
+
+/// A report with each configured backend's roofline (`model:` and `gpu:` in `config`) from the
+/// logs' lines: appended as text, or as `roofline` in the JSON document.
+fn with_rooflines(
+    report: String,
+    files: &[PathBuf],
+    config: &std::path::Path,
+    json: bool,
+) -> anyhow::Result<String> {
+    use crate::stats::roofline;
+    let cfg = config::load(config)?;
+    let mut lines = Vec::new();
+    for f in files {
+        let text =
+            std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+        lines.extend(
+            text.lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()),
+        );
+    }
+    let mut found = serde_json::Map::new();
+    let mut out = String::new();
+    for b in &cfg.backends {
+        let (Some(model), Some(peak)) = (b.model, b.gpu.as_ref().and_then(roofline::Peak::of))
+        else {
+            continue;
+        };
+        let (m, n) = roofline::measured_from_log(&lines, &b.name);
+        if n == 0 {
+            continue;
+        }
+        let v = roofline::assess(&model, peak, m);
+        out.push_str(&format!(
+            "
+roofline of {} ({n} requests):
+",
+            b.name
+        ));
+        for part in ["decode", "prefill"] {
+            if let Some(w) = v[part]["words"].as_str() {
+                out.push_str(&format!(
+                    "  {w}
+"
+                ));
+            }
+        }
+        found.insert(b.name.clone(), v);
+    }
+    if !json {
+        return Ok(report + &out);
+    }
+    let mut doc: serde_json::Value = serde_json::from_str(&report)?;
+    if let serde_json::Value::Object(m) = &mut doc {
+        m.insert("roofline".into(), found.into());
+    }
+    Ok(serde_json::to_string_pretty(&doc)? + "\n")
 }
 
 /// The demo's traffic: the load generator in one-minute rounds, forever; no user key, so each

@@ -84,3 +84,75 @@ async fn stats_place_each_backend_on_its_roofline() {
     drop(gw);
     tokio::time::sleep(Duration::from_millis(10)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_and_report_give_the_roofline_too() {
+    let sim = start_sim(exact(20.0, 10.0), 3).await;
+    let dir = temp_dir();
+    let cfg = dir.join("gw.yaml");
+    let yaml = format!(
+        "access_log: {{ path: {:?} }}\nbackends:\n  - name: s\n    url: \"http://{}\"\n    metrics: {{ interval: 50ms }}\n    \
+         model: {{ params_b: 8, bytes_per_param: 1 }}\n    gpu: {{ preset: l40s }}\nroutes:\n  - {{ name: all, backends: [s] }}\n",
+        dir.join("access.jsonl"),
+        sim.addr
+    );
+    std::fs::write(&cfg, &yaml).unwrap();
+    let gw = start_yaml(&yaml).await;
+    let url = format!("http://{}", gw.data_addr);
+    let out = tokio::task::spawn_blocking(move || {
+        inferscope(&[
+            "bench",
+            "--url",
+            &url,
+            "--model",
+            "demo",
+            "--requests",
+            "12",
+            "--concurrency",
+            "3",
+            "--max-tokens",
+            "20",
+            "--params-b",
+            "8",
+            "--bytes-per-param",
+            "1",
+            "--gpu",
+            "l40s",
+        ])
+    })
+    .await
+    .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("roofline: decode at "))
+        .unwrap_or_else(|| panic!("no decode roofline in:\n{text}"));
+    // 8 GB a step at about 10 ms a token, against the L40S's 864 GB/s: near 800 GB/s.
+    assert!(line.contains("of 864 GB/s"), "{line}");
+    assert!(line.contains("memory-bound"), "{line}");
+    assert!(text.contains("roofline: prefill at at least"), "{text}");
+    let log = dir.join("access.jsonl");
+    stop_and_read_log(gw, &dir).await;
+    let out = inferscope(&[
+        "report",
+        log.to_str().unwrap(),
+        "--config",
+        cfg.to_str().unwrap(),
+    ]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("roofline of s (12 requests):"), "{text}");
+    assert!(text.contains("decode at "), "{text}");
+    let out = inferscope(&[
+        "report",
+        log.to_str().unwrap(),
+        "--config",
+        cfg.to_str().unwrap(),
+        "--json",
+    ]);
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["roofline"]["s"]["peak"]["hbm_gb_s"], 864.0, "{doc}");
+    assert!(
+        doc["roofline"]["s"]["decode"]["mbu"].as_f64().unwrap() > 0.5,
+        "{doc}"
+    );
+}

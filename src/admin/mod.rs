@@ -400,7 +400,7 @@ fn backend_json(router: &Router, snap: &crate::stats::Snapshot) -> serde_json::V
                 .roofline
                 .as_ref()
                 .map_or(serde_json::Value::Null, |(m, peak)| {
-                    crate::route::roofline::assess(m, *peak, measured(snap, b))
+                    crate::stats::roofline::assess(m, *peak, measured(snap, b))
                 });
             serde_json::json!({
                 "backend": s.name.as_ref(),
@@ -427,7 +427,7 @@ fn backend_json(router: &Router, snap: &crate::stats::Snapshot) -> serde_json::V
 fn measured(
     snap: &crate::stats::Snapshot,
     b: &crate::route::Backend,
-) -> crate::route::roofline::Measured {
+) -> crate::stats::roofline::Measured {
     use crate::meter::Outcome;
     let mut t = crate::stats::Tally::default();
     for (k, _, w) in &snap.groups {
@@ -444,7 +444,7 @@ fn measured(
     let mean = |sum: u64| (ok > 0.0 && sum > 0).then(|| sum as f64 / ok);
     let engine = b.fresh_scrape();
     let engine = engine.as_ref().and_then(|s| s.engine.as_ref());
-    crate::route::roofline::Measured {
+    crate::stats::roofline::Measured {
         tpot_s: median("tpot"),
         ttft_s: median("ttft"),
         prompt_tokens: mean(t.input_tokens),
@@ -554,7 +554,7 @@ fn roofline_metrics(router: &Router, snap: &crate::stats::Snapshot, w: &mut Writ
             let (m, peak) = b.roofline.as_ref()?;
             Some((
                 Labels::new(&[("backend", &b.name)]),
-                crate::route::roofline::assess(m, *peak, measured(snap, b)),
+                crate::stats::roofline::assess(m, *peak, measured(snap, b)),
             ))
         })
         .collect();

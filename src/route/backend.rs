@@ -77,7 +77,7 @@ pub struct Backend {
     /// Scrapes older than this are not used.
     stale_after: Duration,
     /// What its roofline needs: the model and the GPUs' peaks.
-    pub roofline: Option<(crate::config::ModelSpec, super::roofline::Peak)>,
+    pub roofline: Option<(crate::config::ModelSpec, crate::stats::roofline::Peak)>,
     scrapes_ok: AtomicU64,
     scrapes_failed: AtomicU64,
 }
@@ -152,7 +152,7 @@ impl Backend {
     /// Places it on a roofline.
     pub fn with_roofline(
         mut self,
-        r: Option<(crate::config::ModelSpec, super::roofline::Peak)>,
+        r: Option<(crate::config::ModelSpec, crate::stats::roofline::Peak)>,
     ) -> Self {
         self.roofline = r;
         self

@@ -16,7 +16,6 @@ mod backend;
 pub mod engine;
 mod observer;
 mod probe;
-pub mod roofline;
 mod scrape;
 mod split;
 
@@ -326,7 +325,10 @@ impl Router {
                     b.outlier.clone(),
                 )
                 .with_tls(tls)
-                .with_roofline(b.model.zip(b.gpu.as_ref().and_then(roofline::Peak::of)))
+                .with_roofline(
+                    b.model
+                        .zip(b.gpu.as_ref().and_then(crate::stats::roofline::Peak::of)),
+                )
                 .with_stale_after(b.metrics.as_ref().map_or(
                     std::time::Duration::from_secs(15),
                     crate::config::MetricsConfig::stale_after,

@@ -4,6 +4,7 @@
 
 pub mod hdr;
 mod prometheus;
+pub mod roofline;
 mod tally;
 
 pub use prometheus::{

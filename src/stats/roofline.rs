@@ -189,6 +189,35 @@ pub fn assess(model: &ModelSpec, peak: Peak, m: Measured) -> Value {
     })
 }
 
+/// What the roofline of `backend` rests on, read back from access-log lines (`ok` ones): the
+/// median TPOT and TTFT, the mean tokens, the mean engine batch the requests were sent into
+/// (`backend_running`) and the mean engine prefill time (`engine_prefill_ms`), where logged.
+pub fn measured_from_log(lines: &[Value], backend: &str) -> (Measured, usize) {
+    let ok: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["backend"] == backend && l["outcome"] == "ok")
+        .collect();
+    let field = |k: &str| -> Vec<f64> { ok.iter().filter_map(|l| l[k].as_f64()).collect() };
+    let median = |k: &str| {
+        let mut v = field(k);
+        v.sort_by(f64::total_cmp);
+        crate::util::quantile::of_sorted_ms(&v, 0.5).map(|ms| ms / 1e3)
+    };
+    let mean = |k: &str| {
+        let v = field(k);
+        (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+    };
+    let m = Measured {
+        tpot_s: median("tpot_ms"),
+        ttft_s: median("ttft_ms"),
+        prompt_tokens: mean("input_tokens"),
+        output_tokens: mean("output_tokens"),
+        batch: mean("backend_running").filter(|b| *b > 0.0),
+        engine_prefill_s: mean("engine_prefill_ms").map(|ms| ms / 1e3),
+    };
+    (m, ok.len())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
