@@ -35,6 +35,9 @@ enum Cmd {
         #[arg(long, env = "INFERSCOPE_ADMIN")]
         admin: Option<SocketAddr>,
     },
+    /// This host's GPUs as NVML reports them (utilisation, memory, power, SM clock), as JSON;
+    /// exit 1 with "no GPU: …" where there is none or the build has no NVML support.
+    Gpu,
     /// Exit 0 when the gateway's admin `/healthz` answers 200, else 1 (a container HEALTHCHECK
     /// needs no other program): the admin address comes from --url, or from the config as
     /// `serve` would read it.
@@ -342,6 +345,28 @@ pub fn main() -> ExitCode {
             Err(e) => {
                 eprintln!("error: {e:#}");
                 ExitCode::from(2)
+            }
+        };
+    }
+    if let Cmd::Gpu = &cli.cmd {
+        return match crate::route::nvml::read() {
+            Ok(g) => {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "count": g.count,
+                        "utilization": g.utilization,
+                        "memory_used_bytes": g.memory_used_bytes,
+                        "memory_total_bytes": g.memory_total_bytes,
+                        "power_watts": g.power_watts,
+                        "sm_clock_hz": g.sm_clock_hz,
+                    })
+                );
+                ExitCode::SUCCESS
+            }
+            Err(why) => {
+                eprintln!("{why}");
+                ExitCode::from(1)
             }
         };
     }
@@ -730,7 +755,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Cmd::Check { .. } | Cmd::Report { .. } => Ok(()),
+        Cmd::Check { .. } | Cmd::Report { .. } | Cmd::Gpu => Ok(()),
     }
 }
 

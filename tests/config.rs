@@ -114,6 +114,15 @@ fn validation_errors_point_at_the_offending_line() {
         assert!(e.message.contains(why), "{e}");
     }
 
+    if !cfg!(feature = "nvml") {
+        let text = BASE.replace(
+            "url: \"http://127.0.0.1:1\" }",
+            "url: \"http://127.0.0.1:1\", metrics: { gpu_url: nvml } }",
+        );
+        let e = parse(&text, "gw.yaml").unwrap_err();
+        assert_eq!(e.key.as_str(), "backends[0].metrics", "{e}");
+        assert!(e.message.contains("--features nvml"), "{e}");
+    }
     for (extra, key, why) in [
         (
             "model: { params_b: 8 }",

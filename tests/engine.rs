@@ -225,3 +225,19 @@ async fn the_simulator_queues_past_its_batch_and_says_so() {
     }
     panic!("the simulator still counts streams whose clients left");
 }
+
+#[test]
+fn the_gpu_command_lists_gpus_or_says_there_is_none() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_inferscope"))
+        .arg("gpu")
+        .output()
+        .unwrap();
+    if out.status.success() {
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(v["count"].as_u64().unwrap() > 0, "{v}");
+    } else {
+        assert_eq!(out.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.starts_with("no GPU: "), "{err}");
+    }
+}

@@ -502,7 +502,18 @@ fn validate_backend(b: &BackendConfig) -> Result<(), (&'static str, String)> {
         }
     }
     if let Some(m) = &b.metrics {
-        for u in m.url.iter().chain(&m.gpu_url) {
+        if m.gpu_url.as_deref() == Some("nvml") && !cfg!(feature = "nvml") {
+            return Err((
+                "metrics",
+                "gpu_url: nvml needs a build with NVML support (cargo build --features nvml)"
+                    .into(),
+            ));
+        }
+        for u in m
+            .url
+            .iter()
+            .chain(m.gpu_url.iter().filter(|u| *u != "nvml"))
+        {
             let ok = u.starts_with('/')
                 || u.parse::<http::Uri>().is_ok_and(|x| {
                     matches!(x.scheme_str(), Some("http" | "https")) && x.host().is_some()

@@ -391,7 +391,8 @@ pub struct MetricsConfig {
     /// The engine's endpoint: a path under the backend's URL (`/metrics`), an absolute URL, or
     /// null for none.
     pub url: Option<String>,
-    /// The GPU exporter's endpoint (absent: none), e.g. `http://gpu-host:9400/metrics`.
+    /// The GPU exporter's endpoint (absent: none), e.g. `http://gpu-host:9400/metrics`; or
+    /// `nvml`: this host's GPUs, read directly (builds with the `nvml` feature).
     pub gpu_url: Option<String>,
     /// Time between scrapes.
     #[serde(with = "super::duration")]

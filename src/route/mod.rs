@@ -14,6 +14,7 @@
 
 mod backend;
 pub mod engine;
+pub mod nvml;
 mod observer;
 mod probe;
 mod scrape;

@@ -42,6 +42,8 @@ async fn run(backend: Weak<Backend>, cfg: MetricsConfig) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // The views of the last minute (the stats window): rates and means are taken over it.
     let mut history: std::collections::VecDeque<(Instant, EngineView)> = Default::default();
+    // NVML's "no GPU" is said once, not every interval.
+    let mut said_no_gpu = false;
     // Busy batch sizes over the same minute, for the roofline.
     let mut batches: std::collections::VecDeque<(Instant, f64)> = Default::default();
     loop {
@@ -51,8 +53,19 @@ async fn run(backend: Weak<Backend>, cfg: MetricsConfig) {
             Some(u) => fetch(&b, u, cfg.timeout).await,
             None => None,
         };
-        let gpu = match &cfg.gpu_url {
-            Some(u) => fetch(&b, u, cfg.timeout).await,
+        let gpu = match cfg.gpu_url.as_deref() {
+            Some("nvml") => match tokio::task::spawn_blocking(super::nvml::read).await {
+                Ok(Ok(view)) => Some(view),
+                Ok(Err(why)) => {
+                    if !said_no_gpu {
+                        tracing::warn!(backend = %b.name, "{why}");
+                        said_no_gpu = true;
+                    }
+                    None
+                }
+                Err(_) => None,
+            },
+            Some(u) => fetch(&b, u, cfg.timeout).await.map(|t| GpuView::parse(&t)),
             None => None,
         };
         let ok =
@@ -73,7 +86,6 @@ async fn run(backend: Weak<Backend>, cfg: MetricsConfig) {
             e.busy_batch = (!batches.is_empty())
                 .then(|| batches.iter().map(|b| b.1).sum::<f64>() / batches.len() as f64);
         }
-        let gpu = gpu.map(|t| GpuView::parse(&t));
         if let Some(e) = &engine {
             history.push_back((now, e.clone()));
         }
