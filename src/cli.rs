@@ -351,17 +351,7 @@ pub fn main() -> ExitCode {
     if let Cmd::Gpu = &cli.cmd {
         return match crate::route::nvml::read() {
             Ok(g) => {
-                println!(
-                    "{}",
-                    serde_json::json!({
-                        "count": g.count,
-                        "utilization": g.utilization,
-                        "memory_used_bytes": g.memory_used_bytes,
-                        "memory_total_bytes": g.memory_total_bytes,
-                        "power_watts": g.power_watts,
-                        "sm_clock_hz": g.sm_clock_hz,
-                    })
-                );
+                println!("{}", g.to_json());
                 ExitCode::SUCCESS
             }
             Err(why) => {

@@ -472,16 +472,7 @@ fn scrape_json(s: &crate::route::BackendStatus) -> serde_json::Value {
             "prefill_seconds": e.prefill_seconds,
         })
     });
-    let gpu = v.gpu.as_ref().map(|g| {
-        serde_json::json!({
-            "count": g.count,
-            "utilization": g.utilization,
-            "memory_used_bytes": g.memory_used_bytes,
-            "memory_total_bytes": g.memory_total_bytes,
-            "power_watts": g.power_watts,
-            "sm_clock_hz": g.sm_clock_hz,
-        })
-    });
+    let gpu = v.gpu.as_ref().map(crate::route::engine::GpuView::to_json);
     serde_json::json!({
         "age_ms": age.as_secs_f64() * 1e3,
         "fresh": s.scrape_fresh,

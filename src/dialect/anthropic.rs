@@ -97,10 +97,7 @@ fn reason(t: &Tag<'_>) -> Option<FinishReason> {
 /// Classifies one event's data, or a whole message body.
 pub fn classify(data: &[u8]) -> Observation<'_> {
     let Some(v) = read::<EventView<'_>>(data) else {
-        return Observation {
-            malformed: true,
-            ..Observation::default()
-        };
+        return Observation::malformed();
     };
     let mut o = Observation::default();
     match tag(&v.kind) {

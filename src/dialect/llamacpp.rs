@@ -34,10 +34,7 @@ struct EventView<'a> {
 /// Classifies one streamed event, or a whole body.
 pub fn classify(data: &[u8]) -> Observation<'_> {
     let Some(v) = read::<EventView<'_>>(data) else {
-        return Observation {
-            malformed: true,
-            ..Observation::default()
-        };
+        return Observation::malformed();
     };
     let mut o = Observation {
         output: v.content.0,

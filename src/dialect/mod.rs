@@ -105,6 +105,32 @@ impl EngineTimes {
     }
 }
 
+/// The names each dialect gives the output-token limit of a request.
+pub const MAX_TOKENS_PARAMS: [&str; 6] = [
+    "max_completion_tokens", // OpenAI chat
+    "max_tokens",            // OpenAI, Anthropic
+    "max_output_tokens",     // Responses API
+    "max_new_tokens",        // TGI `parameters`
+    "num_predict",           // Ollama `options`
+    "n_predict",             // llama.cpp
+];
+
+/// A sampling parameter of a request body, wherever its dialect keeps it: at the top level
+/// (OpenAI, Anthropic, llama.cpp), under `parameters` (TGI) or `options` (Ollama); the first of
+/// `names` found.
+pub fn request_param<'a>(
+    body: &'a serde_json::Map<String, serde_json::Value>,
+    names: &[&str],
+) -> Option<&'a serde_json::Value> {
+    let nested = body
+        .get("parameters")
+        .or_else(|| body.get("options"))
+        .and_then(serde_json::Value::as_object);
+    names
+        .iter()
+        .find_map(|n| body.get(*n).or_else(|| nested.and_then(|o| o.get(*n))))
+}
+
 /// The known inference endpoints whose JSON request body the gateway reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
@@ -243,6 +269,16 @@ pub struct Usage {
     pub cached_input: Option<u64>,
     /// Reasoning tokens (`completion_tokens_details.reasoning_tokens`).
     pub reasoning: Option<u64>,
+}
+
+impl Observation<'_> {
+    /// Data that was not the JSON its dialect expects.
+    pub fn malformed() -> Self {
+        Self {
+            malformed: true,
+            ..Self::default()
+        }
+    }
 }
 
 /// What one event (or one whole non-streaming body) means for measurement. Strings borrow from

@@ -49,10 +49,7 @@ struct MessageView {
 /// Classifies one NDJSON line, or a whole non-streaming body.
 pub fn classify(data: &[u8]) -> Observation<'_> {
     let Some(v) = read::<LineView<'_>>(data) else {
-        return Observation {
-            malformed: true,
-            ..Observation::default()
-        };
+        return Observation::malformed();
     };
     let message = v
         .message

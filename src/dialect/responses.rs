@@ -142,10 +142,7 @@ impl Whole<'_, '_> {
 /// Classifies one event's data, or a whole response body.
 pub fn classify(data: &[u8]) -> Observation<'_> {
     let Some(v) = read::<EventView<'_>>(data) else {
-        return Observation {
-            malformed: true,
-            ..Observation::default()
-        };
+        return Observation::malformed();
     };
     let mut o = Observation::default();
     let kind = tag(&v.kind);

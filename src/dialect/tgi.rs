@@ -34,10 +34,7 @@ struct DetailsView<'a> {
 /// Classifies one `generate_stream` event, or a whole `generate` body.
 pub fn classify(data: &[u8]) -> Observation<'_> {
     let Some(v) = read::<EventView<'_>>(data) else {
-        return Observation {
-            malformed: true,
-            ..Observation::default()
-        };
+        return Observation::malformed();
     };
     let mut o = Observation {
         error: v.error.0,

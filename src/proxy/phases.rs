@@ -117,16 +117,7 @@ impl Ctx {
         }
         self.authenticate()?;
         self.read_body(body).await?;
-        let sel = self.route()?;
-        if let Some(state) = self
-            .gw
-            .limiter
-            .admit_route(&sel.route.name)
-            .map_err(ProxyError::RateLimited)?
-        {
-            // A key's own limit is what its client watches; the route's when it has none.
-            self.rate.get_or_insert(state);
-        }
+        let sel = self.route_admitted()?;
         self.shadow(&sel);
         let (resp, guard) = self.attempt(&sel).await?;
         Ok(self.respond(&sel.route, resp, guard))
@@ -137,15 +128,7 @@ impl Ctx {
     /// session's, written when it ends.
     async fn tunnel(&mut self) -> Result<Response<ProxyBody>, ProxyError> {
         self.authenticate()?;
-        let sel = self.route()?;
-        if let Some(state) = self
-            .gw
-            .limiter
-            .admit_route(&sel.route.name)
-            .map_err(ProxyError::RateLimited)?
-        {
-            self.rate.get_or_insert(state);
-        }
+        let sel = self.route_admitted()?;
         let (client, upgrade) = self.upgrade.take().ok_or(ProxyError::BadUpstreamRequest)?;
         upstream_headers(&mut self.headers, self.client);
         let backend = Arc::clone(&sel.backend);
@@ -186,6 +169,21 @@ impl Ctx {
                 Ok(e.into_response().map(Either::Right))
             }
         }
+    }
+
+    /// Phase 3 (`route`) and the route's rate limit.
+    fn route_admitted(&mut self) -> Result<Selection, ProxyError> {
+        let sel = self.route()?;
+        if let Some(state) = self
+            .gw
+            .limiter
+            .admit_route(&sel.route.name)
+            .map_err(ProxyError::RateLimited)?
+        {
+            // A key's own limit is what its client watches; the route's when it has none.
+            self.rate.get_or_insert(state);
+        }
+        Ok(sel)
     }
 
     /// Phase 1½: with client keys configured, the request must present one (its name goes into

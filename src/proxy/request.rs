@@ -72,26 +72,8 @@ pub fn prepare_body(
             out.stream = s;
         }
     }
-    // Sampling parameters: top level (OpenAI, Anthropic, llama.cpp), `parameters` (TGI) or
-    // `options` (Ollama).
-    let nested = v
-        .get("parameters")
-        .or_else(|| v.get("options"))
-        .and_then(Value::as_object);
-    let param = |names: &[&str]| {
-        names
-            .iter()
-            .find_map(|n| v.get(*n).or_else(|| nested.and_then(|o| o.get(*n))))
-    };
-    out.params.max_tokens = param(&[
-        "max_completion_tokens",
-        "max_tokens",
-        "max_output_tokens",
-        "max_new_tokens",
-        "num_predict",
-        "n_predict",
-    ])
-    .and_then(Value::as_u64);
+    let param = |names: &[&str]| crate::dialect::request_param(&v, names);
+    out.params.max_tokens = param(&crate::dialect::MAX_TOKENS_PARAMS).and_then(Value::as_u64);
     out.params.temperature = param(&["temperature"]).and_then(Value::as_f64);
     out.params.top_p = param(&["top_p"]).and_then(Value::as_f64);
     if let Some(cap) = capture {

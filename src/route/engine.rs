@@ -172,6 +172,18 @@ impl EngineView {
 }
 
 impl GpuView {
+    /// As `/stats` and `inferscope gpu` show it.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "count": self.count,
+            "utilization": self.utilization,
+            "memory_used_bytes": self.memory_used_bytes,
+            "memory_total_bytes": self.memory_total_bytes,
+            "power_watts": self.power_watts,
+            "sm_clock_hz": self.sm_clock_hz,
+        })
+    }
+
     /// Reads a DCGM exporter's or nvidia_gpu_exporter's exposition.
     pub fn parse(text: &str) -> Self {
         const MIB: f64 = 1024.0 * 1024.0;

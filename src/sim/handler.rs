@@ -266,22 +266,10 @@ fn plan(state: &SimState, v: &Value, ep: Endpoint) -> Plan {
     let index = state.next_index.fetch_add(1, Ordering::Relaxed);
     let mut rng = Rng::new(state.opts.seed.wrapping_add(index));
     let p = &state.opts.profile;
-    let nested = v
-        .get("parameters")
-        .or_else(|| v.get("options"))
-        .and_then(Value::as_object);
-    let param = |n: &str| v.get(n).or_else(|| nested.and_then(|o| o.get(n)));
-    let max_tokens = [
-        "max_completion_tokens",
-        "max_tokens",
-        "max_output_tokens",
-        "max_new_tokens",
-        "num_predict",
-        "n_predict",
-    ]
-    .iter()
-    .find_map(|n| param(n))
-    .and_then(Value::as_u64);
+    let max_tokens = v
+        .as_object()
+        .and_then(|o| crate::dialect::request_param(o, &crate::dialect::MAX_TOKENS_PARAMS))
+        .and_then(Value::as_u64);
     let output_tokens = max_tokens
         .unwrap_or_else(|| u64::from(rng.range(p.min_output_tokens, p.max_output_tokens)))
         .max(1);
