@@ -20,25 +20,12 @@ struct EventView<'a> {
     delta: NonEmpty,
     #[serde(default, borrow)]
     response: Option<ResponseView<'a>>,
-    // A whole (non-streaming) response's fields.
+    /// `"response"` on a whole (non-streaming) body, which is then read as a `ResponseView`.
     #[serde(default, borrow)]
     object: Tag<'a>,
-    #[serde(default, borrow)]
-    id: Option<Str<'a>>,
-    #[serde(default, borrow)]
-    model: Option<Str<'a>>,
-    #[serde(default, borrow)]
-    status: Tag<'a>,
-    #[serde(default, borrow)]
-    output: Vec<ItemView<'a>>,
-    #[serde(default)]
-    usage: Option<UsageView>,
-    #[serde(default, borrow)]
-    incomplete_details: Option<Incomplete<'a>>,
-    #[serde(default)]
-    error: Present,
 }
 
+/// A response object: inside `response.*` events, or a whole body.
 #[derive(Deserialize)]
 struct ResponseView<'a> {
     #[serde(default, borrow)]
@@ -53,6 +40,8 @@ struct ResponseView<'a> {
     usage: Option<UsageView>,
     #[serde(default, borrow)]
     incomplete_details: Option<Incomplete<'a>>,
+    #[serde(default)]
+    error: Present,
 }
 
 #[derive(Deserialize)]
@@ -108,34 +97,29 @@ impl UsageView {
     }
 }
 
-/// A finished response's facts, from a terminal event's `response` or a whole body.
-struct Whole<'v, 'a> {
-    status: &'v Tag<'a>,
-    output: &'v [ItemView<'a>],
-    usage: &'v Option<UsageView>,
-    incomplete: &'v Option<Incomplete<'a>>,
-}
-
-impl Whole<'_, '_> {
-    fn apply(&self, o: &mut Observation<'_>) {
+impl<'a> ResponseView<'a> {
+    /// A finished response's facts: usage, output, finish reason, failure; the end.
+    fn finish(self, o: &mut Observation<'a>) {
         o.usage = self.usage.as_ref().map(UsageView::usage);
         o.output = self.output.iter().any(|i| i.content.0 || i.arguments.0);
         let tool = self
             .output
             .iter()
             .any(|i| matches!(tag(&i.kind), "function_call" | "custom_tool_call"));
-        o.finish = match tag(self.status) {
+        o.finish = match tag(&self.status) {
             "completed" if tool => Some(FinishReason::ToolCalls),
             "completed" => Some(FinishReason::Stop),
             "incomplete" => Some(FinishReason::parse(
-                self.incomplete
+                self.incomplete_details
                     .as_ref()
                     .map_or("incomplete", |i| tag(&i.reason)),
             )),
             _ => None,
         };
-        o.error = tag(self.status) == "failed";
+        o.error = tag(&self.status) == "failed" || self.error.0;
         o.done = true;
+        o.id = self.id.map(|s| s.0);
+        o.model = self.model.map(|s| s.0);
     }
 }
 
@@ -154,37 +138,20 @@ pub fn classify(data: &[u8]) -> Observation<'_> {
             }
         }
         "response.completed" | "response.incomplete" | "response.failed" => {
-            if let Some(r) = &v.response {
-                Whole {
-                    status: &r.status,
-                    output: &r.output,
-                    usage: &r.usage,
-                    incomplete: &r.incomplete_details,
-                }
-                .apply(&mut o);
+            if let Some(r) = v.response {
+                r.finish(&mut o);
                 // The deltas carried the output already.
                 o.output = false;
             }
             o.done = true;
             o.error |= kind == "response.failed";
-            if let Some(r) = v.response {
-                o.id = r.id.map(|s| s.0);
-                o.model = r.model.map(|s| s.0);
-            }
         }
         "error" => o.error = true,
-        "" if tag(&v.object) == "response" => {
-            Whole {
-                status: &v.status,
-                output: &v.output,
-                usage: &v.usage,
-                incomplete: &v.incomplete_details,
-            }
-            .apply(&mut o);
-            o.error |= v.error.0;
-            o.id = v.id.map(|s| s.0);
-            o.model = v.model.map(|s| s.0);
-        }
+        // A whole body: read once more, as the response it is (once per request).
+        "" if tag(&v.object) == "response" => match read::<ResponseView<'_>>(data) {
+            Some(r) => r.finish(&mut o),
+            None => return Observation::malformed(),
+        },
         k => o.output = k.ends_with(".delta") && v.delta.0,
     }
     o
