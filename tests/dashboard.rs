@@ -11,6 +11,7 @@ use inferscope::sim::Profile;
 use serde_json::Value;
 use std::path::PathBuf;
 use std::process::Command;
+use std::time::Duration;
 
 fn chromium() -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
@@ -113,9 +114,20 @@ async fn the_dashboard_shows_what_stats_says_in_a_real_browser() {
         .await;
         assert_eq!(r.status, 200);
     }
-    // The load has stopped: /stats and /experiments now hold still (but for rates over time).
-    let (_, body) = admin_get(gw.admin_addr, "/stats").await;
-    let stats: Value = serde_json::from_str(&body).unwrap();
+    // The load has stopped: /stats and /experiments now hold still (but for rates over time)
+    // once a scrape of the backend's engine has seen it idle (one taken during the last request
+    // says one is running; the page, loaded later, would show the next).
+    let t0 = std::time::Instant::now();
+    let stats: Value = loop {
+        let (_, body) = admin_get(gw.admin_addr, "/stats").await;
+        let stats: Value = serde_json::from_str(&body).unwrap();
+        let engine = &stats["backends"][0]["scrape"]["engine"];
+        if engine["running"].as_f64() == Some(0.0) && engine["waiting"].as_f64() == Some(0.0) {
+            break stats;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "{engine}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     let (_, body) = admin_get(gw.admin_addr, "/experiments").await;
     let exps: Value = serde_json::from_str(&body).unwrap();
 
