@@ -272,6 +272,16 @@ impl ClientTls {
         })
     }
 
+    /// The same trust and client certificate, offering `alpn` instead.
+    pub fn with_alpn(&self, alpn: &[&[u8]]) -> Self {
+        let mut config = ClientConfig::clone(&self.config);
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        Self {
+            config: Arc::new(config),
+            server_name: self.server_name.clone(),
+        }
+    }
+
     /// The rustls configuration (for clients built elsewhere, e.g. the gRPC exporter).
     pub fn config(&self) -> &Arc<ClientConfig> {
         &self.config

@@ -309,6 +309,11 @@ pub struct BackendConfig {
     /// TLS settings for an `https://` URL (absent: verified against the bundled Mozilla roots).
     #[serde(default)]
     pub tls: Option<ClientTlsConfig>,
+    /// Speak HTTP/2 to it: with prior knowledge over `http://` (h2c: the backend must accept
+    /// HTTP/2 without an upgrade), offered by ALPN over `https://` (HTTP/1.1 when the backend
+    /// picks it). Requests share multiplexed connections; WebSocket upgrades stay on HTTP/1.1.
+    #[serde(default)]
+    pub http2: bool,
     /// Run a simulated backend in-process instead of `url`.
     #[serde(default)]
     pub sim: Option<SimBackend>,

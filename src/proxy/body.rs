@@ -216,11 +216,11 @@ pub struct TooSlow;
 
 pin_project! {
     /// A streamed request body that fails (`TooSlow`) when the client does not keep `Pace`.
+    /// `Unpin` when `B` is (its timer is boxed): an HTTP/2 upstream connection needs that.
     pub struct PacedBody<B> {
         #[pin]
         inner: B,
-        #[pin]
-        timer: Sleep,
+        timer: Pin<Box<Sleep>>,
         progress: Progress,
         // The last poll returned a frame: a wait starts now.
         fresh: bool,
@@ -233,7 +233,7 @@ impl<B> PacedBody<B> {
         let progress = Progress::new(pace);
         Self {
             inner,
-            timer: tokio::time::sleep_until(progress.deadline()),
+            timer: Box::pin(tokio::time::sleep_until(progress.deadline())),
             progress,
             fresh: true,
         }
@@ -260,7 +260,7 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let mut this = self.project();
+        let this = self.project();
         match this.inner.poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(d) = frame.data_ref() {
@@ -279,7 +279,7 @@ where
                     let at = Instant::now() + this.progress.pace.silence.min(RATE_GRACE);
                     this.timer.as_mut().reset(at);
                 }
-                match this.timer.poll(cx) {
+                match this.timer.as_mut().poll(cx) {
                     Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(TooSlow)))),
                     Poll::Pending => Poll::Pending,
                 }

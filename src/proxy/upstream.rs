@@ -1,32 +1,39 @@
-//! The upstream HTTP/1.1 client: keep-alive connections pooled per backend authority, each one
-//! driven by the task that uses it rather than by a task of its own.
+//! The upstream client: HTTP/1.1 keep-alive connections pooled per backend authority, each one
+//! driven by the task that uses it rather than by a task of its own; and, for backends with
+//! `http2: true`, multiplexed HTTP/2 connections (`h2`).
 //!
-//! Why not hyper-util's pooled client: it runs every connection as a separate task that hands the
-//! response body over a one-slot channel, one decoded chunk at a time. The task forwarding to the
-//! client then wakes once per chunk and, finding the channel empty again, flushes after every
-//! chunk: when a backend writes chunks back to back (a burst after a stall, speculative decoding,
-//! a fast small model), one upstream read of 64 chunks became 64 downstream writes, twice the CPU
-//! per request of nginx (BENCHMARKS.md, "End-to-end"). Here the response body polls its own
-//! connection, so every chunk already in the read buffer is decoded and handed to the server
-//! connection in the same turn, and the server writes them together — without holding any chunk
-//! back: a chunk that arrives alone is written alone, at once. It also saves the task switch per
-//! chunk between the two tasks.
+//! Why not hyper-util's pooled client for HTTP/1: it runs every connection as a separate task that
+//! hands the response body over a one-slot channel, one decoded chunk at a time. The task
+//! forwarding to the client then wakes once per chunk and, finding the channel empty again,
+//! flushes after every chunk: when a backend writes chunks back to back (a burst after a stall,
+//! speculative decoding, a fast small model), one upstream read of 64 chunks became 64 downstream
+//! writes, twice the CPU per request of nginx (BENCHMARKS.md, "End-to-end"). Here the response
+//! body polls its own connection, so every chunk already in the read buffer is decoded and handed
+//! to the server connection in the same turn, and the server writes them together — without
+//! holding any chunk back: a chunk that arrives alone is written alone, at once. It also saves the
+//! task switch per chunk between the two tasks.
 //!
 //! Pool behaviour: an idle connection is checked when it is taken (closed by the backend, expired,
 //! not ready: dropped) and by a sweep every few seconds, so connections closed by the backend do not
 //! linger. A request that the backend never saw because its pooled connection had just closed is
-//! sent again on a new connection.
+//! sent again on a new connection. The same holds for HTTP/2 connections (`h2`), which a backend
+//! closes with GOAWAY.
+//!
+//! HTTP/2 is spoken with prior knowledge over `http://` (h2c) and offered by ALPN over `https://`;
+//! a TLS backend that picks HTTP/1.1 gets HTTP/1.1 from then on.
+
+mod h2;
 
 use crate::tls::{ClientTls, Stream};
 use bytes::Bytes;
 use http::uri::{Authority, PathAndQuery};
-use http::{header, HeaderValue, Request, Response, Uri};
+use http::{header, HeaderValue, Request, Response, Uri, Version};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, Connection, SendRequest};
 use hyper_util::rt::TokioIo;
 use parking_lot::Mutex;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::AtomicU64;
@@ -44,7 +51,7 @@ type Conn = Connection<TokioIo<Stream>, UpstreamRequestBody>;
 /// Connections are pooled per authority and TLS configuration (one backend's client
 /// certificate or CA is not another's).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct Key {
+pub(crate) struct Key {
     authority: Authority,
     tls: usize,
 }
@@ -103,6 +110,9 @@ impl Driver {
 #[derive(Default)]
 struct Pool {
     idle: Mutex<HashMap<Key, Vec<Idle>>>,
+    h2: h2::Pool,
+    /// TLS backends asked for HTTP/2 that chose HTTP/1.1 by ALPN.
+    h1_only: Mutex<HashSet<Key>>,
 }
 
 impl Pool {
@@ -139,6 +149,7 @@ impl std::fmt::Debug for UpstreamClient {
         let idle: usize = self.pool.lock().values().map(Vec::len).sum();
         f.debug_struct("UpstreamClient")
             .field("idle_connections", &idle)
+            .field("h2_connections", &self.pool.h2.len())
             .field("connect_timeout", &self.connect_timeout)
             .finish()
     }
@@ -165,12 +176,13 @@ impl UpstreamClient {
     }
 
     /// Sends `req` (absolute `http://` URI, or `https://` with `tls`) and waits for the response
-    /// head. The response body drives the connection; read to its end, the connection goes back
-    /// to the pool.
+    /// head, over HTTP/2 when `http2` (see the module's notes), else HTTP/1.1. The response body
+    /// drives an HTTP/1 connection; read to its end, the connection goes back to the pool.
     pub async fn request(
         &self,
         mut req: Request<UpstreamRequestBody>,
         tls: Option<&Arc<ClientTls>>,
+        http2: bool,
     ) -> Result<Response<UpstreamResponseBody>, UpstreamError> {
         let uri = req.uri().clone();
         match (uri.scheme_str(), tls) {
@@ -182,12 +194,19 @@ impl UpstreamClient {
             tls: tls.map_or(0, |t| Arc::as_ptr(t) as usize),
             authority,
         };
+        if http2 && !self.pool.h1_only.lock().contains(&key) {
+            req = match self.request_h2(req, &key, tls).await {
+                Ok(resp) => return resp,
+                Err(back) => back,
+            };
+        }
         // Origin form on the wire, and the Host header the absolute URI implied.
         let pq = uri
             .path_and_query()
             .cloned()
             .unwrap_or_else(|| PathAndQuery::from_static("/"));
         *req.uri_mut() = Uri::from(pq);
+        *req.version_mut() = Version::HTTP_11;
         if !req.headers().contains_key(header::HOST) {
             if let Ok(v) = HeaderValue::from_str(key.authority.as_str()) {
                 req.headers_mut().insert(header::HOST, v);
@@ -209,7 +228,7 @@ impl UpstreamClient {
                 Ok(resp) => {
                     return Ok(resp.map(|incoming| UpstreamResponseBody {
                         incoming,
-                        driver: Some(driver),
+                        link: Some(Link::H1(driver)),
                     }))
                 }
                 // A pooled connection that closed before it took the request: the backend never
@@ -221,6 +240,80 @@ impl UpstreamClient {
                 Err(e) => return Err(tls_refusal(e.into_error())),
             }
         }
+    }
+
+    /// `request` over HTTP/2; the request back when the backend chose HTTP/1.1 by ALPN.
+    async fn request_h2(
+        &self,
+        mut req: Request<UpstreamRequestBody>,
+        key: &Key,
+        tls: Option<&Arc<ClientTls>>,
+    ) -> Result<Result<Response<UpstreamResponseBody>, UpstreamError>, Request<UpstreamRequestBody>>
+    {
+        // The absolute URI gives `:scheme` and `:authority`; no Host header beside them.
+        *req.version_mut() = Version::HTTP_2;
+        req.headers_mut().remove(header::HOST);
+        // A request given back by a closing connection goes again, once.
+        let mut again = true;
+        loop {
+            let slot = match self.pool.h2.take(key) {
+                Some(s) => s,
+                None => match self.pool.h2.dial(key, self.open_h2(key, tls)).await {
+                    Ok(true) => continue,
+                    Ok(false) => return Err(req),
+                    Err((kind, msg)) => {
+                        return Ok(Err(UpstreamError::Connect(std::io::Error::new(kind, msg))))
+                    }
+                },
+            };
+            match slot.sender().try_send_request(req).await {
+                Ok(resp) => {
+                    return Ok(Ok(resp.map(|incoming| UpstreamResponseBody {
+                        incoming,
+                        link: Some(Link::H2(slot)),
+                    })))
+                }
+                Err(mut e) => match e.take_message() {
+                    Some(back) if std::mem::take(&mut again) => {
+                        self.pool.h2.retire(&slot);
+                        req = back;
+                    }
+                    _ => return Ok(Err(tls_refusal(e.into_error()))),
+                },
+            }
+        }
+    }
+
+    /// Opens a connection for a backend asked for HTTP/2: an HTTP/2 connection, or — over TLS
+    /// when the backend picks HTTP/1.1 — an HTTP/1 one, pooled as such (`Ok(None)`).
+    async fn open_h2(
+        &self,
+        key: &Key,
+        tls: Option<&Arc<ClientTls>>,
+    ) -> Result<Option<h2::Conn>, h2::DialError> {
+        let failed = |e: std::io::Error| (e.kind(), e.to_string());
+        let stream = self.open(key, tls).await.map_err(failed)?;
+        if tls.is_none() || stream.alpn() == Some(b"h2") {
+            let streams = self.pool.h2.known_limit(key);
+            return h2::handshake(stream, key.clone(), streams).await.map(Some);
+        }
+        let driver = self.handshake_h1(key, stream).await.map_err(|e| match e {
+            UpstreamError::Connect(e) => failed(e),
+            e => (std::io::ErrorKind::Other, e.to_string()),
+        })?;
+        self.pool.h1_only.lock().insert(key.clone());
+        let Driver {
+            sender, conn, rx, ..
+        } = driver;
+        if let Some(conn) = conn {
+            self.pool.lock().entry(key.clone()).or_default().push(Idle {
+                sender,
+                conn,
+                since: Instant::now(),
+                rx,
+            });
+        }
+        Ok(None)
     }
 
     fn checkout(&self, key: &Key) -> Option<Driver> {
@@ -251,14 +344,11 @@ impl UpstreamClient {
         found
     }
 
-    async fn connect(
-        &self,
-        key: &Key,
-        tls: Option<&Arc<ClientTls>>,
-    ) -> Result<Driver, UpstreamError> {
+    /// A TCP (and TLS) connection to the backend.
+    async fn open(&self, key: &Key, tls: Option<&Arc<ClientTls>>) -> std::io::Result<Stream> {
         let default_port = if tls.is_some() { 443 } else { 80 };
         let port = key.authority.port_u16().unwrap_or(default_port);
-        let stream = crate::tls::connect_with(
+        crate::tls::connect_with(
             key.authority.host(),
             port,
             tls.map(|t| t.as_ref()),
@@ -266,7 +356,18 @@ impl UpstreamClient {
             self.stamps,
         )
         .await
-        .map_err(UpstreamError::Connect)?;
+    }
+
+    async fn connect(
+        &self,
+        key: &Key,
+        tls: Option<&Arc<ClientTls>>,
+    ) -> Result<Driver, UpstreamError> {
+        let stream = self.open(key, tls).await.map_err(UpstreamError::Connect)?;
+        self.handshake_h1(key, stream).await
+    }
+
+    async fn handshake_h1(&self, key: &Key, stream: Stream) -> Result<Driver, UpstreamError> {
         let rx = stream.rx_cell();
         let (sender, conn) = http1::Builder::new()
             .handshake(TokioIo::new(stream))
@@ -301,6 +402,7 @@ async fn sweep(pool: Weak<Pool>, idle_timeout: Duration) {
     loop {
         tokio::time::sleep(every).await;
         let Some(pool) = pool.upgrade() else { return };
+        pool.h2.sweep(idle_timeout);
         let mut idle = pool.lock();
         for list in idle.values_mut() {
             list.retain_mut(|c| still_usable(c, idle_timeout));
@@ -309,11 +411,23 @@ async fn sweep(pool: Weak<Pool>, idle_timeout: Duration) {
     }
 }
 
-/// A response body that drives its own upstream connection; at its end the connection returns
-/// to the pool, dropped early it closes the connection (the backend stops generating).
+/// Whose connection a response came on. (The HTTP/1 driver stays inline: boxing it would cost an
+/// allocation per request on the common path, to shrink a value that is built once and moved
+/// little.)
+#[allow(clippy::large_enum_variant)]
+enum Link {
+    /// An HTTP/1 connection, driven by the body.
+    H1(Driver),
+    /// A stream of a shared HTTP/2 connection.
+    H2(h2::Slot),
+}
+
+/// A response body. Over HTTP/1 it drives its own upstream connection; at its end the connection
+/// returns to the pool, dropped early it closes the connection (the backend stops generating).
+/// Over HTTP/2, dropped early it resets its stream (RST_STREAM, CANCEL: the same for the backend).
 pub struct UpstreamResponseBody {
     incoming: Incoming,
-    driver: Option<Driver>,
+    link: Option<Link>,
 }
 
 impl std::fmt::Debug for UpstreamResponseBody {
@@ -325,12 +439,21 @@ impl std::fmt::Debug for UpstreamResponseBody {
 
 impl UpstreamResponseBody {
     /// The connection's latest kernel receive stamp (`clock::pack`), for the meter.
+    /// Over HTTP/2 the latest read may have brought another stream's frames.
     pub fn rx_cell(&self) -> Option<Arc<AtomicU64>> {
-        self.driver.as_ref().map(|d| Arc::clone(&d.rx))
+        match self.link.as_ref()? {
+            Link::H1(d) => Some(Arc::clone(&d.rx)),
+            Link::H2(s) => Some(Arc::clone(s.rx())),
+        }
+    }
+
+    /// The HTTP version the response came over.
+    pub fn is_h2(&self) -> bool {
+        matches!(self.link, Some(Link::H2(_)))
     }
 
     fn release(&mut self) {
-        let Some(mut d) = self.driver.take() else {
+        let Some(Link::H1(mut d)) = self.link.take() else {
             return;
         };
         let Some(mut conn) = d.conn.take() else {
@@ -361,7 +484,7 @@ impl Body for UpstreamResponseBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = &mut *self;
-        if let Some(d) = this.driver.as_mut() {
+        if let Some(Link::H1(d)) = this.link.as_mut() {
             d.poll_conn(cx);
         }
         let next = Pin::new(&mut this.incoming).poll_frame(cx);
@@ -370,8 +493,8 @@ impl Body for UpstreamResponseBody {
             // stops polling (it asks `is_end_stream`).
             Poll::Ready(None) => this.release(),
             Poll::Ready(Some(Ok(_))) if this.incoming.is_end_stream() => this.release(),
-            // A broken connection is not pooled.
-            Poll::Ready(Some(Err(_))) => this.driver = None,
+            // A broken connection is not pooled (over HTTP/2 only the stream broke).
+            Poll::Ready(Some(Err(_))) => this.link = None,
             _ => {}
         }
         next

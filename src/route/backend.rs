@@ -48,8 +48,13 @@ pub struct Backend {
     pub name: Arc<str>,
     /// Base URI: scheme, authority, and the API root path when the URL has one.
     pub base: Uri,
-    /// TLS for `https://` backends.
+    /// TLS for `https://` backends, offering HTTP/1.1 (probes, scrapes, WebSocket upgrades, and
+    /// requests unless `http2`).
     pub tls: Option<Arc<crate::tls::ClientTls>>,
+    /// Requests go over HTTP/2 (`http2: true`).
+    pub http2: bool,
+    /// With `http2` over TLS: the same settings offering `h2` first, then `http/1.1`.
+    tls_h2: Option<Arc<crate::tls::ClientTls>>,
     /// Provider label.
     pub provider: Arc<str>,
     /// The key header sent upstream (`Authorization: Bearer …` or e.g. `x-api-key`), from
@@ -146,7 +151,23 @@ impl Backend {
     /// Reaches the backend over TLS.
     pub fn with_tls(mut self, tls: Option<Arc<crate::tls::ClientTls>>) -> Self {
         self.tls = tls;
+        let http2 = self.http2;
+        self.with_http2(http2)
+    }
+
+    /// Sends requests over HTTP/2 (`http2: true`) or HTTP/1.1.
+    pub fn with_http2(mut self, http2: bool) -> Self {
+        self.http2 = http2;
+        self.tls_h2 = match (&self.tls, http2) {
+            (Some(t), true) => Some(Arc::new(t.with_alpn(&[b"h2", b"http/1.1"]))),
+            _ => None,
+        };
         self
+    }
+
+    /// The TLS settings requests use (offering `h2` when `http2`).
+    pub fn request_tls(&self) -> Option<&Arc<crate::tls::ClientTls>> {
+        self.tls_h2.as_ref().or(self.tls.as_ref())
     }
 
     /// Places it on a roofline.
@@ -225,6 +246,8 @@ impl Backend {
             name: name.into(),
             base,
             tls: None,
+            http2: false,
+            tls_h2: None,
             provider,
             authorization,
             weight,

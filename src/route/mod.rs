@@ -326,6 +326,7 @@ impl Router {
                     b.outlier.clone(),
                 )
                 .with_tls(tls)
+                .with_http2(b.http2)
                 .with_roofline(
                     b.model
                         .zip(b.gpu.as_ref().and_then(crate::stats::roofline::Peak::of)),

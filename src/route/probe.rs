@@ -6,10 +6,13 @@ use super::Backend;
 use crate::config::{Config, ProbeConfig};
 use bytes::Bytes;
 use http::uri::PathAndQuery;
+use http::HeaderValue;
 use http::StatusCode;
 use http_body_util::{BodyExt, Empty, Limited};
-use hyper_util::rt::TokioIo;
+use hyper::client::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 /// Starts one probe task per backend that configures `probe:`.
 pub fn spawn_probes(config: &Config, backends: &[Arc<Backend>]) {
@@ -23,19 +26,19 @@ pub fn spawn_probes(config: &Config, backends: &[Arc<Backend>]) {
 }
 
 /// One GET on a connection of its own, of `target`: a path under the backend's URL (over TLS
-/// for an `https://` backend, with the backend's key), or an absolute `http(s)://` URL of another
-/// server (the backend's TLS settings for `https`, no key). Returns the status and up to `limit`
-/// bytes of the body (`None` past it).
+/// for an `https://` backend, with the backend's key, over HTTP/2 when it has `http2`), or an
+/// absolute `http(s)://` URL of another server (HTTP/1.1; the backend's TLS settings for `https`,
+/// no key). Returns the status and up to `limit` bytes of the body (`None` past it).
 pub(super) async fn get(b: &Backend, target: &str, limit: usize) -> Option<(StatusCode, Bytes)> {
-    let (uri, tls, key) = if target.starts_with('/') {
+    let (uri, tls, own) = if target.starts_with('/') {
         let pq = b.upstream_path(Some(&PathAndQuery::try_from(target).ok()?))?;
         let mut parts = b.base.clone().into_parts();
         parts.path_and_query = Some(pq);
-        (http::Uri::from_parts(parts).ok()?, b.tls.as_deref(), true)
+        (http::Uri::from_parts(parts).ok()?, b.request_tls(), true)
     } else {
         let uri: http::Uri = target.parse().ok()?;
         let tls = (uri.scheme_str() == Some("https"))
-            .then_some(b.tls.as_deref())
+            .then_some(b.tls.as_ref())
             .flatten();
         (uri, tls, false)
     };
@@ -45,24 +48,32 @@ pub(super) async fn get(b: &Backend, target: &str, limit: usize) -> Option<(Stat
     }
     let host = uri.host()?;
     let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
-    let stream = crate::tls::connect(host, port, tls, std::time::Duration::from_secs(30))
+    let stream = crate::tls::connect(host, port, tls.map(|t| &**t), Duration::from_secs(30))
         .await
         .ok()?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .ok()?;
-    let driver = tokio::spawn(conn);
-    let pq = uri.path_and_query().map_or("/", |p| p.as_str());
-    let mut req = http::Request::get(pq)
-        .header(http::header::HOST, uri.authority()?.as_str())
-        .body(Empty::<Bytes>::new())
-        .ok()?;
-    if key {
+    let h2 = own && b.http2 && (!https || stream.alpn() == Some(b"h2"));
+    let mut req = http::Request::get(&uri).body(Empty::<Bytes>::new()).ok()?;
+    if own {
         if let Some((name, value)) = &b.authorization {
             req.headers_mut().insert(name.clone(), value.clone());
         }
     }
-    let resp = sender.send_request(req).await.ok()?;
+    let io = TokioIo::new(stream);
+    let (resp, driver) = if h2 {
+        // The absolute URI gives `:scheme` and `:authority`.
+        *req.version_mut() = http::Version::HTTP_2;
+        let (mut sender, conn) = http2::handshake(TokioExecutor::new(), io).await.ok()?;
+        let driver = tokio::spawn(conn);
+        (sender.send_request(req).await, driver.abort_handle())
+    } else {
+        let authority = HeaderValue::from_str(uri.authority()?.as_str()).ok()?;
+        *req.uri_mut() = uri.path_and_query()?.as_str().parse().ok()?;
+        req.headers_mut().insert(http::header::HOST, authority);
+        let (mut sender, conn) = http1::handshake(io).await.ok()?;
+        let driver = tokio::spawn(conn);
+        (sender.send_request(req).await, driver.abort_handle())
+    };
+    let resp = resp.ok()?;
     let status = resp.status();
     let body = Limited::new(resp.into_body(), limit).collect().await;
     driver.abort();

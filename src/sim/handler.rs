@@ -91,7 +91,8 @@ pub(super) async fn handle(
     req: http::Request<Incoming>,
 ) -> Option<Response<SimBody>> {
     let faults = state.faults.read().clone();
-    if faults.refuse {
+    // Refused: the connection closes without an answer.
+    if faults.refuse || (state.opts.http2_only && req.version() != http::Version::HTTP_2) {
         return None;
     }
     Some(respond(state, req, faults).await)
@@ -140,6 +141,18 @@ async fn respond(
         .get("traceparent")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
+    let (version, peer) = (
+        req.version(),
+        req.extensions()
+            .get::<crate::server::ClientAddr>()
+            .map(|a| a.0),
+    );
+    let truth = |index, path, body: &Bytes| {
+        let mut t = Truth::new(index, path, body.to_vec(), traceparent.clone(), arrival);
+        t.version = version;
+        t.peer = peer;
+        t
+    };
     match (req.method(), path.as_str()) {
         // As vLLM answers it: 200 with an empty body (`content-length: 0`).
         (&Method::GET, "/health") => Response::new(Either::Left(Full::new(Bytes::new()))),
@@ -169,14 +182,13 @@ async fn respond(
                 if rng.unit() < faults.error_rate {
                     let status = StatusCode::from_u16(faults.error_status.unwrap_or(503))
                         .unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
-                    let mut truth =
-                        Truth::new(plan.gen.index, path, body.to_vec(), traceparent, arrival);
+                    let mut truth = truth(plan.gen.index, path, &body);
                     truth.completed = true;
                     finish(&state, truth);
                     return error(status, "injected fault");
                 }
             }
-            let mut truth = Truth::new(plan.gen.index, path, body.to_vec(), traceparent, arrival);
+            let mut truth = truth(plan.gen.index, path, &body);
             truth.prompt_tokens = plan.gen.prompt_tokens;
             truth.output_tokens = plan.gen.output_tokens;
             if plan.stream {

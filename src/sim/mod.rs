@@ -52,6 +52,11 @@ pub struct SimOptions {
     /// Last `Authorization` / `x-api-key` header values seen (for tests that check what reached
     /// the backend).
     pub keep_credentials: bool,
+    /// Answer HTTP/2 only (prior knowledge over plain TCP, as gRPC-style servers speak): an
+    /// HTTP/1.1 request gets no answer, its connection closes.
+    pub http2_only: bool,
+    /// Streams one HTTP/2 connection may have open (`SETTINGS_MAX_CONCURRENT_STREAMS`).
+    pub h2_max_streams: u32,
 }
 
 impl SimOptions {
@@ -67,6 +72,8 @@ impl SimOptions {
             api_key: None,
             tls: None,
             keep_credentials: false,
+            http2_only: false,
+            h2_max_streams: 256,
         }
     }
 }
@@ -115,6 +122,10 @@ pub struct Truth {
     pub traceparent: Option<String>,
     /// Instant the request head was handled.
     pub arrival: Instant,
+    /// The HTTP version it came over.
+    pub version: http::Version,
+    /// The address of the connection it came on (one per connection).
+    pub peer: Option<std::net::SocketAddr>,
     /// Every write, in order.
     pub sent: Vec<Sent>,
     /// Every byte of the response body, in order.
@@ -143,6 +154,8 @@ impl Truth {
             request,
             traceparent,
             arrival,
+            version: http::Version::HTTP_11,
+            peer: None,
             sent: Vec::new(),
             bytes: Vec::new(),
             prompt_tokens: 0,
@@ -279,6 +292,7 @@ pub fn spawn(
         tls: state.opts.tls.clone(),
         // Its truth is its own clock's; stamped reads would only add cost to benchmarks.
         kernel_clock: false,
+        h2_max_streams: state.opts.h2_max_streams,
         ..ServerOptions::default()
     };
     tokio::spawn(server::run(listener, service, opts, shutdown));
