@@ -1,9 +1,10 @@
-//! End-to-end comparison, in one run on one machine: the simulator directly, through inferscope,
-//! and through nginx (`proxy_buffering off`, HTTP/1.1 keep-alive upstream). Every party is its own
+//! End-to-end comparison, in one run on one machine: the simulator directly, through inferscope
+//! (HTTP/1.1 upstream, and HTTP/2 upstream as `inferscope-h2`), and through nginx
+//! (`proxy_buffering off`, HTTP/1.1 keep-alive upstream). Every party is its own
 //! process: the proxy under test pinned to core 0, the simulator and the load generator
 //! (`inferscope bench`) to core 1, so both proxies get the same core and nothing else on it.
 //!
-//! Phases (each repeated `ROUNDS` times, the order of the three targets rotated per round; a
+//! Phases (each repeated `ROUNDS` times, the order of the targets rotated per round; a
 //! figure is the median over rounds of the per-round value):
 //! 1. latency: closed loop at concurrency 1, 64 and 512, streams of 64 chunks 20 ms apart; added
 //!    TTFT and added inter-chunk gap (p50, p99) = proxied minus direct in the same round; proxy CPU
@@ -14,12 +15,13 @@
 //! 4. the same throughput run with each proxy capped to `CAP_PCT`% of one core (cgroup v1 CPU
 //!    quota), so the proxy is the bottleneck: requests/s on the same share of a core;
 //! 5. concurrent streams: `STREAMS` (default 10,000) streams held at once, 16 chunks 1 s apart,
-//!    over HTTP/2 from the client (100 streams per connection) and HTTP/1.1 upstream: peak proxy RSS and how
-//!    many completed.
+//!    over HTTP/2 from the client (100 streams per connection) and HTTP/1.1 upstream (HTTP/2 for
+//!    `inferscope-h2`): peak proxy RSS and how many completed.
 //!
 //! Run: `cargo bench --bench e2e_compare` (needs `nginx` and `taskset` on PATH; environment:
 //! `KERNEL_CLOCK` (true: the gateway's `limits.kernel_clock`), `ROUNDS` (3), `RATE_ROUNDS` (5, the open-loop phase), `LEVELS` (1,64,512), `STREAMS` (10000), `PHASES` (latency,rate,throughput,capped,streams), `CAP_PCT` (25),
-//! `TARGETS` of the streams phase (direct,inferscope,nginx), `PIN` (1), `PROXY_BIN` (another
+//! `TARGETS` (direct,inferscope,inferscope-h2,nginx: `inferscope-h2` is inferscope with HTTP/2
+//! upstream connections, h2c with prior knowledge), `PIN` (1), `PROXY_BIN` (another
 //! inferscope build as the proxy under test; the simulator and client stay this build's)). Writes the table to stdout and everything to `target/e2e_compare.json`.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
@@ -191,17 +193,20 @@ fn start(mut cmd: Command, port: u16) -> Proc {
     Proc { child }
 }
 
-fn inferscope(dir: &Path, upstream: u16) -> (Proc, u16) {
+/// inferscope with HTTP/1.1 upstream connections, or HTTP/2 ones (`http2`: h2c with prior
+/// knowledge, the `inferscope-h2` target).
+fn inferscope(dir: &Path, upstream: u16, http2: bool) -> (Proc, u16) {
     let (port, admin) = (free_port(), free_port());
-    let cfg = dir.join("inferscope.yaml");
+    let name = if http2 { "inferscope-h2" } else { "inferscope" };
+    let cfg = dir.join(format!("{name}.yaml"));
     std::fs::write(
         &cfg,
         format!(
             "listen: 127.0.0.1:{port}\nadmin: {{ listen: 127.0.0.1:{admin} }}\n\
              access_log: {{ path: {:?} }}\nlimits: {{ max_concurrent_requests: 50000, kernel_clock: {} }}\n\
-             backends:\n  - {{ name: sim, url: \"http://127.0.0.1:{upstream}\" }}\n\
+             backends:\n  - {{ name: sim, url: \"http://127.0.0.1:{upstream}\", http2: {http2} }}\n\
              routes:\n  - {{ name: all, backends: [sim] }}\n",
-            dir.join("inferscope-access.jsonl"),
+            dir.join(format!("{name}-access.jsonl")),
             env_or("KERNEL_CLOCK", "true")
         ),
     )
@@ -318,25 +323,51 @@ fn args(list: &[&str]) -> Vec<String> {
 enum Target {
     Direct,
     Inferscope,
+    /// inferscope with HTTP/2 (h2c) upstream connections.
+    InferscopeH2,
     Nginx,
 }
 
 impl Target {
+    const ALL: [Target; 4] = [
+        Target::Direct,
+        Target::Inferscope,
+        Target::InferscopeH2,
+        Target::Nginx,
+    ];
+
     fn name(self) -> &'static str {
         match self {
             Target::Direct => "direct",
             Target::Inferscope => "inferscope",
+            Target::InferscopeH2 => "inferscope-h2",
             Target::Nginx => "nginx",
         }
     }
+
+    fn is_inferscope(self) -> bool {
+        matches!(self, Target::Inferscope | Target::InferscopeH2)
+    }
+
+    /// The targets `TARGETS` names (every one by default).
+    fn chosen() -> Vec<Target> {
+        let only = env_or("TARGETS", "direct,inferscope,inferscope-h2,nginx");
+        let names: Vec<&str> = only.split(',').map(str::trim).collect();
+        Target::ALL
+            .into_iter()
+            .filter(|t| names.contains(&t.name()))
+            .collect()
+    }
 }
 
-/// The three targets in front of one simulator.
+/// The targets in front of one simulator.
 struct Stage {
     _sim: Proc,
     sim_port: u16,
     gw: Proc,
     gw_port: u16,
+    gw_h2: Proc,
+    gw_h2_port: u16,
     nginx: Proc,
     nginx_port: u16,
     nginx_h2: u16,
@@ -345,13 +376,16 @@ struct Stage {
 impl Stage {
     fn new(dir: &Path, ttft_ms: f64, tpot_ms: f64) -> Stage {
         let (sim, sim_port) = sim(dir, "sim", ttft_ms, tpot_ms);
-        let (gw, gw_port) = inferscope(dir, sim_port);
+        let (gw, gw_port) = inferscope(dir, sim_port, false);
+        let (gw_h2, gw_h2_port) = inferscope(dir, sim_port, true);
         let (nginx, nginx_port, nginx_h2) = nginx(dir, sim_port);
         Stage {
             _sim: sim,
             sim_port,
             gw,
             gw_port,
+            gw_h2,
+            gw_h2_port,
             nginx,
             nginx_port,
             nginx_h2,
@@ -361,6 +395,7 @@ impl Stage {
         match t {
             Target::Direct => self.sim_port,
             Target::Inferscope => self.gw_port,
+            Target::InferscopeH2 => self.gw_h2_port,
             Target::Nginx if h2 => self.nginx_h2,
             Target::Nginx => self.nginx_port,
         }
@@ -369,6 +404,7 @@ impl Stage {
         match t {
             Target::Direct => None,
             Target::Inferscope => Some(&self.gw),
+            Target::InferscopeH2 => Some(&self.gw_h2),
             Target::Nginx => Some(&self.nginx),
         }
     }
@@ -385,8 +421,8 @@ struct Run {
     overhead_p99_ms: Option<f64>,
 }
 
-fn access_lines(dir: &Path) -> Vec<String> {
-    std::fs::read_to_string(dir.join("inferscope-access.jsonl"))
+fn access_lines(dir: &Path, t: Target) -> Vec<String> {
+    std::fs::read_to_string(dir.join(format!("{}-access.jsonl", t.name())))
         .unwrap_or_default()
         .lines()
         .map(str::to_string)
@@ -399,16 +435,16 @@ fn access_lines(dir: &Path) -> Vec<String> {
 fn run(stage: &Stage, dir: &Path, t: Target, a: &[String], warmup: usize) -> Run {
     // The access log is flushed within 100 ms.
     std::thread::sleep(Duration::from_millis(300));
-    let logged = access_lines(dir).len() + if t == Target::Inferscope { warmup } else { 0 };
+    let logged = access_lines(dir, t).len() + if t.is_inferscope() { warmup } else { 0 };
     let cpu0 = stage.proxy(t).map_or(0.0, Proc::cpu_s);
     let mut a = a.to_vec();
     a.extend(args(&["--warmup", &warmup.to_string()]));
     let report = client(dir, stage.port(t, false), &a);
     let cpu_s = stage.proxy(t).map_or(0.0, Proc::cpu_s) - cpu0;
     let (rss_mib, peak_rss_mib) = stage.proxy(t).map_or((0.0, 0.0), Proc::rss_mib);
-    let overhead_p99_ms = (t == Target::Inferscope).then(|| {
+    let overhead_p99_ms = t.is_inferscope().then(|| {
         std::thread::sleep(Duration::from_millis(300));
-        let mut v: Vec<f64> = access_lines(dir)[logged..]
+        let mut v: Vec<f64> = access_lines(dir, t)[logged..]
             .iter()
             .filter_map(|l| serde_json::from_str::<Value>(l).ok()?["overhead_ms"].as_f64())
             .collect();
@@ -458,9 +494,14 @@ fn back_to_back() -> Vec<String> {
     ])
 }
 
+/// Every target, the order rotated by `round` (direct is always measured: "added" is against it).
 fn rotation(round: usize) -> Vec<Target> {
-    let all = [Target::Direct, Target::Inferscope, Target::Nginx];
-    (0..3).map(|i| all[(round + i) % 3]).collect()
+    let mut all = Target::chosen();
+    if !all.contains(&Target::Direct) {
+        all.insert(0, Target::Direct);
+    }
+    let n = all.len();
+    (0..n).map(|i| all[(round + i) % n]).collect()
 }
 
 fn f(v: &Value) -> f64 {
@@ -472,7 +513,13 @@ fn latency_rows(label: &str, rounds: &[Vec<(Target, Run)>], out: &mut Vec<Value>
     fn get(round: &[(Target, Run)], t: Target) -> &Run {
         &round.iter().find(|(x, _)| *x == t).unwrap().1
     }
-    for t in [Target::Inferscope, Target::Nginx] {
+    let proxies = rounds[0]
+        .iter()
+        .map(|(t, _)| *t)
+        .filter(|t| *t != Target::Direct);
+    let mut proxies: Vec<Target> = proxies.collect();
+    proxies.sort_by_key(|t| Target::ALL.iter().position(|x| x == t));
+    for t in proxies {
         let added = |key: &str, q: &str| {
             median(
                 rounds
@@ -560,7 +607,7 @@ fn capped(dir: &Path, rounds: usize, rows: &mut Vec<Value>) {
         println!("capped phase skipped: cannot create a cpu cgroup");
         return;
     };
-    if !(cap.add(&stage.gw) && cap.add(&stage.nginx)) {
+    if !(cap.add(&stage.gw) && cap.add(&stage.gw_h2) && cap.add(&stage.nginx)) {
         println!("capped phase skipped: cannot move the proxies into the cgroup");
         return;
     }
@@ -578,11 +625,7 @@ fn capped(dir: &Path, rounds: usize, rows: &mut Vec<Value>) {
 /// are open.
 fn streams(dir: &Path, n: usize) -> Vec<Value> {
     let mut rows = Vec::new();
-    let only = env_or("TARGETS", "direct,inferscope,nginx");
-    for t in [Target::Direct, Target::Inferscope, Target::Nginx] {
-        if !only.contains(t.name()) {
-            continue;
-        }
+    for t in Target::chosen() {
         // A fresh stage per target: the peak RSS is this phase's alone.
         let stage = Stage::new(dir, 50.0, 1000.0);
         let port = stage.port(t, true);
