@@ -245,11 +245,25 @@ enum Cmd {
         config: Option<PathBuf>,
     },
     /// Quality check of an experiment: run a dataset through the gateway once per variant and
-    /// compare accuracy (or, with --generate N, print a quiz dataset the simulator can answer).
+    /// compare accuracy; with --perplexity, score a reference text's perplexity per variant (or,
+    /// with --generate N, print a quiz dataset the simulator can answer).
     Eval {
         /// JSONL dataset (multiple choice: question, choices, answer letter; or question, answer).
-        #[arg(long, required_unless_present = "generate")]
+        #[arg(long, required_unless_present_any = ["generate", "perplexity"])]
         dataset: Option<PathBuf>,
+        /// Perplexity of --corpus per variant, from prompt log-probabilities (`/v1/completions`
+        /// with `echo` and `logprobs`), with the paired difference from the control.
+        #[arg(long, requires = "corpus")]
+        perplexity: bool,
+        /// The reference text for --perplexity (plain UTF-8).
+        #[arg(long)]
+        corpus: Option<PathBuf>,
+        /// --perplexity window, characters.
+        #[arg(long, default_value_t = 4096)]
+        window: usize,
+        /// --perplexity distance between windows, characters (at most --window).
+        #[arg(long, default_value_t = 2048)]
+        stride: usize,
         /// Gateway URL.
         #[arg(long, default_value = "http://127.0.0.1:8080")]
         url: String,
@@ -559,6 +573,10 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
         }
         Cmd::Eval {
             dataset,
+            perplexity,
+            corpus,
+            window,
+            stride,
             url,
             model,
             variants,
@@ -572,6 +590,33 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 for item in crate::sim::quiz::generate(n, seed) {
                     println!("{}", serde_json::to_string(&item)?);
                 }
+                return Ok(());
+            }
+            if perplexity {
+                let path = corpus.context("--corpus is required")?;
+                let text = std::fs::read_to_string(&path)
+                    .with_context(|| format!("reading {}", path.display()))?;
+                anyhow::ensure!(
+                    window > 0 && stride > 0,
+                    "--window and --stride must be above 0"
+                );
+                anyhow::ensure!(stride <= window, "--stride must not exceed --window");
+                let connector = crate::tls::Connector::for_url(&url, ca_file, &[b"http/1.1"])
+                    .context("--ca-file")?;
+                let opts = crate::experiment::perplexity::PerplexityOptions {
+                    url,
+                    model,
+                    variants,
+                    concurrency,
+                    headers: parse_headers(&headers)?,
+                    connector,
+                    window,
+                    stride,
+                };
+                let results = crate::experiment::perplexity::run(&opts, &text)
+                    .await
+                    .with_context(|| path.display().to_string())?;
+                print!("{}", crate::experiment::perplexity::render(&results, &opts));
                 return Ok(());
             }
             let path = dataset.context("--dataset is required")?;

@@ -429,6 +429,115 @@ async fn eval_recovers_each_variants_accuracy_within_its_interval() {
     assert_eq!(log.iter().filter(|l| l["variant"] == "int8").count(), 200);
 }
 
+fn perplexity_options(
+    gw: SocketAddr,
+    window: usize,
+    stride: usize,
+) -> inferscope::experiment::perplexity::PerplexityOptions {
+    inferscope::experiment::perplexity::PerplexityOptions {
+        url: format!("http://{gw}"),
+        model: "demo".into(),
+        variants: vec!["fp16".into(), "int8".into()],
+        concurrency: 4,
+        headers: Vec::new(),
+        connector: inferscope::tls::Connector::new(None, std::time::Duration::from_secs(5)),
+        window,
+        stride,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn perplexity_per_variant_recovers_the_backends_shift_with_its_interval() {
+    use inferscope::experiment::perplexity;
+    // int8 adds 0.1 nats to every token's surprisal: its perplexity is fp16's × e^0.1.
+    let fp16 = start_sim(exact(1.0, 1.0), 1).await;
+    let int8 = start_sim(
+        Profile {
+            nll_shift: 0.1,
+            ..exact(1.0, 1.0)
+        },
+        2,
+    )
+    .await;
+    let dir = temp_dir();
+    let gw = start_yaml(&yaml(&dir, fp16.addr, int8.addr, 10)).await;
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/data/perplexity-sample.txt"
+    ))
+    .unwrap();
+    let opts = perplexity_options(gw.data_addr, 400, 200);
+    let results = perplexity::run(&opts, &text).await.unwrap();
+    let report = perplexity::render(&results, &opts);
+    println!("{report}");
+    let (a, b) = (&results[0], &results[1]);
+    // Every token of the text is scored once but the very first (it has no context).
+    let tokens = inferscope::sim::logprob::tokens(&text).len();
+    assert_eq!((a.tokens, b.tokens), (tokens - 1, tokens - 1), "{report}");
+    // The truth, from the simulator's own model: each word's surprisal, jitter ±0.05 nats.
+    let words: Vec<f64> = inferscope::sim::logprob::tokens(&text)
+        .iter()
+        .skip(1)
+        .map(|(_, t)| inferscope::sim::logprob::base_nll(t.trim()))
+        .collect();
+    let true_fp16 = (words.iter().sum::<f64>() / words.len() as f64).exp();
+    assert!(
+        (a.ppl / true_fp16).ln().abs() < 0.01,
+        "fp16 {} vs {true_fp16}",
+        a.ppl
+    );
+    assert!(
+        ((b.ppl / a.ppl).ln() - 0.1).abs() < 0.01,
+        "the ratio is e^0.1: {report}"
+    );
+    let (d, (lo, hi)) = perplexity::paired_difference(a, b, 2000);
+    assert!(0.0 < lo && lo <= d && d <= hi, "{d} [{lo}, {hi}]");
+    assert!(
+        report.contains("| int8 |") && report.contains("in characters"),
+        "{report}"
+    );
+    let log = stop_and_read_log(gw, &dir).await;
+    assert_eq!(
+        log.len(),
+        2 * a.windows.len(),
+        "every window, each variant, through the gateway"
+    );
+    assert!(log
+        .iter()
+        .all(|l| l["path"] == "/v1/completions" && l["outcome"] == "ok"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn perplexity_names_what_a_backend_without_prompt_logprobs_lacks() {
+    use inferscope::experiment::perplexity::{self, PerplexityError};
+    let fp16 = start_sim(exact(1.0, 1.0), 1).await;
+    // A completions answer as hosted APIs give it: no log-probabilities.
+    let body = br#"{"id":"c","object":"text_completion","model":"demo","choices":[{"index":0,"text":" x","logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}"#;
+    let mut answer = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    answer.extend_from_slice(body);
+    let hosted = start_raw(vec![answer], std::time::Duration::ZERO).await;
+    let dir = temp_dir();
+    let gw = start_yaml(&yaml(&dir, fp16.addr, hosted, 10)).await;
+    let opts = perplexity_options(gw.data_addr, 400, 200);
+    let err = perplexity::run(&opts, "one two three four five six")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, PerplexityError::NoLogprobs { variant } if variant == "int8"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("echo"), "{err}");
+    assert!(matches!(
+        perplexity::run(&opts, "  \n").await,
+        Err(PerplexityError::Empty)
+    ));
+    gw.shutdown();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shadow_copies_are_measured_compared_and_never_touch_the_primary() {
     // The primary (fp16) and the shadow (int8) generate the same words for the same request index;

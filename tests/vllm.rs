@@ -86,3 +86,45 @@ async fn every_dialect_vllm_speaks_is_measured_and_its_metrics_are_read() {
         let _: &Value = l;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn perplexity_reads_vllms_prompt_logprobs() {
+    use inferscope::experiment::perplexity;
+    let Ok(url) = std::env::var("INFERSCOPE_VLLM_URL") else {
+        eprintln!(
+            "SKIPPED: set INFERSCOPE_VLLM_URL to a running vLLM (../shared/vllm-cpu/serve.sh)"
+        );
+        return;
+    };
+    // One real backend as both variants: the same model must score the same text the same.
+    let dir = temp_dir();
+    let yaml = format!(
+        "access_log: {{ path: {:?} }}\nbackends:\n  - {{ name: vllm, url: \"{url}\" }}\nroutes:\n  - name: all\n    experiment:\n      name: same\n      variants:\n        - {{ name: fp16, backends: [vllm], weight: 50, control: true }}\n        - {{ name: int8, backends: [vllm], weight: 50 }}\n",
+        dir.join("access.jsonl"),
+    );
+    let gw = start_yaml(&yaml).await;
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/data/perplexity-sample.txt"
+    ))
+    .unwrap();
+    let opts = perplexity::PerplexityOptions {
+        url: format!("http://{}", gw.data_addr),
+        model: "tiny-llama".into(),
+        variants: vec!["fp16".into(), "int8".into()],
+        concurrency: 2,
+        headers: Vec::new(),
+        connector: inferscope::tls::Connector::new(None, std::time::Duration::from_secs(5)),
+        window: 1000,
+        stride: 500,
+    };
+    let results = perplexity::run(&opts, &text).await.unwrap();
+    let report = perplexity::render(&results, &opts);
+    println!("{report}");
+    let (a, b) = (&results[0], &results[1]);
+    // A few hundred tokens of English (vLLM's tokenizer: more tokens than words).
+    assert!(a.tokens > 500 && a.tokens == b.tokens, "{report}");
+    assert!(a.ppl.is_finite() && a.ppl > 1.0, "{report}");
+    assert!((a.ppl / b.ppl).ln().abs() < 0.01, "{report}");
+    gw.shutdown();
+}

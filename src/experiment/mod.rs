@@ -8,6 +8,7 @@ pub mod compare;
 pub mod eval;
 mod feedback;
 mod guard;
+pub mod perplexity;
 mod report;
 pub mod shadow;
 

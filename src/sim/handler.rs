@@ -1,7 +1,7 @@
 //! Request handling for the simulator: parses an OpenAI request, then generates the response on
 //! the profile's schedule, recording ground truth as it writes.
 
-use super::wire::{EngineTime, Gen};
+use super::wire::{Echo, EngineTime, Gen};
 use super::{ChunkKind, Faults, Rng, Sent, SimState, Truth};
 use crate::dialect::Endpoint;
 use bytes::Bytes;
@@ -274,6 +274,22 @@ fn prompt_of(v: &Value, ep: Endpoint) -> (u64, Option<&str>) {
     }
 }
 
+/// The prompt to echo with log-probabilities: a completions request with `echo: true` and
+/// `logprobs` set, and one text prompt.
+fn echo_of(v: &Value, ep: Endpoint) -> Option<&str> {
+    if ep != Endpoint::Completions
+        || v.get("echo").and_then(Value::as_bool) != Some(true)
+        || v.get("logprobs").is_none_or(Value::is_null)
+    {
+        return None;
+    }
+    match v.get("prompt")? {
+        Value::String(s) => Some(s),
+        Value::Array(a) if a.len() == 1 => a[0].as_str(),
+        _ => None,
+    }
+}
+
 fn plan(state: &SimState, v: &Value, ep: Endpoint) -> Plan {
     let index = state.next_index.fetch_add(1, Ordering::Relaxed);
     let mut rng = Rng::new(state.opts.seed.wrapping_add(index));
@@ -327,6 +343,11 @@ fn plan(state: &SimState, v: &Value, ep: Endpoint) -> Plan {
                 .and_then(Value::as_bool)
                 .unwrap_or(false),
             role_chunk: p.role_chunk,
+            echo: echo_of(v, ep).map(|prompt| Echo {
+                prompt: prompt.to_owned(),
+                nll_shift: p.nll_shift,
+                seed: state.opts.seed ^ index.rotate_left(7),
+            }),
         },
         stream,
         answer,

@@ -9,6 +9,7 @@
 
 mod faults;
 mod handler;
+pub mod logprob;
 mod profile;
 pub mod quiz;
 mod wire;

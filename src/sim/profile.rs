@@ -47,6 +47,10 @@ pub struct Profile {
     /// Fraction of quiz questions (see `quiz`) answered wrong: the quality cost of a variant.
     #[serde(default)]
     pub answer_error_rate: f64,
+    /// Nats added to every prompt token's surprisal (`logprob`): perplexity × e^shift, the other
+    /// quality cost of a variant.
+    #[serde(default)]
+    pub nll_shift: f64,
     /// Tokens its KV cache holds: `/metrics` reports the tokens of the streams in flight (prompt
     /// and output so far) over this as `vllm:kv_cache_usage_perc`.
     #[serde(default = "kv_capacity")]
@@ -91,6 +95,7 @@ impl Profile {
             max_output_tokens: 96,
             role_chunk: true,
             answer_error_rate: 0.01,
+            nll_shift: 0.0,
             kv_capacity_tokens: kv_capacity(),
             max_batch: None,
             faults: super::Faults::default(),
@@ -105,6 +110,7 @@ impl Profile {
             prefill_per_token_ms: 0.035,
             tpot_ms: 13.0,
             answer_error_rate: 0.04,
+            nll_shift: 0.03,
             kv_capacity_tokens: kv_capacity(),
             max_batch: None,
             ..Self::fp16()
@@ -152,6 +158,9 @@ impl Profile {
             return Err(InvalidProfile(
                 "answer_error_rate must be between 0 and 1".into(),
             ));
+        }
+        if !self.nll_shift.is_finite() {
+            return Err(InvalidProfile("nll_shift must be finite".into()));
         }
         if self.tokens_per_chunk == 0 {
             return Err(InvalidProfile("tokens_per_chunk must be at least 1".into()));

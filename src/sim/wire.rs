@@ -23,6 +23,16 @@ pub(super) struct Gen {
     pub(super) details: bool,
     /// Precede the content with a role-only chunk (OpenAI chat).
     pub(super) role_chunk: bool,
+    /// OpenAI completions with `echo` and `logprobs`: the prompt, echoed with log-probabilities.
+    pub(super) echo: Option<Echo>,
+}
+
+/// An echoed prompt and what its log-probabilities depend on (`logprob::echo`).
+#[derive(Debug)]
+pub(super) struct Echo {
+    pub(super) prompt: String,
+    pub(super) nll_shift: f64,
+    pub(super) seed: u64,
 }
 
 /// The engine's own prefill and decode time, as Ollama and llama.cpp report them.
@@ -393,6 +403,10 @@ impl Gen {
                 let choice = if self.chat() {
                     json!({"index": 0, "message": {"role": "assistant", "content": text},
                            "logprobs": null, "finish_reason": self.finish_reason()})
+                } else if let Some(e) = &self.echo {
+                    let logprobs = super::logprob::echo(&e.prompt, text, e.nll_shift, e.seed);
+                    json!({"index": 0, "text": format!("{}{text}", e.prompt),
+                           "logprobs": logprobs, "finish_reason": self.finish_reason()})
                 } else {
                     json!({"index": 0, "text": text, "logprobs": null,
                            "finish_reason": self.finish_reason()})
