@@ -248,9 +248,17 @@ enum Cmd {
     /// compare accuracy; with --perplexity, score a reference text's perplexity per variant (or,
     /// with --generate N, print a quiz dataset the simulator can answer).
     Eval {
-        /// JSONL dataset (multiple choice: question, choices, answer letter; or question, answer).
+        /// The dataset: JSONL (multiple choice: question, choices, answer letter; question,
+        /// answer; or GSM8K's question, answer ending `#### N`), an MMLU subject's CSV file, or
+        /// MMLU's directory (test/ and dev/).
         #[arg(long, required_unless_present_any = ["generate", "perplexity"])]
         dataset: Option<PathBuf>,
+        /// MMLU: answered dev examples before each question.
+        #[arg(long, default_value_t = 5)]
+        shots: usize,
+        /// Ask only the first N items.
+        #[arg(long)]
+        limit: Option<usize>,
         /// Perplexity of --corpus per variant, from prompt log-probabilities (`/v1/completions`
         /// with `echo` and `logprobs`), with the paired difference from the control.
         #[arg(long, requires = "corpus")]
@@ -573,6 +581,8 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
         }
         Cmd::Eval {
             dataset,
+            shots,
+            limit,
             perplexity,
             corpus,
             window,
@@ -620,10 +630,8 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 return Ok(());
             }
             let path = dataset.context("--dataset is required")?;
-            let text = std::fs::read_to_string(&path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            let items = crate::experiment::eval::load_dataset(&text)
-                .with_context(|| path.display().to_string())?;
+            let mut items = crate::experiment::eval::load_path(&path, shots)?;
+            items.truncate(limit.unwrap_or(usize::MAX));
             let connector = crate::tls::Connector::for_url(&url, ca_file, &[b"http/1.1"])
                 .context("--ca-file")?;
             let opts = crate::experiment::eval::EvalOptions {

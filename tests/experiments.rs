@@ -429,6 +429,91 @@ async fn eval_recovers_each_variants_accuracy_within_its_interval() {
     assert_eq!(log.iter().filter(|l| l["variant"] == "int8").count(), 200);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eval_reads_mmlu_and_gsm8k_as_released_with_categories_and_mcnemar() {
+    use inferscope::experiment::eval;
+    // fp16 is always right; int8 is wrong on 30% of items.
+    let fp16 = start_sim(
+        Profile {
+            answer_error_rate: 0.0,
+            ..exact(1.0, 1.0)
+        },
+        1,
+    )
+    .await;
+    let int8 = start_sim(
+        Profile {
+            answer_error_rate: 0.3,
+            ..exact(1.0, 1.0)
+        },
+        2,
+    )
+    .await;
+    let dir = temp_dir();
+    let gw = start_yaml(&yaml(&dir, fp16.addr, int8.addr, 10)).await;
+    let opts = eval::EvalOptions {
+        url: format!("http://{}", gw.data_addr),
+        model: "demo".into(),
+        variants: vec!["fp16".into(), "int8".into()],
+        concurrency: 8,
+        headers: Vec::new(),
+        connector: inferscope::tls::Connector::new(None, std::time::Duration::from_secs(5)),
+    };
+    let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data");
+
+    let mmlu = eval::load_path(&data.join("mmlu"), 5).unwrap();
+    assert_eq!(mmlu.len(), 60);
+    let scores = eval::run(&opts, &mmlu).await;
+    let report = eval::render(&scores);
+    println!("{report}");
+    assert_eq!(
+        scores[0].correct, 60,
+        "fp16 answers every MMLU item: {report}"
+    );
+    let wrong = 60 - scores[1].correct;
+    assert!((8..=30).contains(&wrong), "int8 about 30% wrong: {report}");
+    assert_eq!(
+        scores[1]
+            .per_category
+            .iter()
+            .map(|c| c.2)
+            .collect::<Vec<_>>(),
+        [30, 30]
+    );
+    assert!(
+        report.contains("| single_digit_sums | 30 | 100.0% |"),
+        "{report}"
+    );
+    let (only_fp16, only_int8, p) = eval::mcnemar_exact(&scores[0].per_item, &scores[1].per_item);
+    assert_eq!((only_fp16, only_int8), (wrong, 0));
+    assert!(p < 0.01 && report.contains("McNemar exact p"), "{report}");
+    // Asked in MMLU's layout, after the subject's five dev items answered.
+    let asked: serde_json::Value = serde_json::from_slice(&fp16.truth()[0].request).unwrap();
+    let asked = asked["messages"][0]["content"].as_str().unwrap();
+    assert!(
+        asked.starts_with("The following are multiple choice questions (with answers) about ")
+            && asked.matches("Answer: ").count() == 5
+            && asked.ends_with("\nAnswer:"),
+        "{asked}"
+    );
+
+    let gsm8k = eval::load_path(&data.join("gsm8k-sample.jsonl"), 5).unwrap();
+    assert_eq!(gsm8k.len(), 40);
+    let scores = eval::run(&opts, &gsm8k).await;
+    let report = eval::render(&scores);
+    println!("{report}");
+    assert_eq!(scores[0].correct, 40, "{report}");
+    assert!((4..=22).contains(&(40 - scores[1].correct)), "{report}");
+    assert_eq!(scores[1].failed, 0);
+
+    // A broken file is named with its line.
+    let bad = dir.join("broken_test.csv");
+    std::fs::write(&bad, "What is 1 + 1?,2,3,4,5,A\nWhat is 2 + 2?,4,5,6,7\n").unwrap();
+    let e = eval::load_path(&bad, 0).unwrap_err().to_string();
+    assert!(e.contains("broken_test.csv: line 2: 5 fields"), "{e}");
+    gw.shutdown();
+}
+
 fn perplexity_options(
     gw: SocketAddr,
     window: usize,

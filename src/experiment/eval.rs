@@ -4,9 +4,20 @@
 //! (the control) with a paired 95% interval — the check that quantization costs less than, say,
 //! one point.
 //!
-//! Datasets are JSON lines, either multiple choice (`question`, `choices`, `answer` letter; scored
-//! by the first A–D letter of the reply) or exact answer (`question`, `answer`; scored by the reply,
-//! trimmed and case-folded, equal to the answer).
+//! Datasets, read in their own formats (`load_path`):
+//! - JSON lines, multiple choice (`question`, `choices`, `answer` letter; scored by the first A–D
+//!   letter of the reply) or exact answer (`question`, `answer`; the reply, trimmed and
+//!   case-folded, equal to the answer); an optional `category` groups items in the breakdown;
+//! - GSM8K's JSON lines (`question`, `answer` ending `#### N`): asked as `Question: …\nAnswer:`,
+//!   scored by the number after the reply's `####` (else its last number) equal to `N` after
+//!   normalisation (no thousands commas, `$`, trailing `.` or `.0`);
+//! - MMLU's CSV files (`question,A,B,C,D,answer`, no header; `SUBJECT_test.csv`), a file or the
+//!   dataset's directory (`test/`, and `dev/` for the few-shot examples): asked in MMLU's own
+//!   layout with the subject's first `shots` dev items answered before the question, scored by
+//!   the first A–D letter; the subject is the item's category.
+//!
+//! Besides each variant's accuracy and the paired interval of its difference from the control,
+//! the report gives McNemar's exact test on the discordant items and a per-category breakdown.
 
 use crate::sim::quiz;
 use bytes::Bytes;
@@ -16,6 +27,7 @@ use hyper_util::rt::TokioExecutor;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::fmt::Write;
+use std::path::Path;
 use std::sync::Arc;
 
 /// One dataset item.
@@ -26,8 +38,71 @@ pub struct EvalItem {
     /// Choices (multiple choice); absent for exact-answer items.
     #[serde(default)]
     pub choices: Vec<String>,
-    /// The correct letter, or the exact answer.
+    /// The correct letter, the exact answer, or a GSM8K solution ending `#### N`.
     pub answer: String,
+    /// Its group in the breakdown (MMLU: the subject).
+    #[serde(default)]
+    pub category: Option<String>,
+    /// Examples asked and answered before it (MMLU: the subject's dev items).
+    #[serde(skip)]
+    pub shots: Option<Arc<str>>,
+}
+
+/// How an item's reply is scored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// The first A–D letter.
+    Choice,
+    /// The final number (GSM8K).
+    Numeric,
+    /// The whole reply.
+    Exact,
+}
+
+impl EvalItem {
+    fn kind(&self) -> Kind {
+        if !self.choices.is_empty() {
+            Kind::Choice
+        } else if self.answer.contains("####") {
+            Kind::Numeric
+        } else {
+            Kind::Exact
+        }
+    }
+
+    /// The prompt it is asked with.
+    fn prompt(&self) -> String {
+        match (self.kind(), &self.shots) {
+            (Kind::Choice, Some(shots)) => format!("{shots}{}", mmlu_block(self, None)),
+            (Kind::Choice, None) => quiz::prompt(&self.question, &self.choices),
+            (Kind::Numeric, _) => format!("Question: {}\nAnswer:", self.question),
+            (Kind::Exact, _) => self.question.clone(),
+        }
+    }
+
+    /// Tokens the reply may take.
+    fn max_tokens(&self) -> u32 {
+        match self.kind() {
+            Kind::Choice => 8,
+            Kind::Exact => 32,
+            Kind::Numeric => 256,
+        }
+    }
+}
+
+/// An item in MMLU's layout, answered (`Some(letter)`) or asked.
+fn mmlu_block(item: &EvalItem, answer: Option<&str>) -> String {
+    let mut b = format!("{}\n", item.question.trim());
+    for (l, c) in ['A', 'B', 'C', 'D'].iter().zip(&item.choices) {
+        let _ = writeln!(b, "{l}. {}", c.trim());
+    }
+    match answer {
+        Some(a) => {
+            let _ = write!(b, "Answer: {a}\n\n");
+        }
+        None => b.push_str("Answer:"),
+    }
+    b
 }
 
 /// What to evaluate.
@@ -62,6 +137,8 @@ pub struct Score {
     pub ci: (f64, f64),
     /// Per item: correct or not (for the paired difference).
     pub per_item: Vec<bool>,
+    /// Per category, in first-seen order: (category, correct, asked).
+    pub per_category: Vec<(String, usize, usize)>,
 }
 
 impl Score {
@@ -75,23 +152,206 @@ impl Score {
     }
 }
 
-/// A dataset line that is not an item.
+/// A dataset that could not be read: where, and why.
 #[derive(Debug, thiserror::Error)]
-#[error("line {line}: {error}")]
+#[error("{file}: line {line}: {message}")]
 pub struct DatasetError {
-    /// 1-based line.
+    /// The file (empty for text given directly).
+    pub file: String,
+    /// 1-based line (where the record starts).
     pub line: usize,
-    /// The JSON error.
-    pub error: serde_json::Error,
+    /// What is wrong.
+    pub message: String,
 }
 
-/// Parses a JSONL dataset.
+fn bad(file: &str, line: usize, message: impl Into<String>) -> DatasetError {
+    DatasetError {
+        file: file.to_owned(),
+        line,
+        message: message.into(),
+    }
+}
+
+/// Parses a JSONL dataset (plain or GSM8K).
 pub fn load_dataset(text: &str) -> Result<Vec<EvalItem>, DatasetError> {
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| serde_json::from_str(l).map_err(|error| DatasetError { line: i + 1, error }))
+        .map(|(i, l)| serde_json::from_str(l).map_err(|e| bad("", i + 1, e.to_string())))
         .collect()
+}
+
+/// CSV records (RFC 4180: quoted fields with `""` escapes and line breaks), each with the line it
+/// starts on.
+fn csv_records(text: &str, file: &str) -> Result<Vec<(usize, Vec<String>)>, DatasetError> {
+    let (mut out, mut record, mut field) = (Vec::new(), Vec::new(), String::new());
+    let (mut line, mut start, mut quoted, mut any) = (1, 1, false, false);
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if quoted {
+            match c {
+                '"' if chars.peek() == Some(&'"') => {
+                    chars.next();
+                    field.push('"');
+                }
+                '"' => quoted = false,
+                _ => {
+                    if c == '\n' {
+                        line += 1;
+                    }
+                    field.push(c);
+                }
+            }
+            continue;
+        }
+        match c {
+            '"' if field.is_empty() => {
+                quoted = true;
+                any = true;
+            }
+            ',' => {
+                record.push(std::mem::take(&mut field));
+                any = true;
+            }
+            '\r' if chars.peek() == Some(&'\n') => {}
+            '\n' => {
+                if any || !field.is_empty() {
+                    record.push(std::mem::take(&mut field));
+                    out.push((start, std::mem::take(&mut record)));
+                }
+                line += 1;
+                start = line;
+                any = false;
+            }
+            _ => {
+                field.push(c);
+                any = true;
+            }
+        }
+    }
+    if quoted {
+        return Err(bad(file, start, "a quoted field is not closed"));
+    }
+    if any || !field.is_empty() {
+        record.push(field);
+        out.push((start, record));
+    }
+    Ok(out)
+}
+
+/// One MMLU subject's CSV rows (`question,A,B,C,D,answer`, no header).
+pub fn load_mmlu_csv(text: &str, file: &str, subject: &str) -> Result<Vec<EvalItem>, DatasetError> {
+    csv_records(text, file)?
+        .into_iter()
+        .map(|(line, r)| {
+            if r.len() != 6 {
+                return Err(bad(
+                    file,
+                    line,
+                    format!(
+                        "{} fields; MMLU rows have 6: question,A,B,C,D,answer",
+                        r.len()
+                    ),
+                ));
+            }
+            let answer = r[5].trim().to_owned();
+            if !matches!(answer.as_str(), "A" | "B" | "C" | "D") {
+                return Err(bad(
+                    file,
+                    line,
+                    format!("answer `{answer}` is not A, B, C or D"),
+                ));
+            }
+            Ok(EvalItem {
+                question: r[0].clone(),
+                choices: r[1..5].to_vec(),
+                answer,
+                category: Some(subject.to_owned()),
+                shots: None,
+            })
+        })
+        .collect()
+}
+
+/// MMLU's few-shot prefix for a subject: its header and the first `k` dev items, answered.
+fn mmlu_shots(subject: &str, dev: &[EvalItem], k: usize) -> Arc<str> {
+    let mut p = format!(
+        "The following are multiple choice questions (with answers) about {}.\n\n",
+        subject.replace('_', " ")
+    );
+    for item in dev.iter().take(k) {
+        p.push_str(&mmlu_block(item, Some(&item.answer)));
+    }
+    p.into()
+}
+
+fn read(path: &Path) -> Result<String, DatasetError> {
+    std::fs::read_to_string(path).map_err(|e| bad(&path.display().to_string(), 0, e.to_string()))
+}
+
+/// One MMLU subject file (`SUBJECT_test.csv`), with `shots` examples from `../dev/SUBJECT_dev.csv`
+/// when that exists.
+fn load_mmlu_file(path: &Path, shots: usize) -> Result<Vec<EvalItem>, DatasetError> {
+    let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("mmlu");
+    let subject = stem
+        .strip_suffix("_test")
+        .or_else(|| stem.strip_suffix("_val"))
+        .unwrap_or(stem);
+    let file = path.display().to_string();
+    let mut items = load_mmlu_csv(&read(path)?, &file, subject)?;
+    let dev = path
+        .parent()
+        .and_then(Path::parent)
+        .map(|root| root.join("dev").join(format!("{subject}_dev.csv")));
+    let header_only = || mmlu_shots(subject, &[], 0);
+    let prefix = match dev.filter(|d| d.is_file() && shots > 0) {
+        Some(d) => {
+            let dev_items = load_mmlu_csv(&read(&d)?, &d.display().to_string(), subject)?;
+            mmlu_shots(subject, &dev_items, shots)
+        }
+        None => header_only(),
+    };
+    for it in &mut items {
+        it.shots = Some(Arc::clone(&prefix));
+    }
+    Ok(items)
+}
+
+/// A dataset from `path`: a JSONL file (plain or GSM8K), an MMLU subject's CSV file, or MMLU's
+/// directory (its `test/*.csv`, or the CSV files in it), with `shots` few-shot examples per MMLU
+/// subject.
+pub fn load_path(path: &Path, shots: usize) -> Result<Vec<EvalItem>, DatasetError> {
+    let name = path.display().to_string();
+    if path.is_dir() {
+        let test = path.join("test");
+        let dir = if test.is_dir() {
+            test
+        } else {
+            path.to_path_buf()
+        };
+        let mut files: Vec<_> = std::fs::read_dir(&dir)
+            .map_err(|e| bad(&name, 0, e.to_string()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "csv"))
+            .collect();
+        files.sort();
+        if files.is_empty() {
+            return Err(bad(
+                &name,
+                0,
+                "no MMLU CSV files (SUBJECT_test.csv) here or in test/",
+            ));
+        }
+        let mut items = Vec::new();
+        for f in files {
+            items.extend(load_mmlu_file(&f, shots)?);
+        }
+        return Ok(items);
+    }
+    if path.extension().is_some_and(|x| x == "csv") {
+        return load_mmlu_file(path, shots);
+    }
+    load_dataset(&read(path)?).map_err(|e| DatasetError { file: name, ..e })
 }
 
 /// 95% Wilson score interval for `k` successes in `n`.
@@ -123,12 +383,62 @@ pub fn paired_difference(a: &[bool], b: &[bool]) -> (f64, (f64, f64)) {
     (mean, (mean - half, mean + half))
 }
 
-fn correct(item: &EvalItem, reply: &str) -> bool {
-    if item.choices.is_empty() {
-        return reply.trim().eq_ignore_ascii_case(item.answer.trim());
+/// McNemar's exact test of two variants' answers to the same items: the discordant counts
+/// (right only in `a`, right only in `b`) and the two-sided p-value (binomial, p = ½).
+pub fn mcnemar_exact(a: &[bool], b: &[bool]) -> (usize, usize, f64) {
+    let only_a = a.iter().zip(b).filter(|(x, y)| **x && !**y).count();
+    let only_b = a.iter().zip(b).filter(|(x, y)| !**x && **y).count();
+    let n = only_a + only_b;
+    if n == 0 {
+        return (only_a, only_b, 1.0);
     }
-    let letter = reply.chars().find(|c| matches!(c, 'A'..='D'));
-    letter.is_some_and(|l| item.answer.trim().starts_with(l))
+    // P(X ≤ k) for X ~ Binomial(n, ½), in logs (n may be in the thousands).
+    let k = only_a.min(only_b);
+    let mut log_pmf = -(n as f64) * std::f64::consts::LN_2;
+    let mut terms = vec![log_pmf];
+    for i in 0..k {
+        log_pmf += ((n - i) as f64 / (i + 1) as f64).ln();
+        terms.push(log_pmf);
+    }
+    let top = terms.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let tail = top.exp() * terms.iter().map(|t| (t - top).exp()).sum::<f64>();
+    (only_a, only_b, (2.0 * tail).min(1.0))
+}
+
+/// A number as GSM8K compares them: without thousands commas, `$`, a trailing `.` or `.0`.
+fn number(s: &str) -> Option<f64> {
+    let t: String = s
+        .trim()
+        .chars()
+        .filter(|c| !matches!(c, ',' | '$'))
+        .collect();
+    t.trim_end_matches('.').parse::<f64>().ok()
+}
+
+/// The final number of a reply: after its last `####`, else its last number.
+fn final_number(reply: &str) -> Option<f64> {
+    if let Some((_, after)) = reply.rsplit_once("####") {
+        return after.split_whitespace().next().and_then(number);
+    }
+    reply
+        .split(|c: char| !(c.is_ascii_digit() || matches!(c, '.' | ',' | '-')))
+        .filter(|w| w.chars().any(|c| c.is_ascii_digit()))
+        .filter_map(number)
+        .next_back()
+}
+
+fn correct(item: &EvalItem, reply: &str) -> bool {
+    match item.kind() {
+        Kind::Exact => reply.trim().eq_ignore_ascii_case(item.answer.trim()),
+        Kind::Numeric => {
+            let gold = final_number(&item.answer);
+            gold.is_some() && final_number(reply) == gold
+        }
+        Kind::Choice => {
+            let letter = reply.chars().find(|c| matches!(c, 'A'..='D'));
+            letter.is_some_and(|l| item.answer.trim().starts_with(l))
+        }
+    }
 }
 
 async fn ask(
@@ -137,13 +447,8 @@ async fn ask(
     variant: &str,
     item: &EvalItem,
 ) -> Option<String> {
-    let content = if item.choices.is_empty() {
-        item.question.clone()
-    } else {
-        quiz::prompt(&item.question, &item.choices)
-    };
-    let body = json!({"model": o.model, "stream": false, "max_tokens": 8, "temperature": 0,
-        "messages": [{"role": "user", "content": content}]});
+    let body = json!({"model": o.model, "stream": false, "max_tokens": item.max_tokens(),
+        "temperature": 0, "messages": [{"role": "user", "content": item.prompt()}]});
     let mut req = http::Request::post(format!(
         "{}/v1/chat/completions",
         o.url.trim_end_matches('/')
@@ -211,6 +516,19 @@ pub async fn run(o: &EvalOptions, items: &[EvalItem]) -> Vec<Score> {
         }
         let results = per_item.lock().clone();
         let k = results.iter().filter(|r| r.0).count();
+        let mut per_category: Vec<(String, usize, usize)> = Vec::new();
+        for (item, r) in items.iter().zip(&results) {
+            let Some(c) = &item.category else { continue };
+            let at = match per_category.iter().position(|x| x.0 == *c) {
+                Some(i) => i,
+                None => {
+                    per_category.push((c.clone(), 0, 0));
+                    per_category.len() - 1
+                }
+            };
+            per_category[at].1 += usize::from(r.0);
+            per_category[at].2 += 1;
+        }
         scores.push(Score {
             variant: variant.clone(),
             correct: k,
@@ -218,6 +536,7 @@ pub async fn run(o: &EvalOptions, items: &[EvalItem]) -> Vec<Score> {
             failed: results.iter().filter(|r| r.1).count(),
             ci: wilson(k, results.len()),
             per_item: results.iter().map(|r| r.0).collect(),
+            per_category,
         });
     }
     scores
@@ -242,15 +561,48 @@ pub fn render(scores: &[Score]) -> String {
     if let Some((control, rest)) = scores.split_first() {
         for s in rest {
             let (d, (lo, hi)) = paired_difference(&control.per_item, &s.per_item);
+            let (only_control, only_variant, p) = mcnemar_exact(&control.per_item, &s.per_item);
             let _ = writeln!(
                 out,
-                "- {} accuracy {:+.1} points vs {} [{:+.1}, {:+.1}] (paired, 95%)",
+                "- {} accuracy {:+.1} points vs {} [{:+.1}, {:+.1}] (paired, 95%); McNemar exact p = {:.4} ({} right only on {}, {} only on {})",
                 s.variant,
                 d * 100.0,
                 control.variant,
                 lo * 100.0,
-                hi * 100.0
+                hi * 100.0,
+                p,
+                only_control,
+                control.variant,
+                only_variant,
+                s.variant
             );
+        }
+        if !control.per_category.is_empty() {
+            out.push_str("\n| category | asked |");
+            for s in scores {
+                let _ = write!(out, " {} |", s.variant);
+            }
+            for s in rest {
+                let _ = write!(out, " {} − {} |", s.variant, control.variant);
+            }
+            out.push_str("\n|---|---|");
+            out.push_str(&"---|".repeat(scores.len() + rest.len()));
+            out.push('\n');
+            for (i, (category, _, n)) in control.per_category.iter().enumerate() {
+                let acc = |s: &Score| {
+                    s.per_category
+                        .get(i)
+                        .map_or(f64::NAN, |c| c.1 as f64 * 100.0 / c.2.max(1) as f64)
+                };
+                let _ = write!(out, "| {category} | {n} |");
+                for s in scores {
+                    let _ = write!(out, " {:.1}% |", acc(s));
+                }
+                for s in rest {
+                    let _ = write!(out, " {:+.1} |", acc(s) - acc(control));
+                }
+                out.push('\n');
+            }
         }
     }
     out
@@ -258,6 +610,7 @@ pub fn render(scores: &[Score]) -> String {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     #[test]
@@ -274,13 +627,66 @@ mod tests {
             question: "q".into(),
             choices: vec!["1".into(); 4],
             answer: "C".into(),
+            category: None,
+            shots: None,
         };
         assert!(correct(&item, " C") && correct(&item, "C) 12") && !correct(&item, "B"));
         let exact = EvalItem {
             question: "q".into(),
             choices: vec![],
             answer: "Paris".into(),
+            category: None,
+            shots: None,
         };
         assert!(correct(&exact, " paris\n") && !correct(&exact, "Lyon"));
+    }
+
+    #[test]
+    fn gsm8k_answers_compare_as_numbers() {
+        let item = EvalItem {
+            question: "q".into(),
+            choices: vec![],
+            answer: "She pays 3 * 400 = 1200.\n#### 1,200".into(),
+            category: None,
+            shots: None,
+        };
+        assert!(correct(&item, "3 times 400 is $1,200."));
+        assert!(correct(&item, "so 1200.0\n#### 1200"));
+        assert!(!correct(&item, "1200 then 12"), "the last number counts");
+        assert!(!correct(&item, "#### 1201"));
+        assert!(!correct(&item, "no number"));
+    }
+
+    #[test]
+    fn mmlu_csv_reads_quotes_commas_and_line_breaks_and_names_bad_rows() {
+        let text = "\"Which, of these?\",1,\"two \"\"2\"\"\",3,4,B\r\nplain,a,b,c,d,D\n\"multi\nline\",a,b,c,d,A\n";
+        let items = load_mmlu_csv(text, "x_test.csv", "x").unwrap();
+        assert_eq!(items.len(), 3);
+        assert_eq!(items[0].question, "Which, of these?");
+        assert_eq!(items[0].choices[1], "two \"2\"");
+        assert_eq!(items[2].question, "multi\nline");
+        assert_eq!(items[2].category.as_deref(), Some("x"));
+        let e = load_mmlu_csv("q,a,b,c,d,A\nq,a,b,c,E\n", "f.csv", "x").unwrap_err();
+        assert_eq!((e.line, e.file.as_str()), (2, "f.csv"));
+        assert!(e.message.contains("5 fields"), "{e}");
+        let e = load_mmlu_csv("q,a,b,c,d,A\n\nq,a,b,c,d,E\n", "f.csv", "x").unwrap_err();
+        assert_eq!(e.line, 3, "{e}");
+        assert!(load_mmlu_csv("\"open,a,b,c,d,A\n", "f", "x").is_err());
+    }
+
+    #[test]
+    fn mcnemar_exact_matches_the_binomial() {
+        // 8 discordant, 1 vs 7: p = 2 × (1 + 8) / 256.
+        let a = [true, false, false, false, false, false, false, false, true];
+        let b = [false, true, true, true, true, true, true, true, true];
+        let (x, y, p) = mcnemar_exact(&a, &b);
+        assert_eq!((x, y), (1, 7));
+        assert!((p - 18.0 / 256.0).abs() < 1e-12, "{p}");
+        assert_eq!(mcnemar_exact(&a, &a).2, 1.0);
+        // Thousands of items: no underflow.
+        let many_a = vec![true; 3000];
+        let many_b: Vec<bool> = (0..3000).map(|i| i % 2 == 0).collect();
+        let (_, _, p) = mcnemar_exact(&many_a, &many_b);
+        assert!((0.0..1e-100).contains(&p), "{p}");
     }
 }

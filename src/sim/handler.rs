@@ -81,8 +81,9 @@ fn error(status: StatusCode, msg: &str) -> Response<SimBody> {
 struct Plan {
     gen: Gen,
     stream: bool,
-    /// The letter to answer with, when the prompt is a quiz question.
-    answer: Option<char>,
+    /// The answer, when the prompt is a quiz question (` A`) or a word problem (` … #### 42`),
+    /// with the space a tokenizer puts before it.
+    answer: Option<String>,
 }
 
 /// Answers one request; `None` means drop the connection unanswered (`refuse`).
@@ -302,16 +303,26 @@ fn plan(state: &SimState, v: &Value, ep: Endpoint) -> Plan {
         .unwrap_or_else(|| u64::from(rng.range(p.min_output_tokens, p.max_output_tokens)))
         .max(1);
     let (prompt_tokens, last_text) = prompt_of(v, ep);
-    // A quiz question gets a one-letter answer: right, or wrong at the profile's error rate.
-    let answer = last_text.and_then(super::quiz::solve).map(|right| {
-        let mut r = Rng::new(state.opts.seed ^ index.rotate_left(23) ^ 0x0A05);
-        if r.unit() < p.answer_error_rate {
-            super::quiz::wrong(right, &mut r)
-        } else {
-            right
+    // A quiz question gets a one-letter answer, a word problem its sum: right, or wrong at the
+    // profile's error rate.
+    let mut r = Rng::new(state.opts.seed ^ index.rotate_left(23) ^ 0x0A05);
+    let wrong = r.unit() < p.answer_error_rate;
+    let answer = last_text.and_then(|t| {
+        if let Some(right) = super::quiz::solve(t) {
+            let letter = if wrong {
+                super::quiz::wrong(right, &mut r)
+            } else {
+                right
+            };
+            return Some(format!(" {letter}"));
         }
+        let sum = super::quiz::solve_sum(t)? + u64::from(wrong);
+        Some(format!(" The numbers add up to {sum}.\n#### {sum}"))
     });
-    let output_tokens = if answer.is_some() { 1 } else { output_tokens };
+    let output_tokens = match &answer {
+        Some(a) => a.split_whitespace().count() as u64,
+        None => output_tokens,
+    };
     let stream = if ep.stream_in_body() {
         v.get("stream")
             .and_then(Value::as_bool)
@@ -359,15 +370,6 @@ fn words(rng: &mut Rng, k: u64) -> Vec<&'static str> {
     (0..k)
         .map(|_| WORDS[(rng.next_u64() % WORDS.len() as u64) as usize])
         .collect()
-}
-
-/// The quiz answer as its one token.
-fn answer_word(a: char) -> &'static str {
-    const LETTERS: [&str; 4] = [" A", " B", " C", " D"];
-    match a {
-        'A'..='D' => LETTERS[(a as u8 - b'A') as usize],
-        _ => " ?",
-    }
 }
 
 /// Counts the stream as active, and the KV-cache tokens it holds, while alive.
@@ -611,9 +613,13 @@ async fn stream(
             () = tx.closed() => return false,
         }
         check_fault!();
-        let k = u64::from(p.tokens_per_chunk).min(gen.output_tokens - produced);
-        let ws = match plan.answer {
-            Some(a) => vec![answer_word(a)],
+        // An answer goes in one chunk.
+        let k = match plan.answer {
+            Some(_) => gen.output_tokens - produced,
+            None => u64::from(p.tokens_per_chunk).min(gen.output_tokens - produced),
+        };
+        let ws = match &plan.answer {
+            Some(a) => vec![a.as_str()],
             None => words(&mut rng, k),
         };
         for w in &ws {
@@ -705,8 +711,8 @@ async fn whole(
             );
         }
         sleep_until(deadline).await;
-        let text = match plan.answer {
-            Some(a) => a.to_string(),
+        let text = match &plan.answer {
+            Some(a) => a.trim_start().to_owned(),
             None => words(&mut rng, gen.output_tokens).concat(),
         };
         let eng = EngineTime {

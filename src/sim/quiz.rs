@@ -60,17 +60,42 @@ pub fn prompt(question: &str, choices: &[String]) -> String {
     p
 }
 
-/// The correct letter for a quiz prompt, if `text` is one.
+/// The correct letter for a quiz prompt, if `text` is one: its last "What is A + B?" question
+/// (a few-shot prompt shows solved ones first), whose choices follow as `A) x` or MMLU's `A. x`.
 pub fn solve(text: &str) -> Option<char> {
-    let q = text.split("What is ").nth(1)?;
+    let q = text
+        .rsplit("What is ")
+        .next()
+        .filter(|_| text.contains("What is "))?;
     let (a, rest) = q.split_once(" + ")?;
     let b = rest.split('?').next()?;
     let sum = a.trim().parse::<u32>().ok()? + b.trim().parse::<u32>().ok()?;
-    text.lines().find_map(|l| {
-        let (letter, value) = l.split_once(") ")?;
-        let letter = letter.trim().chars().next()?;
-        (LETTERS.contains(&letter) && value.trim().parse::<u32>().ok()? == sum).then_some(letter)
+    q.lines().find_map(|l| {
+        let l = l.trim();
+        let mut c = l.chars();
+        let (letter, sep) = (c.next()?, c.next()?);
+        let value = c.as_str();
+        (LETTERS.contains(&letter)
+            && matches!(sep, ')' | '.')
+            && value.trim().parse::<u32>().ok()? == sum)
+            .then_some(letter)
     })
+}
+
+/// The answer to a word problem of the kind the test fixtures pose (GSM8K-shaped: "… How
+/// many …?"): the sum of the numbers in its last question. The simulator's one rule of arithmetic
+/// reasoning; `None` for any other text.
+pub fn solve_sum(text: &str) -> Option<u64> {
+    let q = text.rsplit("Question:").next()?;
+    let q = q.split("Answer:").next()?;
+    if !q.contains("How many") {
+        return None;
+    }
+    let numbers: Vec<u64> = q
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    (numbers.len() >= 2).then(|| numbers.iter().sum())
 }
 
 /// A wrong letter, chosen with `rng`.
@@ -92,5 +117,18 @@ mod tests {
             assert_eq!(solve(&p).map(String::from), Some(it.answer.clone()), "{p}");
         }
         assert_eq!(solve("hello"), None);
+        // MMLU's layout, after a solved example.
+        let few_shot = "What is 1 + 2?\nA. 3\nB. 4\nC. 5\nD. 6\nAnswer: A\n\nWhat is 10 + 20?\nA. 3\nB. 31\nC. 30\nD. 29\nAnswer:";
+        assert_eq!(solve(few_shot), Some('C'));
+    }
+
+    #[test]
+    fn word_problems_are_summed() {
+        let p = "Question: Ana has 12 shells and finds 30 more. How many shells does she have?\nAnswer:";
+        assert_eq!(solve_sum(p), Some(42));
+        assert_eq!(
+            solve_sum("Question: What is the capital of France?\nAnswer:"),
+            None
+        );
     }
 }
