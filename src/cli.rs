@@ -259,6 +259,13 @@ enum Cmd {
         /// Ask only the first N items.
         #[arg(long)]
         limit: Option<usize>,
+        /// Append each item's result here (JSON lines); a rerun with the same file asks only
+        /// the items it does not hold yet.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Print the summary as JSON instead of tables.
+        #[arg(long)]
+        json: bool,
         /// Perplexity of --corpus per variant, from prompt log-probabilities (`/v1/completions`
         /// with `echo` and `logprobs`), with the paired difference from the control.
         #[arg(long, requires = "corpus")]
@@ -583,6 +590,8 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             dataset,
             shots,
             limit,
+            out,
+            json,
             perplexity,
             corpus,
             window,
@@ -641,9 +650,14 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 concurrency,
                 headers: parse_headers(&headers)?,
                 connector,
+                out,
             };
             let scores = crate::experiment::eval::run(&opts, &items).await;
-            print!("{}", crate::experiment::eval::render(&scores));
+            if json {
+                println!("{}", crate::experiment::eval::summary_json(&scores));
+            } else {
+                print!("{}", crate::experiment::eval::render(&scores));
+            }
             Ok(())
         }
         Cmd::Bench {

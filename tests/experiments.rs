@@ -408,6 +408,7 @@ async fn eval_recovers_each_variants_accuracy_within_its_interval() {
         concurrency: 8,
         headers: Vec::new(),
         connector: inferscope::tls::Connector::new(None, std::time::Duration::from_secs(5)),
+        out: None,
     };
     let scores = inferscope::experiment::eval::run(&opts, &items).await;
     let report = inferscope::experiment::eval::render(&scores);
@@ -458,6 +459,7 @@ async fn eval_reads_mmlu_and_gsm8k_as_released_with_categories_and_mcnemar() {
         concurrency: 8,
         headers: Vec::new(),
         connector: inferscope::tls::Connector::new(None, std::time::Duration::from_secs(5)),
+        out: None,
     };
     let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data");
 
@@ -511,6 +513,85 @@ async fn eval_reads_mmlu_and_gsm8k_as_released_with_categories_and_mcnemar() {
     std::fs::write(&bad, "What is 1 + 1?,2,3,4,5,A\nWhat is 2 + 2?,4,5,6,7\n").unwrap();
     let e = eval::load_path(&bad, 0).unwrap_err().to_string();
     assert!(e.contains("broken_test.csv: line 2: 5 fields"), "{e}");
+    gw.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eval_retries_transient_failures_and_resumes_from_its_out_file() {
+    use inferscope::experiment::eval;
+    // fp16 answers 30% of requests with 503 (transient: asked again, never scored wrong).
+    let fp16 = start_sim(
+        Profile {
+            answer_error_rate: 0.0,
+            faults: inferscope::sim::Faults {
+                error_rate: 0.3,
+                error_status: Some(503),
+                ..inferscope::sim::Faults::default()
+            },
+            ..exact(1.0, 1.0)
+        },
+        1,
+    )
+    .await;
+    let int8 = start_sim(
+        Profile {
+            answer_error_rate: 0.0,
+            ..exact(1.0, 1.0)
+        },
+        2,
+    )
+    .await;
+    let dir = temp_dir();
+    let gw = start_yaml(&yaml(&dir, fp16.addr, int8.addr, 10)).await;
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/data/eval-arithmetic.jsonl"
+    ))
+    .unwrap();
+    let mut items = eval::load_dataset(&text).unwrap();
+    items.truncate(30);
+    let out = dir.join("eval-items.jsonl");
+    let opts = eval::EvalOptions {
+        url: format!("http://{}", gw.data_addr),
+        model: "demo".into(),
+        variants: vec!["fp16".into(), "int8".into()],
+        concurrency: 4,
+        headers: Vec::new(),
+        connector: inferscope::tls::Connector::new(None, std::time::Duration::from_secs(5)),
+        out: Some(out.clone()),
+    };
+    let first = eval::run(&opts, &items).await;
+    let report = eval::render(&first);
+    // Each item fails only if three tries in a row did (2.7%).
+    assert!(first[0].correct >= 26, "{report}");
+    assert_eq!(first[0].correct + first[0].failed, 30, "{report}");
+    assert_eq!(first[1].correct, 30, "{report}");
+    assert!(fp16.truth().len() > 30, "503s were asked again");
+    let lines = std::fs::read_to_string(&out).unwrap().lines().count();
+    assert_eq!(lines, 60, "one line per item and variant");
+
+    // Again with the same file: only what failed is asked.
+    let (asked_fp16, asked_int8) = (fp16.truth().len(), int8.truth().len());
+    let second = eval::run(&opts, &items).await;
+    assert_eq!(
+        int8.truth().len(),
+        asked_int8,
+        "nothing of int8 asked again"
+    );
+    let again = fp16.truth().len() - asked_fp16;
+    assert!(
+        again <= 3 * first[0].failed,
+        "{again} requests for {} failed items",
+        first[0].failed
+    );
+    assert!(second[0].correct >= first[0].correct);
+    assert_eq!(second[1].per_item, first[1].per_item);
+    let summary = eval::summary_json(&second);
+    assert_eq!(summary["variants"][1]["correct"], 30);
+    assert!(
+        summary["comparisons"][0]["mcnemar"]["p"].as_f64().is_some(),
+        "{summary}"
+    );
     gw.shutdown();
 }
 

@@ -120,6 +120,9 @@ pub struct EvalOptions {
     pub headers: Vec<(String, String)>,
     /// Makes the connections (TCP, or TLS for an `https://` URL).
     pub connector: crate::tls::Connector,
+    /// Each item's result is appended here as JSON lines; a rerun with the same file asks only
+    /// what it does not hold yet.
+    pub out: Option<std::path::PathBuf>,
 }
 
 /// Accuracy of one variant.
@@ -441,12 +444,21 @@ fn correct(item: &EvalItem, reply: &str) -> bool {
     }
 }
 
+/// Why an item got no reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NoReply {
+    /// The connection failed, or the backend was busy or failing (429, 5xx): worth another try.
+    Transient,
+    /// Any other answer (4xx, another variant, no content): asking again gives the same.
+    Final,
+}
+
 async fn ask(
     client: &Client<crate::tls::Connector, Full<Bytes>>,
     o: &EvalOptions,
     variant: &str,
     item: &EvalItem,
-) -> Option<String> {
+) -> Result<String, NoReply> {
     let body = json!({"model": o.model, "stream": false, "max_tokens": item.max_tokens(),
         "temperature": 0, "messages": [{"role": "user", "content": item.prompt()}]});
     let mut req = http::Request::post(format!(
@@ -458,24 +470,83 @@ async fn ask(
     for (k, v) in &o.headers {
         req = req.header(k.as_str(), v.as_str());
     }
-    let req = req.body(Full::new(Bytes::from(body.to_string()))).ok()?;
-    let resp = client.request(req).await.ok()?;
-    if !resp.status().is_success() {
-        return None;
+    let req = req
+        .body(Full::new(Bytes::from(body.to_string())))
+        .map_err(|_| NoReply::Final)?;
+    let resp = client.request(req).await.map_err(|_| NoReply::Transient)?;
+    let status = resp.status();
+    if status == http::StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
+        return Err(NoReply::Transient);
+    }
+    if !status.is_success() {
+        return Err(NoReply::Final);
     }
     let served = resp
         .headers()
         .get(super::VARIANT_HEADER)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    let bytes = resp.into_body().collect().await.ok()?.to_bytes();
+    let bytes = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|_| NoReply::Transient)?
+        .to_bytes();
     if served.as_deref().is_some_and(|s| s != variant) {
-        return None; // rolled back by a guardrail, or not an experiment route: not this variant's answer
+        // Rolled back by a guardrail, or not an experiment route: not this variant's answer.
+        return Err(NoReply::Final);
     }
-    let v: Value = serde_json::from_slice(&bytes).ok()?;
+    let v: Value = serde_json::from_slice(&bytes).map_err(|_| NoReply::Final)?;
     v.pointer("/choices/0/message/content")
         .and_then(Value::as_str)
         .map(str::to_owned)
+        .ok_or(NoReply::Final)
+}
+
+/// `ask`, tried again after 0.2 s and 1 s when the failure was transient (never because an
+/// answer was wrong).
+async fn ask_retrying(
+    client: &Client<crate::tls::Connector, Full<Bytes>>,
+    o: &EvalOptions,
+    variant: &str,
+    item: &EvalItem,
+) -> Option<String> {
+    for wait in [200, 1000] {
+        match ask(client, o, variant, item).await {
+            Ok(r) => return Some(r),
+            Err(NoReply::Final) => return None,
+            Err(NoReply::Transient) => {
+                tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+            }
+        }
+    }
+    ask(client, o, variant, item).await.ok()
+}
+
+/// An item's identity in `--out` files: its question and answer (so a changed dataset is asked
+/// again, not mistaken for the old one).
+fn item_id(item: &EvalItem) -> String {
+    let h =
+        crate::util::hash::stable_hash(format!("{}\u{0}{}", item.question, item.answer).as_bytes());
+    format!("{h:016x}")
+}
+
+/// What an `--out` file already holds: (variant, index) → (id, correct), for answered items.
+fn done_items(path: &Path) -> std::collections::HashMap<(String, usize), (String, bool)> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["failed"] == false)
+        .filter_map(|v| {
+            Some((
+                (
+                    v["variant"].as_str()?.to_owned(),
+                    v["index"].as_u64()? as usize,
+                ),
+                (v["id"].as_str()?.to_owned(), v["correct"].as_bool()?),
+            ))
+        })
+        .collect()
 }
 
 /// Runs every item through every variant.
@@ -484,30 +555,66 @@ pub async fn run(o: &EvalOptions, items: &[EvalItem]) -> Vec<Score> {
     let client: Client<crate::tls::Connector, Full<Bytes>> =
         Client::builder(TokioExecutor::new()).build(http);
     let items = Arc::new(items.to_vec());
+    let ids: Arc<Vec<String>> = Arc::new(items.iter().map(item_id).collect());
+    let done = o.out.as_deref().map(done_items).unwrap_or_default();
+    let out = o.out.as_deref().and_then(|p| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+            .ok()
+            .map(|f| Arc::new(parking_lot::Mutex::new(f)))
+    });
     let mut scores = Vec::new();
     for variant in &o.variants {
-        let per_item = Arc::new(parking_lot::Mutex::new(vec![(false, false); items.len()]));
+        // Items a previous run answered (same variant, index and item) are not asked again.
+        let prior: Vec<Option<bool>> = (0..items.len())
+            .map(|i| match done.get(&(variant.clone(), i)) {
+                Some((id, ok)) if *id == ids[i] => Some(*ok),
+                _ => None,
+            })
+            .collect();
+        let per_item = Arc::new(parking_lot::Mutex::new(
+            prior
+                .iter()
+                .map(|p| (p.unwrap_or(false), false))
+                .collect::<Vec<_>>(),
+        ));
+        let todo: Arc<Vec<usize>> =
+            Arc::new((0..items.len()).filter(|i| prior[*i].is_none()).collect());
         let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let mut workers = Vec::new();
         for _ in 0..o.concurrency.max(1) {
-            let (client, items, per_item, next, o, variant) = (
+            let (client, items, ids, per_item, todo, next, o, variant, out) = (
                 client.clone(),
                 Arc::clone(&items),
+                Arc::clone(&ids),
                 Arc::clone(&per_item),
+                Arc::clone(&todo),
                 Arc::clone(&next),
                 o.clone(),
                 variant.clone(),
+                out.clone(),
             );
             workers.push(tokio::spawn(async move {
                 loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some(item) = items.get(i) else { return };
-                    let reply = ask(&client, &o, &variant, item).await;
+                    let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(&i) = todo.get(k) else { return };
+                    let item = &items[i];
+                    let reply = ask_retrying(&client, &o, &variant, item).await;
                     let r = (
                         reply.as_deref().is_some_and(|r| correct(item, r)),
                         reply.is_none(),
                     );
                     per_item.lock()[i] = r;
+                    if let Some(f) = &out {
+                        let reply: Option<String> = reply.map(|r| r.chars().take(2000).collect());
+                        let line = json!({"variant": variant, "index": i, "id": ids[i],
+                            "category": item.category, "correct": r.0, "failed": r.1,
+                            "reply": reply});
+                        use std::io::Write as _;
+                        let _ = writeln!(f.lock(), "{line}");
+                    }
                 }
             }));
         }
@@ -540,6 +647,37 @@ pub async fn run(o: &EvalOptions, items: &[EvalItem]) -> Vec<Score> {
         });
     }
     scores
+}
+
+/// The report as JSON: each variant's accuracy, interval and categories, and each variant's
+/// difference from the control (paired interval, McNemar).
+pub fn summary_json(scores: &[Score]) -> Value {
+    let variants: Vec<Value> = scores
+        .iter()
+        .map(|s| {
+            let categories: Vec<Value> = s
+                .per_category
+                .iter()
+                .map(|(c, k, n)| json!({"category": c, "correct": k, "asked": n}))
+                .collect();
+            json!({"variant": s.variant, "accuracy": s.accuracy(), "ci95": [s.ci.0, s.ci.1],
+                "correct": s.correct, "asked": s.n, "failed": s.failed, "categories": categories})
+        })
+        .collect();
+    let comparisons: Vec<Value> = match scores.split_first() {
+        Some((control, rest)) => rest
+            .iter()
+            .map(|s| {
+                let (d, (lo, hi)) = paired_difference(&control.per_item, &s.per_item);
+                let (a, b, p) = mcnemar_exact(&control.per_item, &s.per_item);
+                json!({"variant": s.variant, "control": control.variant,
+                    "accuracy_difference": d, "ci95": [lo, hi],
+                    "mcnemar": {"p": p, "right_only_control": a, "right_only_variant": b}})
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    json!({"variants": variants, "comparisons": comparisons})
 }
 
 /// The report table.
