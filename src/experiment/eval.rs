@@ -157,14 +157,22 @@ impl Score {
 
 /// A dataset that could not be read: where, and why.
 #[derive(Debug, thiserror::Error)]
-#[error("{file}: line {line}: {message}")]
+#[error("{file}{}: {message}", at_line(*line))]
 pub struct DatasetError {
     /// The file (empty for text given directly).
     pub file: String,
-    /// 1-based line (where the record starts).
+    /// 1-based line (where the record starts); 0 for the file as a whole.
     pub line: usize,
     /// What is wrong.
     pub message: String,
+}
+
+fn at_line(line: usize) -> String {
+    if line == 0 {
+        String::new()
+    } else {
+        format!(": line {line}")
+    }
 }
 
 fn bad(file: &str, line: usize, message: impl Into<String>) -> DatasetError {
