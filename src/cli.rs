@@ -611,6 +611,15 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 }
                 return Ok(());
             }
+            let target = crate::experiment::eval::EvalTarget {
+                connector: crate::tls::Connector::for_url(&url, ca_file, &[b"http/1.1"])
+                    .context("--ca-file")?,
+                url,
+                model,
+                variants,
+                concurrency,
+                headers: parse_headers(&headers)?,
+            };
             if perplexity {
                 let path = corpus.context("--corpus is required")?;
                 let text = std::fs::read_to_string(&path)
@@ -620,15 +629,8 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                     "--window and --stride must be above 0"
                 );
                 anyhow::ensure!(stride <= window, "--stride must not exceed --window");
-                let connector = crate::tls::Connector::for_url(&url, ca_file, &[b"http/1.1"])
-                    .context("--ca-file")?;
                 let opts = crate::experiment::perplexity::PerplexityOptions {
-                    url,
-                    model,
-                    variants,
-                    concurrency,
-                    headers: parse_headers(&headers)?,
-                    connector,
+                    target,
                     window,
                     stride,
                 };
@@ -641,17 +643,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             let path = dataset.context("--dataset is required")?;
             let mut items = crate::experiment::eval::load_path(&path, shots)?;
             items.truncate(limit.unwrap_or(usize::MAX));
-            let connector = crate::tls::Connector::for_url(&url, ca_file, &[b"http/1.1"])
-                .context("--ca-file")?;
-            let opts = crate::experiment::eval::EvalOptions {
-                url,
-                model,
-                variants,
-                concurrency,
-                headers: parse_headers(&headers)?,
-                connector,
-                out,
-            };
+            let opts = crate::experiment::eval::EvalOptions { target, out };
             let scores = crate::experiment::eval::run(&opts, &items).await;
             if json {
                 println!("{}", crate::experiment::eval::summary_json(&scores));

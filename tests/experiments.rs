@@ -376,22 +376,7 @@ async fn a_guardrail_rolls_back_a_regressed_variant_until_reset() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eval_recovers_each_variants_accuracy_within_its_interval() {
     // fp16 answers every quiz question right; int8 gets 20% wrong.
-    let fp16 = start_sim(
-        Profile {
-            answer_error_rate: 0.0,
-            ..exact(1.0, 1.0)
-        },
-        1,
-    )
-    .await;
-    let int8 = start_sim(
-        Profile {
-            answer_error_rate: 0.2,
-            ..exact(1.0, 1.0)
-        },
-        2,
-    )
-    .await;
+    let (fp16, int8) = quiz_sims(0.0, 0.2).await;
     let dir = temp_dir();
     let gw = start_yaml(&yaml(&dir, fp16.addr, int8.addr, 10)).await;
     let text = std::fs::read_to_string(concat!(
@@ -402,12 +387,7 @@ async fn eval_recovers_each_variants_accuracy_within_its_interval() {
     let items = inferscope::experiment::eval::load_dataset(&text).unwrap();
     assert_eq!(items.len(), 200);
     let opts = inferscope::experiment::eval::EvalOptions {
-        url: format!("http://{}", gw.data_addr),
-        model: "demo".into(),
-        variants: vec!["fp16".into(), "int8".into()],
-        concurrency: 8,
-        headers: Vec::new(),
-        connector: inferscope::tls::Connector::new(None, std::time::Duration::from_secs(5)),
+        target: target(gw.data_addr, 8),
         out: None,
     };
     let scores = inferscope::experiment::eval::run(&opts, &items).await;
@@ -434,31 +414,11 @@ async fn eval_recovers_each_variants_accuracy_within_its_interval() {
 async fn eval_reads_mmlu_and_gsm8k_as_released_with_categories_and_mcnemar() {
     use inferscope::experiment::eval;
     // fp16 is always right; int8 is wrong on 30% of items.
-    let fp16 = start_sim(
-        Profile {
-            answer_error_rate: 0.0,
-            ..exact(1.0, 1.0)
-        },
-        1,
-    )
-    .await;
-    let int8 = start_sim(
-        Profile {
-            answer_error_rate: 0.3,
-            ..exact(1.0, 1.0)
-        },
-        2,
-    )
-    .await;
+    let (fp16, int8) = quiz_sims(0.0, 0.3).await;
     let dir = temp_dir();
     let gw = start_yaml(&yaml(&dir, fp16.addr, int8.addr, 10)).await;
     let opts = eval::EvalOptions {
-        url: format!("http://{}", gw.data_addr),
-        model: "demo".into(),
-        variants: vec!["fp16".into(), "int8".into()],
-        concurrency: 8,
-        headers: Vec::new(),
-        connector: inferscope::tls::Connector::new(None, std::time::Duration::from_secs(5)),
+        target: target(gw.data_addr, 8),
         out: None,
     };
     let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data");
@@ -552,12 +512,7 @@ async fn eval_retries_transient_failures_and_resumes_from_its_out_file() {
     items.truncate(30);
     let out = dir.join("eval-items.jsonl");
     let opts = eval::EvalOptions {
-        url: format!("http://{}", gw.data_addr),
-        model: "demo".into(),
-        variants: vec!["fp16".into(), "int8".into()],
-        concurrency: 4,
-        headers: Vec::new(),
-        connector: inferscope::tls::Connector::new(None, std::time::Duration::from_secs(5)),
+        target: target(gw.data_addr, 4),
         out: Some(out.clone()),
     };
     let first = eval::run(&opts, &items).await;
@@ -595,18 +550,42 @@ async fn eval_retries_transient_failures_and_resumes_from_its_out_file() {
     gw.shutdown();
 }
 
+/// Quick exact simulators answering quizzes wrong at these rates: fp16 (seed 1), int8 (seed 2).
+async fn quiz_sims(
+    fp16: f64,
+    int8: f64,
+) -> (inferscope::sim::SimHandle, inferscope::sim::SimHandle) {
+    let sim = |rate, seed| {
+        start_sim(
+            Profile {
+                answer_error_rate: rate,
+                ..exact(1.0, 1.0)
+            },
+            seed,
+        )
+    };
+    (sim(fp16, 1).await, sim(int8, 2).await)
+}
+
+/// The gateway at `gw`, model `demo`, variants fp16 (the control) and int8.
+fn target(gw: SocketAddr, concurrency: usize) -> inferscope::experiment::eval::EvalTarget {
+    inferscope::experiment::eval::EvalTarget {
+        url: format!("http://{gw}"),
+        model: "demo".into(),
+        variants: vec!["fp16".into(), "int8".into()],
+        concurrency,
+        headers: Vec::new(),
+        connector: inferscope::tls::Connector::new(None, std::time::Duration::from_secs(5)),
+    }
+}
+
 fn perplexity_options(
     gw: SocketAddr,
     window: usize,
     stride: usize,
 ) -> inferscope::experiment::perplexity::PerplexityOptions {
     inferscope::experiment::perplexity::PerplexityOptions {
-        url: format!("http://{gw}"),
-        model: "demo".into(),
-        variants: vec!["fp16".into(), "int8".into()],
-        concurrency: 4,
-        headers: Vec::new(),
-        connector: inferscope::tls::Connector::new(None, std::time::Duration::from_secs(5)),
+        target: target(gw, 4),
         window,
         stride,
     }

@@ -44,6 +44,17 @@ fn gateway_yaml(dir: &std::path::Path, backends: &str, route: &str) -> String {
     )
 }
 
+/// A gateway with one backend at `addr`, `http2: true`, and its access-log directory.
+async fn h2_gateway(addr: SocketAddr) -> (inferscope::app::Running, std::path::PathBuf) {
+    let dir = temp_dir();
+    let yaml = gateway_yaml(
+        &dir,
+        &format!("  - {{ name: h2, url: \"http://{addr}\", http2: true }}\n"),
+        "    backends: [h2]\n",
+    );
+    (start_yaml(&yaml).await, dir)
+}
+
 /// Connections the simulator's requests came on.
 fn connections(truth: &[Truth]) -> usize {
     truth.iter().map(|t| t.peer).collect::<HashSet<_>>().len()
@@ -73,16 +84,7 @@ fn streamed(max_tokens: u32) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_h2c_backend_gets_multiplexed_requests_measured_exactly() {
     let sim = h2_only_sim(exact(40.0, 10.0), 256).await;
-    let dir = temp_dir();
-    let yaml = gateway_yaml(
-        &dir,
-        &format!(
-            "  - {{ name: h2, url: \"http://{}\", http2: true }}\n",
-            sim.addr
-        ),
-        "    backends: [h2]\n",
-    );
-    let gw = start_yaml(&yaml).await;
+    let (gw, dir) = h2_gateway(sim.addr).await;
 
     // One request, measured against the simulator's truth.
     let r = post(gw.data_addr, "/v1/chat/completions", &streamed(12), &[]).await;
@@ -144,16 +146,7 @@ async fn past_the_backends_stream_limit_another_connection_opens() {
     // The backend allows 4 streams per connection (its SETTINGS): 10 requests at once need 3
     // connections; none waits inside a connection for a stream.
     let sim = h2_only_sim(exact(150.0, 20.0), 4).await;
-    let dir = temp_dir();
-    let yaml = gateway_yaml(
-        &dir,
-        &format!(
-            "  - {{ name: h2, url: \"http://{}\", http2: true }}\n",
-            sim.addr
-        ),
-        "    backends: [h2]\n",
-    );
-    let gw = start_yaml(&yaml).await;
+    let (gw, dir) = h2_gateway(sim.addr).await;
     // The first connection, and the backend's SETTINGS with it.
     assert_eq!(
         post(gw.data_addr, "/v1/chat/completions", &streamed(2), &[])
@@ -193,16 +186,7 @@ async fn past_the_backends_stream_limit_another_connection_opens() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_leaves_resets_only_its_own_stream() {
     let sim = h2_only_sim(exact(20.0, 40.0), 256).await;
-    let dir = temp_dir();
-    let yaml = gateway_yaml(
-        &dir,
-        &format!(
-            "  - {{ name: h2, url: \"http://{}\", http2: true }}\n",
-            sim.addr
-        ),
-        "    backends: [h2]\n",
-    );
-    let gw = start_yaml(&yaml).await;
+    let (gw, dir) = h2_gateway(sim.addr).await;
     let stays = {
         let addr = gw.data_addr;
         tokio::spawn(async move { post(addr, "/v1/chat/completions", &streamed(30), &[]).await })
@@ -257,13 +241,7 @@ async fn a_backend_that_closes_its_connection_gets_a_new_one() {
     let first = h2_only_sim_on(listener, exact(5.0, 2.0), 256, async {
         let _ = stopped.await;
     });
-    let dir = temp_dir();
-    let yaml = gateway_yaml(
-        &dir,
-        &format!("  - {{ name: h2, url: \"http://{addr}\", http2: true }}\n"),
-        "    backends: [h2]\n",
-    );
-    let gw = start_yaml(&yaml).await;
+    let (gw, dir) = h2_gateway(addr).await;
     let r = post(gw.data_addr, "/v1/chat/completions", &streamed(3), &[]).await;
     assert_eq!(r.status, 200);
     assert_eq!(first.truth().len(), 1);

@@ -109,12 +109,14 @@ async fn perplexity_reads_vllms_prompt_logprobs() {
     ))
     .unwrap();
     let opts = perplexity::PerplexityOptions {
-        url: format!("http://{}", gw.data_addr),
-        model: "tiny-llama".into(),
-        variants: vec!["fp16".into(), "int8".into()],
-        concurrency: 2,
-        headers: Vec::new(),
-        connector: inferscope::tls::Connector::new(None, std::time::Duration::from_secs(5)),
+        target: inferscope::experiment::eval::EvalTarget {
+            url: format!("http://{}", gw.data_addr),
+            model: "tiny-llama".into(),
+            variants: vec!["fp16".into(), "int8".into()],
+            concurrency: 2,
+            headers: Vec::new(),
+            connector: inferscope::tls::Connector::new(None, std::time::Duration::from_secs(5)),
+        },
         window: 1000,
         stride: 500,
     };

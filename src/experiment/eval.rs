@@ -105,9 +105,10 @@ fn mmlu_block(item: &EvalItem, answer: Option<&str>) -> String {
     b
 }
 
-/// What to evaluate.
+/// Whom an evaluation asks, and how: the gateway, the model, the variants (each request forced
+/// to one with `x-inferscope-variant`), shared by accuracy runs and perplexity (`perplexity`).
 #[derive(Debug, Clone)]
-pub struct EvalOptions {
+pub struct EvalTarget {
     /// Gateway base URL (`http://host:port`).
     pub url: String,
     /// Model name sent in requests.
@@ -120,6 +121,101 @@ pub struct EvalOptions {
     pub headers: Vec<(String, String)>,
     /// Makes the connections (TCP, or TLS for an `https://` URL).
     pub connector: crate::tls::Connector,
+}
+
+/// The HTTP client an evaluation uses.
+pub(super) type HttpClient = Client<crate::tls::Connector, Full<Bytes>>;
+
+/// Why a forced request got no usable answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum NoReply {
+    /// The connection failed, or the backend was busy or failing (429, 5xx): worth another try.
+    Transient(String),
+    /// Another variant answered (not an experiment route, or rolled back by a guardrail).
+    Served(String),
+    /// Any other answer (4xx, not JSON): asking again gives the same.
+    Final(String),
+}
+
+impl EvalTarget {
+    /// A client for it.
+    pub(super) fn client(&self) -> HttpClient {
+        Client::builder(TokioExecutor::new()).build(self.connector.clone())
+    }
+
+    /// POSTs `body` to `path` forced to `variant`; the answer's JSON.
+    pub(super) async fn post(
+        &self,
+        client: &HttpClient,
+        variant: &str,
+        path: &str,
+        body: &Value,
+    ) -> Result<Value, NoReply> {
+        let mut req = http::Request::post(format!("{}{path}", self.url.trim_end_matches('/')))
+            .header("content-type", "application/json")
+            .header(super::VARIANT_HEADER, variant);
+        for (k, v) in &self.headers {
+            req = req.header(k.as_str(), v.as_str());
+        }
+        let req = req
+            .body(Full::new(Bytes::from(body.to_string())))
+            .map_err(|e| NoReply::Final(e.to_string()))?;
+        let transient = |e: &dyn std::fmt::Display| NoReply::Transient(e.to_string());
+        let resp = client.request(req).await.map_err(|e| transient(&e))?;
+        let status = resp.status();
+        let served = resp
+            .headers()
+            .get(super::VARIANT_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| transient(&e))?
+            .to_bytes();
+        let text = || {
+            let t: String = String::from_utf8_lossy(&bytes).chars().take(200).collect();
+            format!("HTTP {status}: {t}")
+        };
+        if status == http::StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
+            return Err(NoReply::Transient(text()));
+        }
+        if !status.is_success() {
+            return Err(NoReply::Final(text()));
+        }
+        if let Some(s) = served.filter(|s| s != variant) {
+            return Err(NoReply::Served(s));
+        }
+        serde_json::from_slice(&bytes).map_err(|e| NoReply::Final(format!("not JSON: {e}")))
+    }
+
+    /// `post`, tried again after 0.2 s and 1 s when the failure was transient (never because
+    /// of what the answer said).
+    pub(super) async fn post_retrying(
+        &self,
+        client: &HttpClient,
+        variant: &str,
+        path: &str,
+        body: &Value,
+    ) -> Result<Value, NoReply> {
+        for wait in [200, 1000] {
+            match self.post(client, variant, path, body).await {
+                Err(NoReply::Transient(_)) => {
+                    tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+                }
+                done => return done,
+            }
+        }
+        self.post(client, variant, path, body).await
+    }
+}
+
+/// What to evaluate.
+#[derive(Debug, Clone)]
+pub struct EvalOptions {
+    /// Whom to ask.
+    pub target: EvalTarget,
     /// Each item's result is appended here as JSON lines; a rerun with the same file asks only
     /// what it does not hold yet.
     pub out: Option<std::path::PathBuf>,
@@ -452,83 +548,22 @@ fn correct(item: &EvalItem, reply: &str) -> bool {
     }
 }
 
-/// Why an item got no reply.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum NoReply {
-    /// The connection failed, or the backend was busy or failing (429, 5xx): worth another try.
-    Transient,
-    /// Any other answer (4xx, another variant, no content): asking again gives the same.
-    Final,
-}
-
+/// The reply to `item` from `variant`, or `None` (failed, after retries of transient failures).
 async fn ask(
-    client: &Client<crate::tls::Connector, Full<Bytes>>,
-    o: &EvalOptions,
-    variant: &str,
-    item: &EvalItem,
-) -> Result<String, NoReply> {
-    let body = json!({"model": o.model, "stream": false, "max_tokens": item.max_tokens(),
-        "temperature": 0, "messages": [{"role": "user", "content": item.prompt()}]});
-    let mut req = http::Request::post(format!(
-        "{}/v1/chat/completions",
-        o.url.trim_end_matches('/')
-    ))
-    .header("content-type", "application/json")
-    .header(super::VARIANT_HEADER, variant);
-    for (k, v) in &o.headers {
-        req = req.header(k.as_str(), v.as_str());
-    }
-    let req = req
-        .body(Full::new(Bytes::from(body.to_string())))
-        .map_err(|_| NoReply::Final)?;
-    let resp = client.request(req).await.map_err(|_| NoReply::Transient)?;
-    let status = resp.status();
-    if status == http::StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
-        return Err(NoReply::Transient);
-    }
-    if !status.is_success() {
-        return Err(NoReply::Final);
-    }
-    let served = resp
-        .headers()
-        .get(super::VARIANT_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
-    let bytes = resp
-        .into_body()
-        .collect()
-        .await
-        .map_err(|_| NoReply::Transient)?
-        .to_bytes();
-    if served.as_deref().is_some_and(|s| s != variant) {
-        // Rolled back by a guardrail, or not an experiment route: not this variant's answer.
-        return Err(NoReply::Final);
-    }
-    let v: Value = serde_json::from_slice(&bytes).map_err(|_| NoReply::Final)?;
-    v.pointer("/choices/0/message/content")
-        .and_then(Value::as_str)
-        .map(str::to_owned)
-        .ok_or(NoReply::Final)
-}
-
-/// `ask`, tried again after 0.2 s and 1 s when the failure was transient (never because an
-/// answer was wrong).
-async fn ask_retrying(
-    client: &Client<crate::tls::Connector, Full<Bytes>>,
-    o: &EvalOptions,
+    client: &HttpClient,
+    t: &EvalTarget,
     variant: &str,
     item: &EvalItem,
 ) -> Option<String> {
-    for wait in [200, 1000] {
-        match ask(client, o, variant, item).await {
-            Ok(r) => return Some(r),
-            Err(NoReply::Final) => return None,
-            Err(NoReply::Transient) => {
-                tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
-            }
-        }
-    }
-    ask(client, o, variant, item).await.ok()
+    let body = json!({"model": t.model, "stream": false, "max_tokens": item.max_tokens(),
+        "temperature": 0, "messages": [{"role": "user", "content": item.prompt()}]});
+    let v = t
+        .post_retrying(client, variant, "/v1/chat/completions", &body)
+        .await
+        .ok()?;
+    v.pointer("/choices/0/message/content")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
 }
 
 /// An item's identity in `--out` files: its question and answer (so a changed dataset is asked
@@ -559,9 +594,8 @@ fn done_items(path: &Path) -> std::collections::HashMap<(String, usize), (String
 
 /// Runs every item through every variant.
 pub async fn run(o: &EvalOptions, items: &[EvalItem]) -> Vec<Score> {
-    let http = o.connector.clone();
-    let client: Client<crate::tls::Connector, Full<Bytes>> =
-        Client::builder(TokioExecutor::new()).build(http);
+    let t = &o.target;
+    let client = t.client();
     let items = Arc::new(items.to_vec());
     let ids: Arc<Vec<String>> = Arc::new(items.iter().map(item_id).collect());
     let done = o.out.as_deref().map(done_items).unwrap_or_default();
@@ -574,7 +608,7 @@ pub async fn run(o: &EvalOptions, items: &[EvalItem]) -> Vec<Score> {
             .map(|f| Arc::new(parking_lot::Mutex::new(f)))
     });
     let mut scores = Vec::new();
-    for variant in &o.variants {
+    for variant in &t.variants {
         // Items a previous run answered (same variant, index and item) are not asked again.
         let prior: Vec<Option<bool>> = (0..items.len())
             .map(|i| match done.get(&(variant.clone(), i)) {
@@ -592,15 +626,15 @@ pub async fn run(o: &EvalOptions, items: &[EvalItem]) -> Vec<Score> {
             Arc::new((0..items.len()).filter(|i| prior[*i].is_none()).collect());
         let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let mut workers = Vec::new();
-        for _ in 0..o.concurrency.max(1) {
-            let (client, items, ids, per_item, todo, next, o, variant, out) = (
+        for _ in 0..t.concurrency.max(1) {
+            let (client, items, ids, per_item, todo, next, t, variant, out) = (
                 client.clone(),
                 Arc::clone(&items),
                 Arc::clone(&ids),
                 Arc::clone(&per_item),
                 Arc::clone(&todo),
                 Arc::clone(&next),
-                o.clone(),
+                t.clone(),
                 variant.clone(),
                 out.clone(),
             );
@@ -609,7 +643,7 @@ pub async fn run(o: &EvalOptions, items: &[EvalItem]) -> Vec<Score> {
                     let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let Some(&i) = todo.get(k) else { return };
                     let item = &items[i];
-                    let reply = ask_retrying(&client, &o, &variant, item).await;
+                    let reply = ask(&client, &t, &variant, item).await;
                     let r = (
                         reply.as_deref().is_some_and(|r| correct(item, r)),
                         reply.is_none(),

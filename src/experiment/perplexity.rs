@@ -15,10 +15,7 @@
 //! Windows are in characters: a backend's tokenizer (vLLM's `/tokenize`) is not asked yet, so a
 //! window's token count varies with the text; the report says so.
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use super::eval::{HttpClient, NoReply};
 use serde_json::{json, Value};
 use std::fmt::Write;
 use std::sync::Arc;
@@ -26,18 +23,8 @@ use std::sync::Arc;
 /// What to score.
 #[derive(Debug, Clone)]
 pub struct PerplexityOptions {
-    /// Gateway base URL (`http://host:port`).
-    pub url: String,
-    /// Model name sent in requests.
-    pub model: String,
-    /// Variants, the first being the control.
-    pub variants: Vec<String>,
-    /// Requests in flight at once.
-    pub concurrency: usize,
-    /// Extra request headers (an API key).
-    pub headers: Vec<(String, String)>,
-    /// Makes the connections (TCP, or TLS for an `https://` URL).
-    pub connector: crate::tls::Connector,
+    /// Whom to ask.
+    pub target: super::eval::EvalTarget,
     /// Window length, characters.
     pub window: usize,
     /// Distance between window starts, characters (at most `window`).
@@ -173,17 +160,12 @@ pub fn score_answer(answer: &Value, prompt_chars: usize, score_from: usize) -> O
     Some(s)
 }
 
-type HttpClient = Client<crate::tls::Connector, Full<Bytes>>;
-
 /// Why one window was not scored.
 #[derive(Debug, Clone)]
 enum Failed {
-    /// The connection or the body failed: worth another try.
-    Transport(String),
-    /// An answer that is not a score (status, not JSON).
-    Answer(String),
+    /// No answer (`NoReply`), after retries of transient failures.
+    Asked(NoReply),
     NoLogprobs,
-    Served(String),
 }
 
 async fn score_window(
@@ -193,41 +175,13 @@ async fn score_window(
     text: &str,
     w: Window,
 ) -> Result<WindowScore, Failed> {
-    let body = json!({"model": o.model, "prompt": text, "echo": true, "logprobs": 1,
+    let t = &o.target;
+    let body = json!({"model": t.model, "prompt": text, "echo": true, "logprobs": 1,
         "max_tokens": 1, "temperature": 0});
-    let mut req = http::Request::post(format!("{}/v1/completions", o.url.trim_end_matches('/')))
-        .header("content-type", "application/json")
-        .header(super::VARIANT_HEADER, variant);
-    for (k, v) in &o.headers {
-        req = req.header(k.as_str(), v.as_str());
-    }
-    let req = req
-        .body(Full::new(Bytes::from(body.to_string())))
-        .map_err(|e| Failed::Answer(e.to_string()))?;
-    let transport = |e: &dyn std::fmt::Display| Failed::Transport(e.to_string());
-    let resp = client.request(req).await.map_err(|e| transport(&e))?;
-    let status = resp.status();
-    let served = resp
-        .headers()
-        .get(super::VARIANT_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
-    let bytes = resp
-        .into_body()
-        .collect()
+    let v = t
+        .post_retrying(client, variant, "/v1/completions", &body)
         .await
-        .map_err(|e| transport(&e))?
-        .to_bytes();
-    if !status.is_success() {
-        let text = String::from_utf8_lossy(&bytes);
-        let text: String = text.chars().take(200).collect();
-        return Err(Failed::Answer(format!("HTTP {status}: {text}")));
-    }
-    if let Some(s) = served.filter(|s| s != variant) {
-        return Err(Failed::Served(s));
-    }
-    let v: Value =
-        serde_json::from_slice(&bytes).map_err(|e| Failed::Answer(format!("not JSON: {e}")))?;
+        .map_err(Failed::Asked)?;
     score_answer(&v, w.end - w.start, w.score_from).ok_or(Failed::NoLogprobs)
 }
 
@@ -245,13 +199,13 @@ pub async fn run(o: &PerplexityOptions, text: &str) -> Result<Vec<Perplexity>, P
             .map(|w| (text[byte_at(w.start)..byte_at(w.end)].to_owned(), *w))
             .collect(),
     );
-    let client: HttpClient = Client::builder(TokioExecutor::new()).build(o.connector.clone());
+    let client = o.target.client();
     let mut out = Vec::new();
-    for variant in &o.variants {
+    for variant in &o.target.variants {
         let results = Arc::new(parking_lot::Mutex::new(vec![None; pieces.len()]));
         let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let mut workers = Vec::new();
-        for _ in 0..o.concurrency.max(1) {
+        for _ in 0..o.target.concurrency.max(1) {
             let (client, pieces, results, next, o, variant) = (
                 client.clone(),
                 Arc::clone(&pieces),
@@ -266,14 +220,7 @@ pub async fn run(o: &PerplexityOptions, text: &str) -> Result<Vec<Perplexity>, P
                     let Some((text, w)) = pieces.get(i) else {
                         return;
                     };
-                    // Transport failures are tried again (twice); answers are not.
-                    let mut r = score_window(&client, &o, &variant, text, *w).await;
-                    for _ in 0..2 {
-                        if !matches!(r, Err(Failed::Transport(_))) {
-                            break;
-                        }
-                        r = score_window(&client, &o, &variant, text, *w).await;
-                    }
+                    let r = score_window(&client, &o, &variant, text, *w).await;
                     results.lock()[i] = Some(r);
                 }
             }));
@@ -284,13 +231,14 @@ pub async fn run(o: &PerplexityOptions, text: &str) -> Result<Vec<Perplexity>, P
         let mut scores = Vec::with_capacity(pieces.len());
         for (i, r) in results.lock().drain(..).enumerate() {
             let variant = variant.clone();
-            match r.unwrap_or_else(|| Err(Failed::Transport("not scored".into()))) {
+            let unscored = Failed::Asked(NoReply::Final("not scored".into()));
+            match r.unwrap_or(Err(unscored)) {
                 Ok(s) => scores.push(s),
                 Err(Failed::NoLogprobs) => return Err(PerplexityError::NoLogprobs { variant }),
-                Err(Failed::Served(served)) => {
+                Err(Failed::Asked(NoReply::Served(served))) => {
                     return Err(PerplexityError::WrongVariant { variant, served })
                 }
-                Err(Failed::Transport(why) | Failed::Answer(why)) => {
+                Err(Failed::Asked(NoReply::Transient(why) | NoReply::Final(why))) => {
                     return Err(PerplexityError::Request {
                         variant,
                         window: i,
