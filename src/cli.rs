@@ -273,11 +273,11 @@ enum Cmd {
         /// The reference text for --perplexity (plain UTF-8).
         #[arg(long)]
         corpus: Option<PathBuf>,
-        /// --perplexity window, characters.
-        #[arg(long, default_value_t = 4096)]
+        /// --perplexity window, in the backend's tokens (`/tokenize`), else characters.
+        #[arg(long, default_value_t = 1024)]
         window: usize,
-        /// --perplexity distance between windows, characters (at most --window).
-        #[arg(long, default_value_t = 2048)]
+        /// --perplexity distance between windows, same unit (at most --window).
+        #[arg(long, default_value_t = 512)]
         stride: usize,
         /// Gateway URL.
         #[arg(long, default_value = "http://127.0.0.1:8080")]

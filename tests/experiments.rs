@@ -611,7 +611,7 @@ async fn perplexity_per_variant_recovers_the_backends_shift_with_its_interval() 
         "/data/perplexity-sample.txt"
     ))
     .unwrap();
-    let opts = perplexity_options(gw.data_addr, 400, 200);
+    let opts = perplexity_options(gw.data_addr, 100, 50);
     let results = perplexity::run(&opts, &text).await.unwrap();
     let report = perplexity::render(&results, &opts);
     println!("{report}");
@@ -638,18 +638,19 @@ async fn perplexity_per_variant_recovers_the_backends_shift_with_its_interval() 
     let (d, (lo, hi)) = perplexity::paired_difference(a, b, 2000);
     assert!(0.0 < lo && lo <= d && d <= hi, "{d} [{lo}, {hi}]");
     assert!(
-        report.contains("| int8 |") && report.contains("in characters"),
+        report.contains("| int8 |") && report.contains("tokens of the backend's tokenizer"),
         "{report}"
     );
+    assert_eq!(a.unit, perplexity::Unit::Tokens);
     let log = stop_and_read_log(gw, &dir).await;
+    let on = |path: &str| log.iter().filter(|l| l["path"] == path).count();
+    assert_eq!(on("/tokenize"), 2, "the text tokenized by each variant");
     assert_eq!(
-        log.len(),
+        on("/v1/completions"),
         2 * a.windows.len(),
         "every window, each variant, through the gateway"
     );
-    assert!(log
-        .iter()
-        .all(|l| l["path"] == "/v1/completions" && l["outcome"] == "ok"));
+    assert!(log.iter().all(|l| l["outcome"] == "ok"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -676,6 +677,24 @@ async fn perplexity_names_what_a_backend_without_prompt_logprobs_lacks() {
         "{err}"
     );
     assert!(err.to_string().contains("echo"), "{err}");
+    // Each variant alone: the simulator tokenizes (token windows); the fixture answers
+    // /tokenize with a completion, so its windows fall back to characters, and it still has no
+    // log-probabilities.
+    let short = "one two three four five six";
+    let only = |variant: &str| perplexity::PerplexityOptions {
+        target: inferscope::experiment::eval::EvalTarget {
+            variants: vec![variant.into()],
+            ..opts.target.clone()
+        },
+        ..opts.clone()
+    };
+    let tokens = perplexity::run(&only("fp16"), short).await.unwrap();
+    assert_eq!(
+        (tokens[0].unit.clone(), tokens[0].tokens),
+        (perplexity::Unit::Tokens, 5)
+    );
+    let e = perplexity::run(&only("int8"), short).await.unwrap_err();
+    assert!(matches!(e, PerplexityError::NoLogprobs { .. }), "{e}");
     assert!(matches!(
         perplexity::run(&opts, "  \n").await,
         Err(PerplexityError::Empty)

@@ -117,8 +117,8 @@ async fn perplexity_reads_vllms_prompt_logprobs() {
             headers: Vec::new(),
             connector: inferscope::tls::Connector::new(None, std::time::Duration::from_secs(5)),
         },
-        window: 1000,
-        stride: 500,
+        window: 300,
+        stride: 150,
     };
     let results = perplexity::run(&opts, &text).await.unwrap();
     let report = perplexity::render(&results, &opts);
@@ -127,6 +127,11 @@ async fn perplexity_reads_vllms_prompt_logprobs() {
     // A few hundred tokens of English (vLLM's tokenizer: more tokens than words).
     assert!(a.tokens > 500 && a.tokens == b.tokens, "{report}");
     assert!(a.ppl.is_finite() && a.ppl > 1.0, "{report}");
+    assert_eq!(
+        a.unit,
+        perplexity::Unit::Tokens,
+        "vLLM's /tokenize: {report}"
+    );
     assert!((a.ppl / b.ppl).ln().abs() < 0.01, "{report}");
     gw.shutdown();
 }

@@ -143,13 +143,16 @@ impl EvalTarget {
         Client::builder(TokioExecutor::new()).build(self.connector.clone())
     }
 
-    /// POSTs `body` to `path` forced to `variant`; the answer's JSON.
+    /// POSTs `body` to `path` forced to `variant`; the answer's JSON. Another variant's answer is
+    /// refused; with `strict`, so is one that names no variant (a route that is not the
+    /// experiment's answered).
     pub(super) async fn post(
         &self,
         client: &HttpClient,
         variant: &str,
         path: &str,
         body: &Value,
+        strict: bool,
     ) -> Result<Value, NoReply> {
         let mut req = http::Request::post(format!("{}{path}", self.url.trim_end_matches('/')))
             .header("content-type", "application/json")
@@ -184,8 +187,10 @@ impl EvalTarget {
         if !status.is_success() {
             return Err(NoReply::Final(text()));
         }
-        if let Some(s) = served.filter(|s| s != variant) {
-            return Err(NoReply::Served(s));
+        match served {
+            Some(s) if s != variant => return Err(NoReply::Served(s)),
+            None if strict => return Err(NoReply::Served("none".into())),
+            _ => {}
         }
         serde_json::from_slice(&bytes).map_err(|e| NoReply::Final(format!("not JSON: {e}")))
     }
@@ -198,16 +203,17 @@ impl EvalTarget {
         variant: &str,
         path: &str,
         body: &Value,
+        strict: bool,
     ) -> Result<Value, NoReply> {
         for wait in [200, 1000] {
-            match self.post(client, variant, path, body).await {
+            match self.post(client, variant, path, body, strict).await {
                 Err(NoReply::Transient(_)) => {
                     tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
                 }
                 done => return done,
             }
         }
-        self.post(client, variant, path, body).await
+        self.post(client, variant, path, body, strict).await
     }
 }
 
@@ -558,7 +564,7 @@ async fn ask(
     let body = json!({"model": t.model, "stream": false, "max_tokens": item.max_tokens(),
         "temperature": 0, "messages": [{"role": "user", "content": item.prompt()}]});
     let v = t
-        .post_retrying(client, variant, "/v1/chat/completions", &body)
+        .post_retrying(client, variant, "/v1/chat/completions", &body, false)
         .await
         .ok()?;
     v.pointer("/choices/0/message/content")

@@ -1,19 +1,22 @@
 //! `inferscope eval --perplexity`: how much worse a variant predicts a reference text — the
 //! yardstick quoted for quantization (a perplexity rise under about 0.5 is usually acceptable).
 //!
-//! The text is cut into windows of `window` characters, `stride` apart. Each window goes through
+//! The text is cut into windows of `window` tokens (or characters, below), `stride` apart. Each
+//! window goes through
 //! the gateway to each variant (forced with `x-inferscope-variant`) as an OpenAI completions
 //! request with `echo: true, logprobs: 1, max_tokens: 1`: the backend returns the log-probability
 //! of every prompt token given the ones before it (vLLM, and the simulator, do), the method
 //! lm-evaluation-harness uses against OpenAI-compatible servers. The first token of a window has
 //! none and the generated token is not the text's, so neither counts; after the first window only
-//! tokens starting in the window's last `stride` characters count (the rest is context already
-//! scored), so every token of the text is scored once. Perplexity is exp(total negative
+//! tokens in the part not yet scored count (the rest is context), so every token of the text is
+//! scored once. Perplexity is exp(total negative
 //! log-likelihood / tokens scored) per variant; the difference from the control gets a 95%
 //! interval from a paired bootstrap over windows (the same windows on both variants).
 //!
-//! Windows are in characters: a backend's tokenizer (vLLM's `/tokenize`) is not asked yet, so a
-//! window's token count varies with the text; the report says so.
+//! Windows are in the backend's own tokens when every variant answers `/tokenize` (vLLM does; so
+//! does the simulator) with the same ids: the windows are then sent as token ids, and token `i`
+//! of a window is scored by its position. Otherwise they are in characters, cut before a space,
+//! tokens placed by their `text_offset`; the report says which, and why.
 
 use super::eval::{HttpClient, NoReply};
 use serde_json::{json, Value};
@@ -25,9 +28,9 @@ use std::sync::Arc;
 pub struct PerplexityOptions {
     /// Whom to ask.
     pub target: super::eval::EvalTarget,
-    /// Window length, characters.
+    /// Window length, in tokens (or characters: `Unit`).
     pub window: usize,
-    /// Distance between window starts, characters (at most `window`).
+    /// Distance between window starts, same unit (at most `window`).
     pub stride: usize,
 }
 
@@ -47,15 +50,25 @@ pub struct Window {
 /// ending just before a whitespace character where one is near (so no word is cut in two, and the
 /// next window's first scored token begins with its space, as tokenizers split English).
 pub fn windows(text: &[char], window: usize, stride: usize) -> Vec<Window> {
-    let n = text.len();
+    windows_by(text.len(), window, stride, |i| {
+        text.get(i).is_some_and(|c| c.is_whitespace())
+    })
+}
+
+/// The windows covering `n` tokens: exactly `window` long and `stride` apart.
+pub fn token_windows(n: usize, window: usize, stride: usize) -> Vec<Window> {
+    windows_by(n, window, stride, |_| false)
+}
+
+fn windows_by(
+    n: usize,
+    window: usize,
+    stride: usize,
+    space: impl Fn(usize) -> bool,
+) -> Vec<Window> {
     let (window, stride) = (window.max(1), stride.clamp(1, window.max(1)));
-    // The last whitespace position in [lo, p], or p when there is none.
-    let cut = |p: usize, lo: usize| {
-        (lo..=p)
-            .rev()
-            .find(|&i| text.get(i).is_some_and(|c| c.is_whitespace()))
-            .unwrap_or(p)
-    };
+    // The last space position in [lo, p], or p when there is none.
+    let cut = |p: usize, lo: usize| (lo..=p).rev().find(|&i| space(i)).unwrap_or(p);
     let mut out = Vec::new();
     let (mut start, mut scored_to) = (0, 0);
     while scored_to < n {
@@ -84,11 +97,22 @@ pub struct WindowScore {
     pub tokens: usize,
 }
 
+/// What windows are counted in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unit {
+    /// The backend's tokens (`/tokenize`).
+    Tokens,
+    /// Characters, and why not tokens.
+    Chars(String),
+}
+
 /// A variant's perplexity on the text.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Perplexity {
     /// Variant.
     pub variant: String,
+    /// What its windows were counted in.
+    pub unit: Unit,
     /// exp(total NLL / tokens).
     pub ppl: f64,
     /// Tokens scored.
@@ -133,22 +157,32 @@ pub enum PerplexityError {
     },
 }
 
-/// Scores one window's completions answer: the prompt tokens (offset below the prompt's length)
-/// from `score_from` on, without the first token. `None`: no prompt log-probabilities in it.
-pub fn score_answer(answer: &Value, prompt_chars: usize, score_from: usize) -> Option<WindowScore> {
+/// Scores one window's completions answer: the prompt's tokens from `score_from` on, without the
+/// first token. With `Unit::Tokens`, `prompt_len` and `score_from` count tokens (by position);
+/// otherwise characters (by `text_offset`). `None`: no prompt log-probabilities in it.
+pub fn score_answer(
+    answer: &Value,
+    unit: &Unit,
+    prompt_len: usize,
+    score_from: usize,
+) -> Option<WindowScore> {
     let lp = answer.pointer("/choices/0/logprobs")?;
     let values = lp.get("token_logprobs")?.as_array()?;
-    let offsets = lp.get("text_offset")?.as_array()?;
-    if values.len() != offsets.len() || values.len() < 2 {
+    let offsets = lp.get("text_offset").and_then(Value::as_array);
+    let by_position = *unit == Unit::Tokens;
+    if values.len() < 2 || (!by_position && offsets.is_none_or(|o| o.len() != values.len())) {
         return None;
     }
     let mut s = WindowScore {
         nll: 0.0,
         tokens: 0,
     };
-    for (i, (v, at)) in values.iter().zip(offsets).enumerate() {
-        let at = at.as_u64()? as usize;
-        if at >= prompt_chars {
+    for (i, v) in values.iter().enumerate() {
+        let at = match offsets.filter(|_| !by_position) {
+            Some(o) => o.get(i)?.as_u64()? as usize,
+            None => i,
+        };
+        if at >= prompt_len {
             break; // the generated token
         }
         if i == 0 || at < score_from {
@@ -168,21 +202,72 @@ enum Failed {
     NoLogprobs,
 }
 
+/// One window's prompt: its text, or its token ids.
+#[derive(Debug, Clone)]
+struct Piece {
+    prompt: Value,
+    window: Window,
+}
+
 async fn score_window(
     client: &HttpClient,
     o: &PerplexityOptions,
     variant: &str,
-    text: &str,
-    w: Window,
+    unit: &Unit,
+    piece: &Piece,
 ) -> Result<WindowScore, Failed> {
     let t = &o.target;
-    let body = json!({"model": t.model, "prompt": text, "echo": true, "logprobs": 1,
+    let body = json!({"model": t.model, "prompt": piece.prompt, "echo": true, "logprobs": 1,
         "max_tokens": 1, "temperature": 0});
     let v = t
-        .post_retrying(client, variant, "/v1/completions", &body)
+        .post_retrying(client, variant, "/v1/completions", &body, false)
         .await
         .map_err(Failed::Asked)?;
-    score_answer(&v, w.end - w.start, w.score_from).ok_or(Failed::NoLogprobs)
+    let w = piece.window;
+    score_answer(&v, unit, w.end - w.start, w.score_from).ok_or(Failed::NoLogprobs)
+}
+
+/// The text's token ids, when every variant's backend tokenizes it (`/tokenize`) and all the
+/// same; otherwise why not.
+async fn tokenize(
+    client: &HttpClient,
+    o: &PerplexityOptions,
+    text: &str,
+) -> Result<Vec<u64>, String> {
+    let t = &o.target;
+    let body = json!({"model": t.model, "prompt": text, "add_special_tokens": false});
+    let mut first: Option<Vec<u64>> = None;
+    for variant in &t.variants {
+        // Token ids are the tokenizer's own: they must come from this variant's backend.
+        let v = t
+            .post_retrying(client, variant, "/tokenize", &body, true)
+            .await
+            .map_err(|e| match e {
+                NoReply::Served(_) => format!(
+                    "/tokenize did not reach variant {variant}: the gateway routes it by path, \
+                     not by model, so only a route matching it that is the experiment's can"
+                ),
+                e => format!("{variant} has no /tokenize ({e:?})"),
+            })?;
+        let ids: Vec<u64> = v
+            .get("tokens")
+            .and_then(Value::as_array)
+            .and_then(|a| a.iter().map(Value::as_u64).collect())
+            .ok_or_else(|| format!("{variant}'s /tokenize gave no token ids"))?;
+        match &first {
+            Some(f) if *f != ids => {
+                return Err(format!(
+                    "{variant} tokenizes the text differently from {}",
+                    t.variants[0]
+                ))
+            }
+            Some(_) => {}
+            None => first = Some(ids),
+        }
+    }
+    first
+        .filter(|f| !f.is_empty())
+        .ok_or_else(|| "no tokens".into())
 }
 
 /// Scores `text` on every variant.
@@ -190,37 +275,55 @@ pub async fn run(o: &PerplexityOptions, text: &str) -> Result<Vec<Perplexity>, P
     if text.trim().is_empty() {
         return Err(PerplexityError::Empty);
     }
-    let bytes: Vec<usize> = text.char_indices().map(|x| x.0).collect();
-    let chars: Vec<char> = text.chars().collect();
-    let byte_at = |c: usize| bytes.get(c).copied().unwrap_or(text.len());
-    let wins = windows(&chars, o.window, o.stride);
-    let pieces: Arc<Vec<(String, Window)>> = Arc::new(
-        wins.iter()
-            .map(|w| (text[byte_at(w.start)..byte_at(w.end)].to_owned(), *w))
-            .collect(),
-    );
     let client = o.target.client();
+    let (unit, pieces) = match tokenize(&client, o, text).await {
+        Ok(ids) => {
+            let pieces = token_windows(ids.len(), o.window, o.stride)
+                .into_iter()
+                .map(|w| Piece {
+                    prompt: json!(ids[w.start..w.end]),
+                    window: w,
+                })
+                .collect();
+            (Unit::Tokens, pieces)
+        }
+        Err(why) => {
+            let bytes: Vec<usize> = text.char_indices().map(|x| x.0).collect();
+            let chars: Vec<char> = text.chars().collect();
+            let byte_at = |c: usize| bytes.get(c).copied().unwrap_or(text.len());
+            let pieces = windows(&chars, o.window, o.stride)
+                .into_iter()
+                .map(|w| Piece {
+                    prompt: Value::from(&text[byte_at(w.start)..byte_at(w.end)]),
+                    window: w,
+                })
+                .collect();
+            (Unit::Chars(why), pieces)
+        }
+    };
+    let pieces: Arc<Vec<Piece>> = Arc::new(pieces);
     let mut out = Vec::new();
     for variant in &o.target.variants {
         let results = Arc::new(parking_lot::Mutex::new(vec![None; pieces.len()]));
         let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let mut workers = Vec::new();
         for _ in 0..o.target.concurrency.max(1) {
-            let (client, pieces, results, next, o, variant) = (
+            let (client, pieces, results, next, o, variant, unit) = (
                 client.clone(),
                 Arc::clone(&pieces),
                 Arc::clone(&results),
                 Arc::clone(&next),
                 o.clone(),
                 variant.clone(),
+                unit.clone(),
             );
             workers.push(tokio::spawn(async move {
                 loop {
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some((text, w)) = pieces.get(i) else {
+                    let Some(piece) = pieces.get(i) else {
                         return;
                     };
-                    let r = score_window(&client, &o, &variant, text, *w).await;
+                    let r = score_window(&client, &o, &variant, &unit, piece).await;
                     results.lock()[i] = Some(r);
                 }
             }));
@@ -247,7 +350,9 @@ pub async fn run(o: &PerplexityOptions, text: &str) -> Result<Vec<Perplexity>, P
                 }
             }
         }
-        out.push(summarize(variant, scores));
+        let mut p = summarize(variant, scores);
+        p.unit = unit.clone();
+        out.push(p);
     }
     Ok(out)
 }
@@ -256,6 +361,7 @@ fn summarize(variant: &str, windows: Vec<WindowScore>) -> Perplexity {
     let (nll, tokens) = totals(windows.iter());
     Perplexity {
         variant: variant.to_owned(),
+        unit: Unit::Tokens,
         ppl: (nll / tokens.max(1) as f64).exp(),
         tokens,
         windows,
@@ -319,13 +425,19 @@ pub fn render(results: &[Perplexity], o: &PerplexityOptions) -> String {
             r.variant, r.ppl, r.tokens
         );
     }
-    let _ = writeln!(
-        out,
-        "\nWindows of {} characters, {} apart ({} windows): in characters, not the backend's tokens.",
-        o.window,
-        o.stride,
-        results.first().map_or(0, |r| r.windows.len())
-    );
+    let windows = results.first().map_or(0, |r| r.windows.len());
+    let _ = match results.first().map(|r| &r.unit) {
+        Some(Unit::Chars(why)) => writeln!(
+            out,
+            "\nWindows of {} characters, {} apart ({windows} windows): in characters, not the backend's tokens ({why}).",
+            o.window, o.stride
+        ),
+        _ => writeln!(
+            out,
+            "\nWindows of {} tokens of the backend's tokenizer, {} apart ({windows} windows).",
+            o.window, o.stride
+        ),
+    };
     out
 }
 
@@ -366,22 +478,16 @@ mod tests {
             "tokens": ["a", " b", " c", " d", " X"],
             "token_logprobs": [null, -1.0, -2.0, -3.0, -9.0],
             "text_offset": [0, 1, 3, 5, 7]}}]});
-        assert_eq!(
-            score_answer(&a, 7, 0),
-            Some(WindowScore {
-                nll: 6.0,
-                tokens: 3
-            })
-        );
-        assert_eq!(
-            score_answer(&a, 7, 3),
-            Some(WindowScore {
-                nll: 5.0,
-                tokens: 2
-            })
-        );
+        let chars = Unit::Chars(String::new());
+        let score = |nll, tokens| Some(WindowScore { nll, tokens });
+        assert_eq!(score_answer(&a, &chars, 7, 0), score(6.0, 3));
+        assert_eq!(score_answer(&a, &chars, 7, 3), score(5.0, 2));
+        // By position: 4 prompt tokens, the fifth generated.
+        assert_eq!(score_answer(&a, &Unit::Tokens, 4, 0), score(6.0, 3));
+        assert_eq!(score_answer(&a, &Unit::Tokens, 4, 2), score(5.0, 2));
         let none = json!({"choices": [{"text": "x", "logprobs": null}]});
-        assert_eq!(score_answer(&none, 7, 0), None);
+        assert_eq!(score_answer(&none, &chars, 7, 0), None);
+        assert_eq!(token_windows(10, 4, 2).len(), 4);
     }
 
     #[test]

@@ -166,6 +166,16 @@ async fn respond(
             }]});
             full(StatusCode::OK, "application/json", body.to_string())
         }
+        (&Method::POST, "/tokenize") => {
+            let body = Limited::new(req.into_body(), 16 << 20).collect().await;
+            match body
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Value>(&b.to_bytes()).ok())
+            {
+                Some(v) => tokenize(&state, &v),
+                None => error(StatusCode::BAD_REQUEST, "the request body is not JSON"),
+            }
+        }
         (&Method::POST, p) if Endpoint::from_path(p).is_some() => {
             let Some(ep) = Endpoint::from_path(p) else {
                 return error(StatusCode::NOT_FOUND, "no such endpoint on the simulator");
@@ -177,6 +187,10 @@ async fn respond(
             let Ok(v) = serde_json::from_slice::<Value>(&body) else {
                 return error(StatusCode::BAD_REQUEST, "the request body is not JSON");
             };
+            if unknown_ids(&state, &v) {
+                let msg = "the prompt has token ids this server never gave out";
+                return error(StatusCode::BAD_REQUEST, msg);
+            }
             let plan = plan(&state, &v, ep);
             if faults.error_rate > 0.0 {
                 let mut rng = Rng::new(state.opts.seed ^ plan.gen.index.rotate_left(29) ^ 0xFA17);
@@ -212,10 +226,11 @@ async fn respond(
     }
 }
 
-/// Words in a prompt value: a string, or an array of parts or messages with text.
+/// Words in a prompt value: a string, token ids, or an array of parts or messages with text.
 fn word_count(x: &Value) -> usize {
     match x {
         Value::String(s) => s.split_whitespace().count(),
+        Value::Array(ids) if !ids.is_empty() && ids.iter().all(Value::is_u64) => ids.len(),
         Value::Array(parts) => parts
             .iter()
             .map(|p| match p.get("content") {
@@ -277,7 +292,7 @@ fn prompt_of(v: &Value, ep: Endpoint) -> (u64, Option<&str>) {
 
 /// The prompt to echo with log-probabilities: a completions request with `echo: true` and
 /// `logprobs` set, and one text prompt.
-fn echo_of(v: &Value, ep: Endpoint) -> Option<&str> {
+fn echo_of(state: &SimState, v: &Value, ep: Endpoint) -> Option<String> {
     if ep != Endpoint::Completions
         || v.get("echo").and_then(Value::as_bool) != Some(true)
         || v.get("logprobs").is_none_or(Value::is_null)
@@ -285,10 +300,34 @@ fn echo_of(v: &Value, ep: Endpoint) -> Option<&str> {
         return None;
     }
     match v.get("prompt")? {
-        Value::String(s) => Some(s),
-        Value::Array(a) if a.len() == 1 => a[0].as_str(),
+        Value::String(s) => Some(s.clone()),
+        Value::Array(a) if a.len() == 1 && a[0].is_string() => a[0].as_str().map(str::to_owned),
+        // Token ids, as `/tokenize` gave them.
+        Value::Array(a) => {
+            let ids: Option<Vec<u64>> = a.iter().map(Value::as_u64).collect();
+            state.vocab.lock().decode(&ids?)
+        }
         _ => None,
     }
+}
+
+/// A prompt of token ids that `/tokenize` never gave out (vLLM would refuse ids past its vocabulary).
+fn unknown_ids(state: &SimState, v: &Value) -> bool {
+    let Some(Value::Array(a)) = v.get("prompt") else {
+        return false;
+    };
+    let ids: Option<Vec<u64>> = a.iter().map(Value::as_u64).collect();
+    ids.is_some_and(|ids| !ids.is_empty() && state.vocab.lock().decode(&ids).is_none())
+}
+
+/// `/tokenize` as vLLM answers it: the prompt's token ids (the simulator's word tokens).
+fn tokenize(state: &SimState, v: &Value) -> Response<SimBody> {
+    let Some(prompt) = v.get("prompt").and_then(Value::as_str) else {
+        return error(StatusCode::BAD_REQUEST, "prompt (a string) is required");
+    };
+    let ids = state.vocab.lock().encode(prompt);
+    let body = json!({"count": ids.len(), "max_model_len": 1 << 20, "tokens": ids});
+    full(StatusCode::OK, "application/json", body.to_string())
 }
 
 fn plan(state: &SimState, v: &Value, ep: Endpoint) -> Plan {
@@ -354,8 +393,8 @@ fn plan(state: &SimState, v: &Value, ep: Endpoint) -> Plan {
                 .and_then(Value::as_bool)
                 .unwrap_or(false),
             role_chunk: p.role_chunk,
-            echo: echo_of(v, ep).map(|prompt| Echo {
-                prompt: prompt.to_owned(),
+            echo: echo_of(state, v, ep).map(|prompt| Echo {
+                prompt,
                 nll_shift: p.nll_shift,
                 seed: state.opts.seed ^ index.rotate_left(7),
             }),

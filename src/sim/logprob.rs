@@ -11,6 +11,42 @@ use crate::util::hash::stable_hash;
 use crate::util::rng::Rng;
 use serde_json::{json, Value};
 
+/// The simulator's tokenizer vocabulary, grown as texts are tokenized.
+#[derive(Debug, Default)]
+pub struct Vocab {
+    ids: std::collections::HashMap<String, u64>,
+    tokens: Vec<String>,
+}
+
+impl Vocab {
+    /// The ids of `text`'s tokens.
+    pub fn encode(&mut self, text: &str) -> Vec<u64> {
+        tokens(text)
+            .into_iter()
+            .map(|(_, t)| {
+                if let Some(id) = self.ids.get(t) {
+                    return *id;
+                }
+                let id = self.tokens.len() as u64;
+                self.tokens.push(t.to_owned());
+                self.ids.insert(t.to_owned(), id);
+                id
+            })
+            .collect()
+    }
+
+    /// The text of `ids`; `None` if one was never given out.
+    pub fn decode(&self, ids: &[u64]) -> Option<String> {
+        ids.iter()
+            .map(|id| {
+                self.tokens
+                    .get(usize::try_from(*id).ok()?)
+                    .map(String::as_str)
+            })
+            .collect()
+    }
+}
+
 /// Per-token noise, nats (either way).
 pub const JITTER: f64 = 0.05;
 
@@ -81,6 +117,16 @@ pub fn echo(prompt: &str, generated: &str, shift: f64, seed: u64) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_vocabulary_round_trips() {
+        let mut v = Vocab::default();
+        let ids = v.encode("the cat and the  dog");
+        assert_eq!(ids, [0, 1, 2, 3, 4], "\"the\" first is not \" the\"");
+        assert_eq!(v.encode(" the"), [3]);
+        assert_eq!(v.decode(&ids).as_deref(), Some("the cat and the  dog"));
+        assert_eq!(v.decode(&[99]), None);
+    }
 
     #[test]
     fn tokens_carry_their_leading_space_and_character_offsets() {

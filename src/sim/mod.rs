@@ -212,6 +212,9 @@ struct SimState {
     finished: watch::Sender<u64>,
     /// Credential headers seen, when `keep_credentials`.
     credentials: Mutex<Vec<(String, String)>>,
+    /// `/tokenize`'s vocabulary: each token (a word with the whitespace before it) gets the next
+    /// id the first time it is seen; prompts given as ids are read back through it.
+    vocab: Mutex<logprob::Vocab>,
 }
 
 /// In-process access to a running simulator's ground truth.
@@ -279,6 +282,7 @@ pub fn spawn(
         truth: Mutex::new(Vec::new()),
         finished,
         credentials: Mutex::new(Vec::new()),
+        vocab: Mutex::new(logprob::Vocab::default()),
     });
     let svc_state = Arc::clone(&state);
     let service = hyper::service::service_fn(move |req| {
