@@ -449,3 +449,17 @@ async fn over_tls_alpn_picks_http2_and_http11_stays_when_the_backend_offers_only
     let log = stop_and_read_log(gw, &dir).await;
     assert!(log.iter().all(|l| l["outcome"] == "ok"), "{log:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_closes_every_new_connection_is_a_connect_failure_not_a_loop() {
+    // Reads the connection preface, then closes: every HTTP/2 connection dies at once.
+    let closer = start_raw(Vec::new(), Duration::ZERO).await;
+    let (gw, dir) = h2_gateway(closer).await;
+    let t0 = std::time::Instant::now();
+    let r = post(gw.data_addr, "/v1/chat/completions", &streamed(3), &[]).await;
+    assert_eq!(r.status, 502, "{}", String::from_utf8_lossy(&r.body()));
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    let log = stop_and_read_log(gw, &dir).await;
+    assert_eq!(log.len(), 1);
+    assert_eq!(log[0]["outcome"], "backend_error", "{}", log[0]);
+}

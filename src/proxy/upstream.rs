@@ -259,7 +259,17 @@ impl UpstreamClient {
             let slot = match self.pool.h2.take(key) {
                 Some(s) => s,
                 None => match self.pool.h2.dial(key, self.open_h2(key, tls)).await {
-                    Ok(true) => continue,
+                    // Room, unless other requests took it all (then another connection), or the
+                    // backend closes new connections or allows no stream on them (then this is a
+                    // failure to connect, not a reason to dial forever).
+                    Ok(true) if self.pool.h2.usable(key) => continue,
+                    Ok(true) => {
+                        let e = std::io::Error::new(
+                            std::io::ErrorKind::ConnectionAborted,
+                            "the backend closed its new HTTP/2 connection or allows no stream on it",
+                        );
+                        return Ok(Err(UpstreamError::Connect(e)));
+                    }
                     Ok(false) => return Err(req),
                     Err((kind, msg)) => {
                         return Ok(Err(UpstreamError::Connect(std::io::Error::new(kind, msg))))

@@ -109,6 +109,14 @@ impl Pool {
         Some(Slot(Arc::clone(conn)))
     }
 
+    /// Whether an open connection to `key` allows streams at all (full or not).
+    pub fn usable(&self, key: &Key) -> bool {
+        self.conns.lock().get(key).is_some_and(|l| {
+            l.iter()
+                .any(|c| !c.sender.is_closed() && c.limit.load(Relaxed) > 0)
+        })
+    }
+
     /// Takes a connection out of the pool (it gave a request back: it is closing).
     pub fn retire(&self, slot: &Slot) {
         if let Some(list) = self.conns.lock().get_mut(&slot.0.key) {
