@@ -379,11 +379,7 @@ async fn eval_recovers_each_variants_accuracy_within_its_interval() {
     let (fp16, int8) = quiz_sims(0.0, 0.2).await;
     let dir = temp_dir();
     let gw = start_yaml(&yaml(&dir, fp16.addr, int8.addr, 10)).await;
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/data/eval-arithmetic.jsonl"
-    ))
-    .unwrap();
+    let text = data_file("eval-arithmetic.jsonl");
     let items = inferscope::experiment::eval::load_dataset(&text).unwrap();
     assert_eq!(items.len(), 200);
     let opts = inferscope::experiment::eval::EvalOptions {
@@ -503,11 +499,7 @@ async fn eval_retries_transient_failures_and_resumes_from_its_out_file() {
     .await;
     let dir = temp_dir();
     let gw = start_yaml(&yaml(&dir, fp16.addr, int8.addr, 10)).await;
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/data/eval-arithmetic.jsonl"
-    ))
-    .unwrap();
+    let text = data_file("eval-arithmetic.jsonl");
     let mut items = eval::load_dataset(&text).unwrap();
     items.truncate(30);
     let out = dir.join("eval-items.jsonl");
@@ -606,11 +598,7 @@ async fn perplexity_per_variant_recovers_the_backends_shift_with_its_interval() 
     .await;
     let dir = temp_dir();
     let gw = start_yaml(&yaml(&dir, fp16.addr, int8.addr, 10)).await;
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/data/perplexity-sample.txt"
-    ))
-    .unwrap();
+    let text = data_file("perplexity-sample.txt");
     let opts = perplexity_options(gw.data_addr, 100, 50);
     let results = perplexity::run(&opts, &text).await.unwrap();
     let report = perplexity::render(&results, &opts);

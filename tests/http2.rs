@@ -451,8 +451,11 @@ async fn over_tls_alpn_picks_http2_and_http11_stays_when_the_backend_offers_only
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_backend_that_closes_every_new_connection_is_a_connect_failure_not_a_loop() {
-    // Reads the connection preface, then closes: every HTTP/2 connection dies at once.
+async fn a_backend_that_closes_every_new_connection_gets_a_502_at_once() {
+    // Reads the connection preface, then closes: every HTTP/2 connection dies at once. (The
+    // request is sent before the close is seen, so this takes the "given back, sent once more"
+    // path; the guard against dialling again and again when a new connection is already closed
+    // when looked at is not reached here.)
     let closer = start_raw(Vec::new(), Duration::ZERO).await;
     let (gw, dir) = h2_gateway(closer).await;
     let t0 = std::time::Instant::now();

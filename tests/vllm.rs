@@ -10,14 +10,20 @@ mod common;
 use common::*;
 use serde_json::Value;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_dialect_vllm_speaks_is_measured_and_its_metrics_are_read() {
-    let Ok(url) = std::env::var("INFERSCOPE_VLLM_URL") else {
+/// The running vLLM's URL, or `None` (the test says it skipped).
+fn vllm_url() -> Option<String> {
+    let url = std::env::var("INFERSCOPE_VLLM_URL").ok();
+    if url.is_none() {
         eprintln!(
             "SKIPPED: set INFERSCOPE_VLLM_URL to a running vLLM (../shared/vllm-cpu/serve.sh)"
         );
-        return;
-    };
+    }
+    url
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_dialect_vllm_speaks_is_measured_and_its_metrics_are_read() {
+    let Some(url) = vllm_url() else { return };
     let dir = temp_dir();
     let yaml = format!(
         "access_log: {{ path: {:?} }}\nbackends:\n  - name: vllm\n    url: \"{url}\"\n    provider: vllm\n    metrics: {{ interval: 200ms }}\nroutes:\n  - {{ name: all, backends: [vllm] }}\n",
@@ -90,12 +96,7 @@ async fn every_dialect_vllm_speaks_is_measured_and_its_metrics_are_read() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn perplexity_reads_vllms_prompt_logprobs() {
     use inferscope::experiment::perplexity;
-    let Ok(url) = std::env::var("INFERSCOPE_VLLM_URL") else {
-        eprintln!(
-            "SKIPPED: set INFERSCOPE_VLLM_URL to a running vLLM (../shared/vllm-cpu/serve.sh)"
-        );
-        return;
-    };
+    let Some(url) = vllm_url() else { return };
     // One real backend as both variants: the same model must score the same text the same.
     let dir = temp_dir();
     let yaml = format!(
@@ -103,11 +104,7 @@ async fn perplexity_reads_vllms_prompt_logprobs() {
         dir.join("access.jsonl"),
     );
     let gw = start_yaml(&yaml).await;
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/data/perplexity-sample.txt"
-    ))
-    .unwrap();
+    let text = data_file("perplexity-sample.txt");
     let opts = perplexity::PerplexityOptions {
         target: inferscope::experiment::eval::EvalTarget {
             url: format!("http://{}", gw.data_addr),

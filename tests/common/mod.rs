@@ -31,6 +31,14 @@ pub const DEAD: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
     1,
 ));
 
+/// A file under the repository's `data/` (datasets and corpora shipped with the project).
+pub fn data_file(name: &str) -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("data")
+        .join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
 /// A fresh, empty directory for one test's files.
 pub fn temp_dir() -> PathBuf {
     static N: AtomicU64 = AtomicU64::new(0);
