@@ -41,6 +41,32 @@ fn unknown_key_is_rejected_with_line_and_key() {
     assert!(e.to_string().starts_with("gw.yaml:5:"), "{e}");
 }
 
+/// The YAML parser also breaks lines at `\r`, U+0085, U+2028 and U+2029; the line and column an
+/// error names are the ones an editor and `sed -n Np` show, which break at `\n` only.
+#[test]
+fn lines_are_counted_as_editors_count_them() {
+    let bad = BASE.replace("match: { model: m }", "match: { modle: m }");
+    for (text, what) in [
+        (
+            format!("# a note\u{85}# after a next-line character\n{bad}"),
+            "U+0085",
+        ),
+        (
+            format!("# a note\u{2028}# after a line separator\n{bad}"),
+            "U+2028",
+        ),
+        (bad.replace('\n', "\r\n"), "CRLF"),
+    ] {
+        let e = parse(&text, "gw.yaml").unwrap_err();
+        let want = if what == "CRLF" { 5 } else { 6 };
+        assert_eq!(e.line, Some(want), "{what}: {e}");
+        let shown = text.split('\n').nth(want - 1).unwrap();
+        let column = e.column.unwrap();
+        let at: String = shown.chars().skip(column - 1).take(5).collect();
+        assert_eq!(at, "modle", "{what}: column {column} of {shown:?}: {e}");
+    }
+}
+
 #[test]
 fn wrong_type_names_the_key() {
     let text = format!("{BASE}limits:\n  max_concurrent_requests: lots\n");

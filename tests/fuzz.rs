@@ -350,3 +350,11 @@ fn regression_an_oversized_line_is_skipped_however_the_stream_is_cut() {
         assert_eq!(whole, scan(&line, &[30], sse, 48));
     }
 }
+
+/// Found by `config_loader_is_total_…`: the YAML parser counts U+0085 as a line break, so an error
+/// at the end of `"\u{85}\n"` was said to be on line 3 of a file an editor shows as one line.
+#[test]
+fn regression_a_next_line_character_does_not_move_the_error_past_the_end() {
+    let e = inferscope::config::parse("\u{85}\n", "fuzz.yaml").unwrap_err();
+    assert_eq!(e.line, Some(2), "{e}");
+}

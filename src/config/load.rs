@@ -46,6 +46,20 @@ pub fn load(path: &Path) -> Result<Arc<Config>, ConfigError> {
     parse(&text, &file).map(Arc::new)
 }
 
+/// 1-based line and column of byte `index` in `text`, lines ending at `\n` only, as editors and
+/// `sed -n Np` count them. The YAML parser's own line count also breaks at `\r`, U+0085, U+2028
+/// and U+2029 (YAML 1.1 line breaks), which would name a line no editor shows.
+fn line_and_column(text: &str, index: usize) -> (usize, usize) {
+    let mut end = index.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let before = &text[..end];
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let line = before.bytes().filter(|&b| b == b'\n').count() + 1;
+    (line, before[line_start..].chars().count() + 1)
+}
+
 /// Parses and validates config `text`; `file` names it in errors.
 pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
     let de = serde_yaml_ng::Deserializer::from_str(text);
@@ -67,10 +81,14 @@ pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
             Some((head, rest)) if !head.contains(' ') && key.starts_with(head) => rest.to_string(),
             _ => message,
         };
+        let (line, column) = match loc.map(|l| line_and_column(text, l.index())) {
+            Some((l, c)) => (Some(l), Some(c)),
+            None => (None, None),
+        };
         ConfigError {
             file: file.to_string(),
-            line: loc.as_ref().map(|l| l.line()),
-            column: loc.as_ref().map(|l| l.column()),
+            line,
+            column,
             key,
             message,
         }
