@@ -217,6 +217,41 @@ impl Ctx {
     /// everything else.
     async fn read_body(&mut self, body: Incoming) -> Result<(), ProxyError> {
         let Some(ep) = self.endpoint else {
+            let path = self.path_and_query.as_ref().map_or("/", |p| p.path());
+            if self.method == Method::POST && routes_by_model(path) {
+                // Not measured as inference, but routed like it: the body's `model` picks the
+                // route (and the variant header the experiment's arm), so an eval's `/tokenize`
+                // reaches the backend that will score the tokens.
+                let limits = &self.gw.limits;
+                let declared = self
+                    .headers
+                    .get(header::CONTENT_LENGTH)
+                    .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+                let (bytes, reservation) = read_whole(
+                    body,
+                    limits.max_request_body_bytes,
+                    declared,
+                    self.gw.pace(),
+                    &self.gw.body_budget,
+                )
+                .await?;
+                self.notes.hold(reservation);
+                self.model = model_of(&bytes);
+                let bytes_in = bytes.len() as u64;
+                let model = self
+                    .model
+                    .as_deref()
+                    .map(|m| crate::util::label::bounded(m, limits.max_model_name_bytes).into());
+                self.notes.update(|m| {
+                    m.bytes_in = bytes_in;
+                    if let Some(model) = model {
+                        m.model = model;
+                    }
+                });
+                self.replay = Some(bytes.clone());
+                self.first_body = Some(Either::Left(Full::new(bytes)));
+                return Ok(());
+            }
             if has_no_body(&self.headers) {
                 let empty = Bytes::new();
                 self.first_body = Some(Either::Left(Full::new(empty.clone())));
@@ -644,4 +679,22 @@ fn has_no_body(headers: &HeaderMap) -> bool {
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok());
     !headers.contains_key(header::TRANSFER_ENCODING) && length.is_none_or(|l| l.trim() == "0")
+}
+
+/// Paths that are not inference but belong to a model: vLLM's (and SGLang's) tokenizer endpoints,
+/// routed by their body's `model` like inference so they reach the model's backend.
+fn routes_by_model(path: &str) -> bool {
+    matches!(
+        path.trim_end_matches('/'),
+        "/tokenize" | "/detokenize" | "/v1/tokenize" | "/v1/detokenize"
+    )
+}
+
+/// The `model` of a JSON body, if it has one.
+fn model_of(body: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Model {
+        model: Option<String>,
+    }
+    serde_json::from_slice::<Model>(body).ok()?.model
 }
