@@ -243,6 +243,14 @@ enum Cmd {
         /// placed on its roofline from its logged requests.
         #[arg(long)]
         config: Option<PathBuf>,
+        /// Eval results to join to the comparison (`inferscope eval --json > FILE`; repeatable):
+        /// one verdict row per variant, latency and quality side by side (needs --control).
+        #[arg(long, value_name = "FILE")]
+        quality: Vec<PathBuf>,
+        /// Limits of the verdict, as an experiment's `accept:`, e.g.
+        /// `tpot_change_max=0,accuracy_drop_max_points=1,ppl_rise_max=0.5`.
+        #[arg(long, value_name = "KEY=VALUE,...")]
+        accept: Option<String>,
     },
     /// Quality check of an experiment: run a dataset through the gateway once per variant and
     /// compare accuracy; with --perplexity, score a reference text's perplexity per variant (or,
@@ -303,6 +311,17 @@ enum Cmd {
         /// For an https:// URL: a PEM CA bundle trusted besides the bundled Mozilla roots.
         #[arg(long)]
         ca_file: Option<PathBuf>,
+        /// The suite's name in the summary and the verdict (default: the dataset's or corpus's
+        /// file name without extension).
+        #[arg(long)]
+        suite: Option<String>,
+        /// Post the summary to this admin URL (`POST /experiments/quality`), where it joins the
+        /// latency comparison in the experiment's verdict (`/experiments`, the dashboard).
+        #[arg(long, value_name = "ADMIN_URL")]
+        report_to: Option<String>,
+        /// For --report-to: the admin bearer token, from this environment variable.
+        #[arg(long, value_name = "VAR")]
+        report_token_env: Option<String>,
     },
     /// Validate a config file — and what `serve` would need of this machine: `api_key_env`
     /// variables set, access-log and feedback paths writable, telemetry complete — exit 0, or
@@ -334,17 +353,29 @@ pub fn main() -> ExitCode {
         min_samples,
         json,
         config: roof_config,
+        quality,
+        accept,
     } = &cli.cmd
     {
         let mut sources: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
         sources.extend(merge.iter().cloned());
         let token = token_env.as_ref().and_then(|v| std::env::var(v).ok());
+        let joined = read_quality(quality).and_then(|q| Ok((q, parse_accept(accept.as_deref())?)));
+        let (quality, accept) = match joined {
+            Ok(j) => j,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                return ExitCode::from(2);
+            }
+        };
         let opts = crate::experiment::ReportOptions {
             files: Vec::new(),
             by: by.clone(),
             control: control.clone(),
             min_samples: *min_samples,
             json: *json,
+            quality,
+            accept,
         };
         let made =
             read_report_sources(&sources, token.as_deref(), ca_file.clone()).and_then(|read| {
@@ -359,6 +390,9 @@ pub fn main() -> ExitCode {
                             Some(c) => with_rooflines(text, &files, c, *json),
                             None => Ok(text),
                         }
+                    }
+                    ReportSources::Hdr(_) if opts.quality.len() + usize::from(opts.accept.is_some()) > 0 => {
+                        anyhow::bail!("--quality and --accept are read with access logs, not with /stats?format=hdr sources (their comparisons have no intervals to judge)")
                     }
                     ReportSources::Hdr(docs) => {
                         crate::stats::hdr::report(&docs, by, control.as_deref(), *json)
@@ -604,6 +638,9 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             seed,
             headers,
             ca_file,
+            suite,
+            report_to,
+            report_token_env,
         } => {
             if let Some(n) = generate {
                 for item in crate::sim::quiz::generate(n, seed) {
@@ -611,6 +648,33 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 }
                 return Ok(());
             }
+            let report_token = match &report_token_env {
+                Some(var) => Some(
+                    std::env::var(var)
+                        .with_context(|| format!("--report-token-env {var}: not set"))?,
+                ),
+                None => None,
+            };
+            let ca_file_for_report = ca_file.clone();
+            // Posts the summary where --report-to says, after printing it.
+            let report = |summary: serde_json::Value| async move {
+                if let Some(admin) = &report_to {
+                    let answer = admin_call(
+                        admin,
+                        "/experiments/quality",
+                        report_token.as_deref(),
+                        ca_file_for_report,
+                        Some(&summary),
+                    )
+                    .await
+                    .context("--report-to")?;
+                    eprintln!(
+                        "posted to {admin}: experiment {} on route {}",
+                        answer["experiment"], answer["route"]
+                    );
+                }
+                anyhow::Ok(())
+            };
             let target = crate::experiment::eval::EvalTarget {
                 connector: crate::tls::Connector::for_url(&url, ca_file, &[b"http/1.1"])
                     .context("--ca-file")?,
@@ -637,20 +701,29 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 let results = crate::experiment::perplexity::run(&opts, &text)
                     .await
                     .with_context(|| path.display().to_string())?;
-                print!("{}", crate::experiment::perplexity::render(&results, &opts));
-                return Ok(());
+                let suite = suite.unwrap_or_else(|| suite_name(&path));
+                let summary = crate::experiment::perplexity::summary_json(&results, &opts, &suite);
+                if json {
+                    println!("{summary}");
+                } else {
+                    print!("{}", crate::experiment::perplexity::render(&results, &opts));
+                }
+                return report(summary).await;
             }
             let path = dataset.context("--dataset is required")?;
             let mut items = crate::experiment::eval::load_path(&path, shots)?;
             items.truncate(limit.unwrap_or(usize::MAX));
+            let model = target.model.clone();
             let opts = crate::experiment::eval::EvalOptions { target, out };
             let scores = crate::experiment::eval::run(&opts, &items).await;
+            let suite = suite.unwrap_or_else(|| suite_name(&path));
+            let summary = crate::experiment::eval::summary_json(&scores, &suite, &model);
             if json {
-                println!("{}", crate::experiment::eval::summary_json(&scores));
+                println!("{summary}");
             } else {
                 print!("{}", crate::experiment::eval::render(&scores));
             }
-            Ok(())
+            report(summary).await
         }
         Cmd::Bench {
             url,
@@ -962,6 +1035,54 @@ fn parse_headers(headers: &[String]) -> anyhow::Result<Vec<(String, String)>> {
         .collect()
 }
 
+/// The eval results given to `report --quality`, each checked as the admin API checks a post.
+fn read_quality(
+    files: &[PathBuf],
+) -> anyhow::Result<Vec<crate::experiment::quality::QualityResult>> {
+    files
+        .iter()
+        .map(|f| {
+            let bytes = std::fs::read(f).with_context(|| format!("--quality {}", f.display()))?;
+            crate::experiment::quality::QualityResult::parse(&bytes)
+                .with_context(|| format!("--quality {}", f.display()))
+        })
+        .collect()
+}
+
+/// `report --accept KEY=VALUE,...`, the keys of an experiment's `accept:`.
+fn parse_accept(s: Option<&str>) -> anyhow::Result<Option<crate::config::AcceptConfig>> {
+    let Some(s) = s else { return Ok(None) };
+    let mut a = crate::config::AcceptConfig::default();
+    for pair in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (k, v) = pair
+            .split_once('=')
+            .with_context(|| format!("--accept {pair}: write KEY=VALUE"))?;
+        let v: f64 = v
+            .trim()
+            .parse()
+            .ok()
+            .filter(|v: &f64| v.is_finite())
+            .with_context(|| format!("--accept {pair}: not a number"))?;
+        let slot = match k.trim() {
+            "ttft_change_max" => &mut a.ttft_change_max,
+            "tpot_change_max" => &mut a.tpot_change_max,
+            "e2e_change_max" => &mut a.e2e_change_max,
+            "accuracy_drop_max_points" => &mut a.accuracy_drop_max_points,
+            "ppl_rise_max" => &mut a.ppl_rise_max,
+            other => anyhow::bail!("--accept {other}: use ttft_change_max, tpot_change_max, e2e_change_max, accuracy_drop_max_points or ppl_rise_max"),
+        };
+        *slot = Some(v);
+    }
+    anyhow::ensure!(a.limits().next().is_some(), "--accept: no limit given");
+    Ok(Some(a))
+}
+
+/// A suite's default name: the file's (or MMLU directory's) name without its extension.
+fn suite_name(path: &std::path::Path) -> String {
+    path.file_stem()
+        .map_or_else(|| "suite".into(), |s| s.to_string_lossy().into_owned())
+}
+
 /// `GET {admin}{path}` as JSON (http or https, with an optional bearer token).
 async fn fetch_json(
     admin: &str,
@@ -969,14 +1090,30 @@ async fn fetch_json(
     token: Option<&str>,
     ca_file: Option<PathBuf>,
 ) -> anyhow::Result<serde_json::Value> {
+    admin_call(admin, path, token, ca_file, None).await
+}
+
+/// `GET {admin}{path}`, or `POST` of `body` when given, answered with JSON.
+async fn admin_call(
+    admin: &str,
+    path: &str,
+    token: Option<&str>,
+    ca_file: Option<PathBuf>,
+    body: Option<&serde_json::Value>,
+) -> anyhow::Result<serde_json::Value> {
     use http_body_util::BodyExt;
     let url = format!("{}{path}", admin.trim_end_matches('/'));
     let connector =
         crate::tls::Connector::for_url(&url, ca_file, &[b"http/1.1"]).context("--ca-file")?;
-    let client: hyper_util::client::legacy::Client<_, http_body_util::Empty<bytes::Bytes>> =
+    let client: hyper_util::client::legacy::Client<_, http_body_util::Full<bytes::Bytes>> =
         hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
             .build(connector);
-    let mut req = http::Request::get(url.as_str()).body(http_body_util::Empty::new())?;
+    let mut req = match body {
+        Some(b) => http::Request::post(url.as_str())
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(http_body_util::Full::new(bytes::Bytes::from(b.to_string())))?,
+        None => http::Request::get(url.as_str()).body(http_body_util::Full::default())?,
+    };
     if let Some(t) = token {
         req.headers_mut().insert(
             http::header::AUTHORIZATION,
@@ -986,7 +1123,7 @@ async fn fetch_json(
     let resp = tokio::time::timeout(std::time::Duration::from_secs(30), client.request(req))
         .await
         .map_err(|_| anyhow::anyhow!("{url}: no answer in 30 s"))?
-        .with_context(|| format!("fetching {url}"))?;
+        .with_context(|| url.clone())?;
     let status = resp.status();
     let body = resp.into_body().collect().await?.to_bytes();
     if !status.is_success() {

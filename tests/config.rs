@@ -67,6 +67,59 @@ fn lines_are_counted_as_editors_count_them() {
     }
 }
 
+/// `experiment.accept:` needs a limit, and only numbers; an unknown key is named.
+#[test]
+fn accept_limits_are_checked_where_they_are_written() {
+    let exp = "\
+backends:
+  - { name: a, url: \"http://127.0.0.1:1\" }
+routes:
+  - name: r
+    experiment:
+      name: x
+      ACCEPT
+      variants:
+        - { name: a, backends: [a], weight: 1, control: true }
+";
+    let ok = exp.replace(
+        "ACCEPT",
+        "accept: { tpot_change_max: -10, ppl_rise_max: 0.5 }",
+    );
+    let c = parse(&ok, "gw.yaml").unwrap();
+    let a = c.routes[0]
+        .experiment
+        .as_ref()
+        .unwrap()
+        .accept
+        .clone()
+        .unwrap();
+    assert_eq!(
+        (a.tpot_change_max, a.ppl_rise_max, a.ttft_change_max),
+        (Some(-10.0), Some(0.5), None)
+    );
+    for (accept, key, why) in [
+        (
+            "accept: {}",
+            "routes[0].experiment.accept",
+            "set at least one of",
+        ),
+        (
+            "accept: { ppl_rise_max: .nan }",
+            "routes[0].experiment.accept.ppl_rise_max",
+            "not a number",
+        ),
+        (
+            "accept: { accuracy_drop_max: 1 }",
+            "routes[0].experiment.accept.accuracy_drop_max",
+            "unknown field",
+        ),
+    ] {
+        let e = parse(&exp.replace("ACCEPT", accept), "gw.yaml").unwrap_err();
+        assert_eq!((e.line, e.key.as_str()), (Some(7), key), "{e}");
+        assert!(e.message.contains(why), "{e}");
+    }
+}
+
 #[test]
 fn wrong_type_names_the_key() {
     let text = format!("{BASE}limits:\n  max_concurrent_requests: lots\n");

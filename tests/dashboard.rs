@@ -98,7 +98,7 @@ async fn the_dashboard_shows_what_stats_says_in_a_real_browser() {
     let (fp16, int8) = (start_sim(p(3.0), 1).await, start_sim(p(2.0), 2).await);
     let dir = temp_dir();
     let yaml = format!(
-        "access_log: {{ path: {:?} }}\nbackends:\n  - {{ name: fp16, url: \"http://{}\", metrics: {{ interval: 100ms }}, model: {{ params_b: 8 }}, gpu: {{ preset: h100 }} }}\n  - {{ name: int8, url: \"http://{}\" }}\nroutes:\n  - name: chat\n    slo: {{ ttft: 12ms, tpot: 3ms }}\n    experiment:\n      name: int8-vs-fp16\n      sticky_key: \"header:x-user-id\"\n      min_samples: 20\n      guardrails: {{ rules: [{{ variant: int8, metric: ttft_p99_ms, max: 10000 }}] }}\n      variants:\n        - {{ name: fp16, backends: [fp16], weight: 50, control: true }}\n        - {{ name: int8, backends: [int8], weight: 50 }}\n",
+        "access_log: {{ path: {:?} }}\nbackends:\n  - {{ name: fp16, url: \"http://{}\", metrics: {{ interval: 100ms }}, model: {{ params_b: 8 }}, gpu: {{ preset: h100 }} }}\n  - {{ name: int8, url: \"http://{}\" }}\nroutes:\n  - name: chat\n    slo: {{ ttft: 12ms, tpot: 3ms }}\n    experiment:\n      name: int8-vs-fp16\n      sticky_key: \"header:x-user-id\"\n      min_samples: 20\n      guardrails: {{ rules: [{{ variant: int8, metric: ttft_p99_ms, max: 10000 }}] }}\n      accept: {{ tpot_change_max: 0, accuracy_drop_max_points: 5 }}\n      variants:\n        - {{ name: fp16, backends: [fp16], weight: 50, control: true }}\n        - {{ name: int8, backends: [int8], weight: 50 }}\n",
         dir.join("access.jsonl"),
         fp16.addr,
         int8.addr
@@ -128,6 +128,12 @@ async fn the_dashboard_shows_what_stats_says_in_a_real_browser() {
         assert!(t0.elapsed() < Duration::from_secs(10), "{engine}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
+    // An eval's result, as `eval --report-to` posts it: joined into the verdict row.
+    let quality = r#"{"kind":"accuracy","suite":"mmlu","model":"m","control":"fp16",
+        "variants":[{"variant":"fp16","value":0.8,"n":100},{"variant":"int8","value":0.79,"n":100}],
+        "comparisons":[{"variant":"int8","difference":-0.01,"ci95":[-0.03,0.01]}]}"#;
+    let r = post(gw.admin_addr, "/experiments/quality", quality, &[]).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body()));
     let (_, body) = admin_get(gw.admin_addr, "/experiments").await;
     let exps: Value = serde_json::from_str(&body).unwrap();
 
@@ -241,6 +247,18 @@ async fn the_dashboard_shows_what_stats_says_in_a_real_browser() {
     for (path, text) in &verdicts {
         assert_eq!(unescape(text), at(&exps, path).as_str().unwrap(), "{path}");
     }
+    // The joined row: latency, the posted suite, throughput and the decision, as /experiments.
+    let joined = tagged(&dom, "data-joined");
+    assert_eq!(joined.len(), 1, "one row: int8 against fp16");
+    let (path, text) = &joined[0];
+    let row = at(&exps, path).as_str().unwrap();
+    assert_eq!(unescape(text), row, "{path}");
+    assert!(
+        row.starts_with("int8: TTFT ")
+            && row.contains("mmlu \u{2212}1.0 pts [\u{2212}3.0, +1.0]")
+            && row.ends_with("\u{2192} accept"),
+        "{row}"
+    );
     assert!(
         dom.contains("guardrails: every variant serving"),
         "guardrail state shown"

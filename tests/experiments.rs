@@ -533,7 +533,7 @@ async fn eval_retries_transient_failures_and_resumes_from_its_out_file() {
     );
     assert!(second[0].correct >= first[0].correct);
     assert_eq!(second[1].per_item, first[1].per_item);
-    let summary = eval::summary_json(&second);
+    let summary = eval::summary_json(&second, "quiz", "demo");
     assert_eq!(summary["variants"][1]["correct"], 30);
     assert!(
         summary["comparisons"][0]["mcnemar"]["p"].as_f64().is_some(),
@@ -639,6 +639,214 @@ async fn perplexity_per_variant_recovers_the_backends_shift_with_its_interval() 
         "every window, each variant, through the gateway"
     );
     assert!(log.iter().all(|l| l["outcome"] == "ok"));
+}
+
+/// Runs the `inferscope` binary off the runtime (the gateway it talks to runs on it).
+async fn cli(args: Vec<String>) -> std::process::Output {
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        inferscope(&args)
+    })
+    .await
+    .unwrap()
+}
+
+/// The whole loop of "is INT8 good enough?": live latency, `eval --report-to` (an MMLU suite and
+/// a perplexity corpus) and the `accept:` limits joined into one verdict per variant, at
+/// `/experiments` and in `report --quality`; and what the admin API refuses to join.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_joined_verdict_weighs_latency_and_quality_against_the_accept_limits() {
+    // int8 decodes a third faster, is wrong on 30% of quiz items, and adds 0.03 nats a token.
+    let fp16 = start_sim(exact(5.0, 3.0), 1).await;
+    let int8 = start_sim(
+        Profile {
+            answer_error_rate: 0.3,
+            nll_shift: 0.03,
+            ..exact(5.0, 2.0)
+        },
+        2,
+    )
+    .await;
+    let dir = temp_dir();
+    // The experiment takes model `demo` only; every other request goes to fp16 alone. `/tokenize`
+    // is routed by its body's model too, so perplexity windows are counted in tokens.
+    let yaml = format!(
+        "access_log: {{ path: {:?} }}\nbackends:\n  - {{ name: fp16, url: \"http://{}\" }}\n  - {{ name: int8, url: \"http://{}\" }}\nroutes:\n  - name: demo\n    match: {{ model: demo }}\n    experiment:\n      name: int8-vs-fp16\n      min_samples: 10\n      accept: {{ tpot_change_max: 0, accuracy_drop_max_points: 1.0, ppl_rise_max: 0.5 }}\n      variants:\n        - {{ name: fp16, backends: [fp16], weight: 50, control: true }}\n        - {{ name: int8, backends: [int8], weight: 50 }}\n  - name: default\n    match: {{ path_prefix: / }}\n    backends: [fp16]\n",
+        dir.join("access.jsonl"),
+        fp16.addr,
+        int8.addr
+    );
+    let gw = start_yaml(&yaml).await;
+    let (url, admin) = (
+        format!("http://{}", gw.data_addr),
+        format!("http://{}", gw.admin_addr),
+    );
+    for i in 0..40 {
+        let r = post(
+            gw.data_addr,
+            "/v1/chat/completions",
+            &chat(true, 8, ""),
+            &[(
+                "x-inferscope-variant",
+                if i % 2 == 0 { "fp16" } else { "int8" },
+            )],
+        )
+        .await;
+        assert_eq!(r.status, 200);
+    }
+    // Before any eval: the latency limit is judged, the quality ones wait for data.
+    let (_, body) = admin_get(gw.admin_addr, "/experiments").await;
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let v = &doc["experiments"][0]["verdicts"][0];
+    assert_eq!(v["decision"], "undecided", "{v}");
+    assert_eq!(v["checks"][0]["state"], "met", "TPOT is a third lower: {v}");
+
+    let mmlu = data_file_path("mmlu");
+    let out = cli([
+        "eval",
+        "--dataset",
+        &mmlu,
+        "--url",
+        &url,
+        "--json",
+        "--report-to",
+        &admin,
+    ]
+    .map(String::from)
+    .to_vec())
+    .await;
+    let mmlu_json = dir.join("mmlu.json");
+    std::fs::write(&mmlu_json, &out.stdout).unwrap();
+    let corpus = data_file_path("perplexity-sample.txt");
+    let out = cli([
+        "eval",
+        "--perplexity",
+        "--corpus",
+        &corpus,
+        "--window",
+        "64",
+        "--stride",
+        "32",
+        "--url",
+        &url,
+        "--json",
+        "--report-to",
+        &admin,
+    ]
+    .map(String::from)
+    .to_vec())
+    .await;
+    let ppl_json = dir.join("ppl.json");
+    std::fs::write(&ppl_json, &out.stdout).unwrap();
+    let ppl: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        ppl["unit"], "tokens",
+        "/tokenize reached each variant: {ppl}"
+    );
+
+    let (_, body) = admin_get(gw.admin_addr, "/experiments").await;
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let x = &doc["experiments"][0];
+    assert_eq!(x["quality"].as_array().unwrap().len(), 2, "{x}");
+    let v = &x["verdicts"][0];
+    let row = v["row"].as_str().unwrap();
+    println!("{row}");
+    let state = |limit: &str| {
+        v["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["limit"] == limit)
+            .unwrap_or_else(|| panic!("{limit}: {v}"))["state"]
+            .clone()
+    };
+    // About 30 points lost, its whole interval past the 1-point limit; perplexity up by
+    // 11 × (e^0.03 − 1) ≈ 0.33, its whole interval under 0.5.
+    assert_eq!(state("tpot_change_max"), "met", "{v}");
+    assert_eq!(state("accuracy_drop_max_points"), "broken", "{v}");
+    assert_eq!(state("ppl_rise_max"), "met", "{v}");
+    assert_eq!(v["decision"], "reject", "{v}");
+    assert!(
+        row.starts_with("int8: TTFT ")
+            && row.contains("; TPOT \u{2212}3")
+            && row.contains("; mmlu \u{2212}")
+            && row.contains("; ppl +0.3")
+            && row.ends_with("tok/s per stream \u{2192} reject"),
+        "{row}"
+    );
+
+    // What cannot be joined is refused, and says why.
+    let quality = |model: &str, variants: &str, control: &str| {
+        format!(
+            r#"{{"kind":"accuracy","suite":"x","model":"{model}","control":"{control}",
+            "variants":[{variants}],"comparisons":[]}}"#
+        )
+    };
+    let one = r#"{"variant":"fp16","value":1,"n":1}"#;
+    for (body, status, says) in [
+        (
+            quality("other", one, "fp16"),
+            404,
+            "route `default` runs no experiment",
+        ),
+        (
+            quality("demo", r#"{"variant":"fp8","value":1,"n":1}"#, "fp8"),
+            404,
+            "has no variant `fp8`",
+        ),
+        (
+            quality(
+                "demo",
+                &format!(r#"{one},{{"variant":"int8","value":1,"n":1}}"#),
+                "int8",
+            ),
+            400,
+            "control is `int8`, the experiment's `fp16`",
+        ),
+        ("{\"kind\":\"accuracy\"}".into(), 400, "missing field"),
+    ] {
+        let r = post(gw.admin_addr, "/experiments/quality", &body, &[]).await;
+        let text = String::from_utf8_lossy(&r.body()).into_owned();
+        assert_eq!(
+            (r.status, text.contains(says)),
+            (status, true),
+            "{body}: {text}"
+        );
+    }
+
+    // Offline: the access log and the eval's JSON give the same quality cells and decision.
+    gw.shutdown();
+    let log = dir.join("access.jsonl");
+    let mmlu_arg = mmlu_json.display().to_string();
+    let ppl_arg = ppl_json.display().to_string();
+    let out = run_cli(
+        &[
+            "report",
+            "--control",
+            "fp16",
+            "--min-samples",
+            "10",
+            "--quality",
+            &mmlu_arg,
+            "--quality",
+            &ppl_arg,
+            "--accept",
+            "tpot_change_max=0,accuracy_drop_max_points=1,ppl_rise_max=0.5",
+        ],
+        &log,
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let cell = |row: &str, from: &str| {
+        let start = row.find(from).unwrap_or_else(|| panic!("{from} in {row}"));
+        row[start..].split(';').next().unwrap().to_string()
+    };
+    let offline = text
+        .lines()
+        .find(|l| l.starts_with("- int8: "))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert_eq!(cell(offline, "mmlu"), cell(row, "mmlu"), "{text}");
+    assert_eq!(cell(offline, "ppl"), cell(row, "ppl"), "{text}");
+    assert!(offline.ends_with("\u{2192} reject"), "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

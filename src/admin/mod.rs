@@ -203,6 +203,9 @@ pub async fn handle(
     if req.method() == Method::POST && req.uri().path() == "/experiments/reset" {
         return Ok(reset(&state, req).await);
     }
+    if req.method() == Method::POST && req.uri().path() == "/experiments/quality" {
+        return Ok(quality(&state, req).await);
+    }
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return Ok(reply(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -863,6 +866,30 @@ fn experiments_json(router: &Router, rec: &Recorder) -> serde_json::Value {
                     if let Some(g) = &x.guard {
                         m.insert("guardrails".into(), g.to_json());
                     }
+                    let results = rec.experiments.quality.results(&r.name);
+                    let shadow = x.shadow.as_ref().map(|sh| {
+                        let ag = sh.agreement();
+                        let exact = (ag.pairs > 0).then(|| ag.exact as f64 / ag.pairs as f64);
+                        (sh.variant.as_ref(), exact)
+                    });
+                    let verdicts = crate::experiment::quality::verdicts(
+                        &serde_json::Value::Object(m.clone()),
+                        &results,
+                        &m["feedback"],
+                        shadow,
+                        x.accept.as_ref(),
+                    );
+                    m.insert("quality".into(), serde_json::json!(results));
+                    m.insert(
+                        "accept".into(),
+                        serde_json::json!(x.accept.as_ref().map(|a| a
+                            .limits()
+                            .collect::<std::collections::BTreeMap<
+                            _,
+                            _,
+                        >>())),
+                    );
+                    m.insert("verdicts".into(), verdicts.into());
                     if let Some(sh) = &x.shadow {
                         use std::sync::atomic::Ordering::Relaxed;
                         let ag = sh.agreement();
@@ -936,6 +963,79 @@ async fn feedback(
             };
             error(status, &e.to_string())
         }
+    }
+}
+
+/// `POST /experiments/quality`: an eval's result (`inferscope eval --json`), kept for the route
+/// it names or whose `match` takes its model and path, and joined into `/experiments`' verdicts.
+async fn quality(state: &AdminState, req: Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+    use crate::experiment::quality::{QualityError, QualityResult};
+    use http_body_util::BodyExt;
+    let Ok(body) = http_body_util::Limited::new(req.into_body(), 1024 * 1024)
+        .collect()
+        .await
+    else {
+        return json_error(
+            StatusCode::BAD_REQUEST,
+            "could not read the body (at most 1 MiB)",
+        );
+    };
+    let result = match QualityResult::parse(&body.to_bytes()) {
+        Ok(r) => r,
+        Err(e) => return json_error(StatusCode::BAD_REQUEST, &e.to_string()),
+    };
+    let router = state.routes.load();
+    let route = match (&result.route, &result.model) {
+        (Some(name), _) => router.routes().iter().find(|r| *r.name == **name),
+        (None, Some(model)) => router.route_for(
+            Some(model),
+            result.path.as_deref().unwrap_or("/v1/chat/completions"),
+        ),
+        (None, None) => {
+            return json_error(StatusCode::BAD_REQUEST, "name the `route` or the `model`");
+        }
+    };
+    let refuse = |msg: String| json_error(StatusCode::NOT_FOUND, &msg);
+    let Some(route) = route else {
+        return refuse(match &result.route {
+            Some(name) => format!("no route `{name}`"),
+            None => format!(
+                "no route takes model `{}`",
+                result.model.as_deref().unwrap_or_default()
+            ),
+        });
+    };
+    let crate::route::Target::Experiment(x) = &route.target else {
+        return refuse(format!("route `{}` runs no experiment", route.name));
+    };
+    if let Some(v) = result
+        .variants
+        .iter()
+        .find(|v| x.split.by_name(&v.variant).is_none())
+    {
+        return refuse(format!(
+            "experiment `{}` has no variant `{}`",
+            x.name, v.variant
+        ));
+    }
+    if *x.control != *result.control {
+        return json_error(
+            StatusCode::BAD_REQUEST,
+            &format!(
+                "the result's control is `{}`, the experiment's `{}`: run the eval with the control first in --variants",
+                result.control, x.control
+            ),
+        );
+    }
+    let name = Arc::clone(&route.name);
+    match state.recorder.experiments.quality.post(&name, result) {
+        Ok(()) => reply(
+            StatusCode::OK,
+            "application/json",
+            serde_json::json!({"route": name.as_ref(), "experiment": x.name.as_ref()}).to_string(),
+        ),
+        Err(e @ QualityError::Full(_)) => json_error(StatusCode::CONFLICT, &e.to_string()),
+        Err(e) => json_error(StatusCode::BAD_REQUEST, &e.to_string()),
     }
 }
 

@@ -708,6 +708,17 @@ fn validate_route(r: &RouteConfig, backends: &HashSet<&str>) -> Result<(), Inval
                     );
                 }
             }
+            if let Some(a) = &x.accept {
+                if a.limits().next().is_none() {
+                    return err(vec![K("experiment"), K("accept")], "set at least one of ttft_change_max, tpot_change_max, e2e_change_max, accuracy_drop_max_points, ppl_rise_max");
+                }
+                if let Some((k, v)) = a.limits().find(|(_, v)| !v.is_finite()) {
+                    return err(
+                        vec![K("experiment"), K("accept"), K(k)],
+                        format!("{v} is not a number"),
+                    );
+                }
+            }
             if let Some(g) = &x.guardrails {
                 for (j, rule) in g.rules.iter().enumerate() {
                     let at = vec![K("experiment"), K("guardrails"), K("rules"), I(j)];

@@ -759,8 +759,44 @@ pub struct ExperimentConfig {
     /// Copies of a fraction of the requests sent to a shadow variant (measured, discarded).
     #[serde(default)]
     pub shadow: Option<ShadowConfig>,
+    /// Thresholds the joined verdict (latency, quality) is judged against.
+    #[serde(default)]
+    pub accept: Option<AcceptConfig>,
     /// The variants.
     pub variants: Vec<VariantConfig>,
+}
+
+/// `experiment.accept:` — when a variant is good enough. Each limit is judged on its 95%
+/// interval: met when the whole interval is inside, broken when the whole interval is outside,
+/// undecided while the interval straddles it (or the data is missing).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AcceptConfig {
+    /// Largest median TTFT change against the control, in percent (`0`: no slower).
+    pub ttft_change_max: Option<f64>,
+    /// Largest median TPOT change, in percent (`-10`: at least 10% faster).
+    pub tpot_change_max: Option<f64>,
+    /// Largest median end-to-end latency change, in percent.
+    pub e2e_change_max: Option<f64>,
+    /// Largest accuracy drop on any posted suite (`eval`), in percentage points.
+    pub accuracy_drop_max_points: Option<f64>,
+    /// Largest perplexity rise on any posted corpus (`eval --perplexity`).
+    pub ppl_rise_max: Option<f64>,
+}
+
+impl AcceptConfig {
+    /// Every limit set, by key.
+    pub fn limits(&self) -> impl Iterator<Item = (&'static str, f64)> {
+        [
+            ("ttft_change_max", self.ttft_change_max),
+            ("tpot_change_max", self.tpot_change_max),
+            ("e2e_change_max", self.e2e_change_max),
+            ("accuracy_drop_max_points", self.accuracy_drop_max_points),
+            ("ppl_rise_max", self.ppl_rise_max),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| Some((k, v?)))
+    }
 }
 
 /// Shadow traffic of an experiment.

@@ -479,21 +479,49 @@ pub fn wilson(k: usize, n: usize) -> (f64, f64) {
     ((centre - half).max(0.0), (centre + half).min(1.0))
 }
 
-/// Paired difference of accuracies (`b − a` over the same items) with a 95% interval.
+/// Paired difference of accuracies (`b − a` over the same items) with Newcombe's 95% interval
+/// for paired proportions (1998, method 10: each variant's Wilson interval, combined with the
+/// correlation of their answers). Unlike the normal approximation it keeps its coverage when the
+/// disagreements are few and one-sided, where it agrees with McNemar's exact test.
 pub fn paired_difference(a: &[bool], b: &[bool]) -> (f64, (f64, f64)) {
-    let d: Vec<f64> = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| f64::from(u8::from(*y)) - f64::from(u8::from(*x)))
-        .collect();
-    let n = d.len() as f64;
-    if d.len() < 2 {
+    let n = a.len().min(b.len());
+    if n < 2 {
         return (f64::NAN, (f64::NAN, f64::NAN));
     }
-    let mean = d.iter().sum::<f64>() / n;
-    let var = d.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0);
-    let half = 1.96 * (var / n).sqrt();
-    (mean, (mean - half, mean + half))
+    let (mut both, mut only_a, mut only_b) = (0usize, 0usize, 0usize);
+    for (x, y) in a.iter().zip(b) {
+        match (*x, *y) {
+            (true, true) => both += 1,
+            (true, false) => only_a += 1,
+            (false, true) => only_b += 1,
+            (false, false) => {}
+        }
+    }
+    let neither = n - both - only_a - only_b;
+    let (ka, kb) = (both + only_a, both + only_b);
+    let (pa, pb) = (ka as f64 / n as f64, kb as f64 / n as f64);
+    let ((la, ua), (lb, ub)) = (wilson(ka, n), wilson(kb, n));
+    let cells = [both, only_a, only_b, neither].map(|c| c as f64);
+    let den = ((cells[0] + cells[1])
+        * (cells[2] + cells[3])
+        * (cells[0] + cells[2])
+        * (cells[1] + cells[3]))
+        .sqrt();
+    let phi = if den > 0.0 {
+        (cells[0] * cells[3] - cells[1] * cells[2]) / den
+    } else {
+        0.0
+    };
+    let d = pb - pa;
+    let lo = d
+        - ((pb - lb).powi(2) - 2.0 * phi * (pb - lb) * (ua - pa) + (ua - pa).powi(2))
+            .max(0.0)
+            .sqrt();
+    let hi = d
+        + ((ub - pb).powi(2) - 2.0 * phi * (ub - pb) * (pa - la) + (pa - la).powi(2))
+            .max(0.0)
+            .sqrt();
+    (d, (lo.max(-1.0), hi.min(1.0)))
 }
 
 /// McNemar's exact test of two variants' answers to the same items: the discordant counts
@@ -564,7 +592,7 @@ async fn ask(
     let body = json!({"model": t.model, "stream": false, "max_tokens": item.max_tokens(),
         "temperature": 0, "messages": [{"role": "user", "content": item.prompt()}]});
     let v = t
-        .post_retrying(client, variant, "/v1/chat/completions", &body, false)
+        .post_retrying(client, variant, CHAT_PATH, &body, false)
         .await
         .ok()?;
     v.pointer("/choices/0/message/content")
@@ -697,9 +725,14 @@ pub async fn run(o: &EvalOptions, items: &[EvalItem]) -> Vec<Score> {
     scores
 }
 
-/// The report as JSON: each variant's accuracy, interval and categories, and each variant's
-/// difference from the control (paired interval, McNemar).
-pub fn summary_json(scores: &[Score]) -> Value {
+/// Where eval's questions are sent.
+pub const CHAT_PATH: &str = "/v1/chat/completions";
+
+/// The report as JSON, as `eval --json` prints it and `--report-to` posts it
+/// (`quality::QualityResult`'s shape): each variant's accuracy, interval and categories, and each
+/// variant's difference from the control (paired interval, McNemar).
+pub fn summary_json(scores: &[Score], suite: &str, model: &str) -> Value {
+    let interval = |lo: f64, hi: f64| (lo.is_finite() && hi.is_finite()).then_some([lo, hi]);
     let variants: Vec<Value> = scores
         .iter()
         .map(|s| {
@@ -708,7 +741,8 @@ pub fn summary_json(scores: &[Score]) -> Value {
                 .iter()
                 .map(|(c, k, n)| json!({"category": c, "correct": k, "asked": n}))
                 .collect();
-            json!({"variant": s.variant, "accuracy": s.accuracy(), "ci95": [s.ci.0, s.ci.1],
+            json!({"variant": s.variant, "value": s.accuracy(), "n": s.n,
+                "accuracy": s.accuracy(), "ci95": interval(s.ci.0, s.ci.1),
                 "correct": s.correct, "asked": s.n, "failed": s.failed, "categories": categories})
         })
         .collect();
@@ -719,13 +753,15 @@ pub fn summary_json(scores: &[Score]) -> Value {
                 let (d, (lo, hi)) = paired_difference(&control.per_item, &s.per_item);
                 let (a, b, p) = mcnemar_exact(&control.per_item, &s.per_item);
                 json!({"variant": s.variant, "control": control.variant,
-                    "accuracy_difference": d, "ci95": [lo, hi],
+                    "difference": d, "ci95": interval(lo, hi),
                     "mcnemar": {"p": p, "right_only_control": a, "right_only_variant": b}})
             })
             .collect(),
         None => Vec::new(),
     };
-    json!({"variants": variants, "comparisons": comparisons})
+    json!({"kind": "accuracy", "suite": suite, "model": model, "path": CHAT_PATH,
+        "control": scores.first().map(|s| s.variant.as_str()),
+        "variants": variants, "comparisons": comparisons})
 }
 
 /// The report table.
@@ -809,6 +845,20 @@ mod tests {
         let a = [true, true, true, false];
         let b = [true, false, true, false];
         assert_eq!(paired_difference(&a, &b).0, -0.25);
+        // 60 items, 4 right only on the control, none only on the variant: McNemar's exact p is
+        // 0.125, and the interval (Newcombe, worked by hand) holds 0 as it should.
+        let control = [true; 60];
+        let variant: Vec<bool> = (0..60).map(|i| i >= 4).collect();
+        let (d, (lo, hi)) = paired_difference(&control, &variant);
+        assert!((d + 4.0 / 60.0).abs() < 1e-12, "{d}");
+        assert!(
+            (lo + 0.159).abs() < 2e-3 && (hi - 0.006).abs() < 2e-3,
+            "[{lo}, {hi}]"
+        );
+        assert_eq!(mcnemar_exact(&control, &variant).2, 0.125);
+        // Identical answers: no difference, and an interval around it from the sample size.
+        let (d, (lo, hi)) = paired_difference(&variant, &variant);
+        assert!(d == 0.0 && lo < 0.0 && hi > 0.0, "{d} [{lo}, {hi}]");
         let item = EvalItem {
             question: "q".into(),
             choices: vec!["1".into(); 4],

@@ -9,6 +9,7 @@ pub mod eval;
 mod feedback;
 mod guard;
 pub mod perplexity;
+pub mod quality;
 mod report;
 pub mod shadow;
 
@@ -173,6 +174,8 @@ pub struct Experiments {
     arms: Mutex<HashMap<Arc<str>, Arms>>,
     /// Quality signals posted to `/feedback`, joined to variants.
     pub feedback: Feedback,
+    /// Eval results posted to `/experiments/quality`.
+    pub quality: quality::Quality,
 }
 
 impl Experiments {

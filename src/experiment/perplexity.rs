@@ -220,7 +220,7 @@ async fn score_window(
     let body = json!({"model": t.model, "prompt": piece.prompt, "echo": true, "logprobs": 1,
         "max_tokens": 1, "temperature": 0});
     let v = t
-        .post_retrying(client, variant, "/v1/completions", &body, false)
+        .post_retrying(client, variant, COMPLETIONS_PATH, &body, false)
         .await
         .map_err(Failed::Asked)?;
     let w = piece.window;
@@ -244,8 +244,8 @@ async fn tokenize(
             .await
             .map_err(|e| match e {
                 NoReply::Served(_) => format!(
-                    "/tokenize did not reach variant {variant}: the gateway routes it by path, \
-                     not by model, so only a route matching it that is the experiment's can"
+                    "/tokenize did not reach variant {variant}: its `model` takes a route \
+                     that is not the experiment's, or the experiment refuses forced variants"
                 ),
                 e => format!("{variant} has no /tokenize ({e:?})"),
             })?;
@@ -398,6 +398,38 @@ pub fn paired_difference(a: &Perplexity, b: &Perplexity, iterations: usize) -> (
     diffs.sort_by(f64::total_cmp);
     let at = |q: f64| diffs[((diffs.len() - 1) as f64 * q).round() as usize];
     (diff, (at(0.025), at(0.975)))
+}
+
+/// Where windows are scored.
+pub const COMPLETIONS_PATH: &str = "/v1/completions";
+
+/// The report as JSON, as `eval --perplexity --json` prints it and `--report-to` posts it
+/// (`quality::QualityResult`'s shape): each variant's perplexity and tokens scored, and each
+/// variant's paired difference from the control with its 95% interval (none from one window).
+pub fn summary_json(results: &[Perplexity], o: &PerplexityOptions, suite: &str) -> Value {
+    let variants: Vec<Value> = results
+        .iter()
+        .map(|r| json!({"variant": r.variant, "value": r.ppl, "n": r.tokens, "windows": r.windows.len()}))
+        .collect();
+    let comparisons: Vec<Value> = match results.split_first() {
+        Some((control, rest)) => rest
+            .iter()
+            .map(|r| {
+                let (d, (lo, hi)) = paired_difference(control, r, 2000);
+                let ci = (lo.is_finite() && hi.is_finite()).then_some([lo, hi]);
+                json!({"variant": r.variant, "control": control.variant, "difference": d, "ci95": ci})
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    let unit = match results.first().map(|r| &r.unit) {
+        Some(Unit::Chars(why)) => format!("characters ({why})"),
+        _ => "tokens".to_owned(),
+    };
+    json!({"kind": "perplexity", "suite": suite, "model": o.target.model, "path": COMPLETIONS_PATH,
+        "control": results.first().map(|r| r.variant.as_str()), "unit": unit,
+        "window": o.window, "stride": o.stride,
+        "variants": variants, "comparisons": comparisons})
 }
 
 /// The report table (and the unit caveat).

@@ -24,6 +24,10 @@ pub struct ReportOptions {
     /// JSON instead of a table: per group the labels, counts and every metric's p50/p90/p99,
     /// and the comparisons (the `/experiments` shape).
     pub json: bool,
+    /// Eval results (`inferscope eval --json`) joined to the latency comparison, per variant.
+    pub quality: Vec<super::quality::QualityResult>,
+    /// Limits the joined verdict is judged against (an experiment's `accept:`).
+    pub accept: Option<crate::config::AcceptConfig>,
 }
 
 fn outcome(s: &str) -> Option<Outcome> {
@@ -81,6 +85,9 @@ pub enum ReportError {
     /// The file holds no access-log lines.
     #[error("{}: no access-log lines", .0.display())]
     Empty(PathBuf),
+    /// Eval results or limits without what they need.
+    #[error("{0}")]
+    Quality(String),
     /// `--control` names no group.
     #[error("--control {control}: no such {by} in the log")]
     NoControl {
@@ -143,6 +150,23 @@ pub fn report(o: &ReportOptions) -> Result<String, ReportError> {
             });
         }
     }
+    let joined = !o.quality.is_empty() || o.accept.is_some();
+    if joined {
+        let Some(control) = o.control.as_deref().filter(|_| o.by == "variant") else {
+            return Err(ReportError::Quality(
+                "--quality and --accept join eval results to variants: give --by variant and --control".into(),
+            ));
+        };
+        if let Some(q) = o.quality.iter().find(|q| q.control != control) {
+            return Err(ReportError::Quality(format!(
+                "eval result {:?} has control `{}`, not --control {control}",
+                q.suite, q.control
+            )));
+        }
+    }
+    let verdicts = |summary: &Value| {
+        super::quality::verdicts(summary, &o.quality, &Value::Null, None, o.accept.as_ref())
+    };
     // The label columns other than the grouping one (which is the first column already).
     let label_cols: Vec<(usize, &str)> = ["model", "backend", "variant"]
         .into_iter()
@@ -172,6 +196,10 @@ pub fn report(o: &ReportOptions) -> Result<String, ReportError> {
         let mut m = serde_json::Map::new();
         m.insert("by".into(), o.by.clone().into());
         m.insert("groups".into(), doc["variants"].take());
+        if joined {
+            m.insert("verdicts".into(), verdicts(&doc).into());
+            m.insert("quality".into(), serde_json::json!(o.quality));
+        }
         m.insert("comparisons".into(), doc["comparisons"].take());
         m.insert("method".into(), doc["method"].take());
         m.insert("skipped_lines".into(), bad.into());
@@ -221,6 +249,23 @@ pub fn report(o: &ReportOptions) -> Result<String, ReportError> {
         );
         for c in s["comparisons"].as_array().into_iter().flatten() {
             let _ = writeln!(out, "- {}", c["verdict"].as_str().unwrap_or(""));
+        }
+        if joined {
+            let _ = writeln!(out, "\nVerdict (latency, quality, throughput):");
+            for v in verdicts(&s) {
+                let _ = writeln!(out, "- {}", v["row"].as_str().unwrap_or(""));
+                for c in v["checks"].as_array().into_iter().flatten() {
+                    let _ = writeln!(
+                        out,
+                        "  - {} {}: {}: {} ({})",
+                        c["limit"].as_str().unwrap_or(""),
+                        c["max"],
+                        c["observed"].as_str().unwrap_or(""),
+                        c["state"].as_str().unwrap_or(""),
+                        c["why"].as_str().unwrap_or("")
+                    );
+                }
+            }
         }
     }
     if bad > 0 {

@@ -174,6 +174,8 @@ pub struct Experiment {
     pub guard: Option<Arc<crate::experiment::Guardrails>>,
     /// Shadow traffic policy.
     pub shadow: Option<Arc<crate::experiment::shadow::Shadow>>,
+    /// Thresholds of the joined verdict.
+    pub accept: Option<crate::config::AcceptConfig>,
     /// Variants and their assignment.
     pub split: Split<Pool>,
 }
@@ -367,6 +369,7 @@ impl Router {
                             .into(),
                         min_samples: x.min_samples,
                         allow_override: x.allow_override,
+                        accept: x.accept.clone(),
                         shadow: x.shadow.as_ref().and_then(|sh| {
                             let i = x.variants.iter().position(|v| v.name == sh.variant)?;
                             Some(Arc::new(crate::experiment::shadow::Shadow::new(
@@ -457,6 +460,11 @@ impl Router {
             variant_index,
             variant,
         })
+    }
+
+    /// The route a request for `model` on `path` takes.
+    pub fn route_for(&self, model: Option<&str>, path: &str) -> Option<&Arc<Route>> {
+        self.routes.iter().find(|r| r.matches(model, path))
     }
 
     /// The experiment on route `name`, if it has one.

@@ -39,6 +39,15 @@ pub fn data_file(name: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// The path of a file or directory under the repository's `data/`, as a program argument.
+pub fn data_file_path(name: &str) -> String {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("data")
+        .join(name)
+        .display()
+        .to_string()
+}
+
 /// A fresh, empty directory for one test's files.
 pub fn temp_dir() -> PathBuf {
     static N: AtomicU64 = AtomicU64::new(0);

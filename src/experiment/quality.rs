@@ -1,0 +1,648 @@
+//! Quality results beside latency: what `inferscope eval` measured per variant (accuracy on a
+//! suite, perplexity on a corpus), posted to admin `POST /experiments/quality` or read by `report`
+//! from the eval's JSON, and the joined verdict of each variant against the control — latency
+//! change, quality change, throughput — judged against the experiment's `accept:` limits.
+//!
+//! Every limit is judged on a 95% interval, never on a point estimate: a limit is met when the
+//! whole interval is on its good side, broken when the whole interval is on its bad side, and
+//! undecided otherwise (or while the data is missing). A variant is accepted when every limit is
+//! met, rejected when any is broken, and undecided otherwise.
+
+use crate::config::AcceptConfig;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+/// Results kept per route (suites and corpora); a post beyond it is refused.
+pub const MAX_RESULTS_PER_ROUTE: usize = 64;
+
+/// What a quality result measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QualityKind {
+    /// Share of items answered right (`value` in 0..=1; differences in the same unit).
+    Accuracy,
+    /// Token-level perplexity of a reference text (lower is better).
+    Perplexity,
+}
+
+/// One variant's score.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QualityVariant {
+    /// Variant name.
+    pub variant: String,
+    /// Accuracy (0..=1) or perplexity.
+    pub value: f64,
+    /// 95% interval of `value`, where there is one.
+    #[serde(default)]
+    pub ci95: Option<[f64; 2]>,
+    /// Items asked or tokens scored.
+    pub n: u64,
+}
+
+/// One variant against the control, paired over the same items or windows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QualityComparison {
+    /// Variant name.
+    pub variant: String,
+    /// Variant minus control, in `value`'s unit.
+    pub difference: f64,
+    /// 95% interval of the difference (`None`: too little data for one, e.g. a single window).
+    #[serde(default)]
+    pub ci95: Option<[f64; 2]>,
+}
+
+/// One eval run: a suite (or corpus) scored on every variant. `inferscope eval --json` prints it
+/// (with more fields, which are kept in the eval's output and not needed here).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QualityResult {
+    /// Accuracy or perplexity.
+    pub kind: QualityKind,
+    /// The suite or corpus (e.g. `mmlu`, `gsm8k`, the corpus file's name).
+    pub suite: String,
+    /// The model requested.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// The route it was measured on (else found from `model` and `path`).
+    #[serde(default)]
+    pub route: Option<String>,
+    /// The path the eval's requests used.
+    #[serde(default)]
+    pub path: Option<String>,
+    /// The control variant.
+    pub control: String,
+    /// Per variant, the control among them.
+    pub variants: Vec<QualityVariant>,
+    /// Every other variant against the control.
+    #[serde(default)]
+    pub comparisons: Vec<QualityComparison>,
+    /// Perplexity: what a window is counted in (`tokens`, or characters and why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit: Option<String>,
+}
+
+/// Why a posted result was refused.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum QualityError {
+    /// Not the expected JSON.
+    #[error("not a quality result: {0}")]
+    Invalid(String),
+    /// It names no experiment.
+    #[error("{0}")]
+    NoExperiment(String),
+    /// Too many suites on this route already.
+    #[error("route `{0}` holds {MAX_RESULTS_PER_ROUTE} results already; post to an existing suite name to replace one")]
+    Full(String),
+}
+
+impl QualityResult {
+    /// Parses and checks a posted result: finite numbers, the control among the variants, every
+    /// comparison about a listed variant.
+    pub fn parse(body: &[u8]) -> Result<Self, QualityError> {
+        let r: QualityResult =
+            serde_json::from_slice(body).map_err(|e| QualityError::Invalid(e.to_string()))?;
+        r.check().map_err(QualityError::Invalid)?;
+        Ok(r)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if self.suite.trim().is_empty() || self.suite.len() > 200 || self.suite.contains('\n') {
+            return Err("`suite` must be a name of 1 to 200 characters on one line".into());
+        }
+        if self.variants.is_empty() || self.variants.len() > 64 {
+            return Err("`variants` must list 1 to 64 variants".into());
+        }
+        let finite = |x: &[f64; 2]| x.iter().all(|v| v.is_finite());
+        for v in &self.variants {
+            if !v.value.is_finite() || !v.ci95.as_ref().is_none_or(finite) {
+                return Err(format!("variant `{}`: numbers must be finite", v.variant));
+            }
+        }
+        if !self.variants.iter().any(|v| v.variant == self.control) {
+            return Err(format!(
+                "the control `{}` is not among the variants",
+                self.control
+            ));
+        }
+        for c in &self.comparisons {
+            if !self.variants.iter().any(|v| v.variant == c.variant) {
+                return Err(format!(
+                    "comparison of `{}`, which is not among the variants",
+                    c.variant
+                ));
+            }
+            if !c.difference.is_finite() || !c.ci95.as_ref().is_none_or(finite) {
+                return Err(format!(
+                    "comparison of `{}`: numbers must be finite",
+                    c.variant
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The comparison of `variant` with the control.
+    pub fn comparison(&self, variant: &str) -> Option<&QualityComparison> {
+        self.comparisons.iter().find(|c| c.variant == variant)
+    }
+}
+
+/// One route's results, by kind and suite.
+type Suites = BTreeMap<(QualityKind, String), QualityResult>;
+
+/// The latest result of each suite, per route (in memory: a restart forgets them; post again).
+#[derive(Debug, Default)]
+pub struct Quality {
+    by_route: Mutex<HashMap<Arc<str>, Suites>>,
+}
+
+impl Quality {
+    /// Keeps `r` as route `route`'s result for its suite, replacing an earlier one.
+    pub fn post(&self, route: &Arc<str>, r: QualityResult) -> Result<(), QualityError> {
+        let mut all = self.by_route.lock();
+        let results = all.entry(Arc::clone(route)).or_default();
+        let key = (r.kind, r.suite.clone());
+        if !results.contains_key(&key) && results.len() >= MAX_RESULTS_PER_ROUTE {
+            return Err(QualityError::Full(route.to_string()));
+        }
+        results.insert(key, r);
+        Ok(())
+    }
+
+    /// Route `route`'s results, accuracy first, by suite.
+    pub fn results(&self, route: &str) -> Vec<QualityResult> {
+        self.by_route
+            .lock()
+            .get(route)
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+/// `x` with its sign (U+2212 for minus), `decimals` places.
+fn signed(x: f64, decimals: usize) -> String {
+    let s = format!("{:.*}", decimals, x.abs());
+    let zero = s.chars().all(|c| c == '0' || c == '.');
+    if zero {
+        s
+    } else if x < 0.0 {
+        format!("\u{2212}{s}")
+    } else {
+        format!("+{s}")
+    }
+}
+
+/// `value [lo, hi]` with signs, in `scale` units (100: fractions shown as percent or points).
+fn with_interval(d: f64, ci: Option<[f64; 2]>, scale: f64, decimals: usize, unit: &str) -> String {
+    let v = signed(d * scale, decimals);
+    match ci {
+        Some([lo, hi]) => format!(
+            "{v}{unit} [{}, {}]",
+            signed(lo * scale, decimals),
+            signed(hi * scale, decimals)
+        ),
+        None => format!("{v}{unit} (no interval)"),
+    }
+}
+
+/// The state of one limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Met,
+    Broken,
+    Undecided,
+}
+
+impl State {
+    fn as_str(self) -> &'static str {
+        match self {
+            State::Met => "met",
+            State::Broken => "broken",
+            State::Undecided => "undecided",
+        }
+    }
+}
+
+/// Judges "the change is at most `max`" on interval `ci` (same unit).
+fn at_most(ci: Option<[f64; 2]>, max: f64) -> State {
+    match ci {
+        Some([_, hi]) if hi <= max => State::Met,
+        Some([lo, _]) if lo > max => State::Broken,
+        _ => State::Undecided,
+    }
+}
+
+/// One check of a variant against a limit, as JSON.
+fn check(limit: &str, max: f64, what: String, state: State, why: &str) -> Value {
+    json!({"limit": limit, "max": max, "observed": what, "state": state.as_str(), "why": why})
+}
+
+/// The joined verdict of every non-control variant: one row each, from the latency comparisons in
+/// `summary` (`summarize`'s output), the quality `results`, the `feedback` summary and the shadow
+/// agreement (`shadow`: the shadow variant's name and its exact-match rate), judged against
+/// `accept` where given.
+pub fn verdicts(
+    summary: &Value,
+    results: &[QualityResult],
+    feedback: &Value,
+    shadow: Option<(&str, Option<f64>)>,
+    accept: Option<&AcceptConfig>,
+) -> Vec<Value> {
+    let control = summary["control"].as_str().unwrap_or_default();
+    let variants = summary["variants"].as_array().cloned().unwrap_or_default();
+    let rate = |name: &str| {
+        variants
+            .iter()
+            .find(|v| v["variant"] == name)
+            .and_then(|v| v["output_tokens_per_s"].as_f64())
+    };
+    let comparisons = summary["comparisons"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let ppl_count = results
+        .iter()
+        .filter(|r| r.kind == QualityKind::Perplexity)
+        .count();
+    variants
+        .iter()
+        .filter_map(|v| v["variant"].as_str())
+        .filter(|v| *v != control)
+        .map(|variant| {
+            let mut parts = Vec::new();
+            let mut checks = Vec::new();
+            // Latency: the median change and its interval, once there is enough data.
+            for (metric, limit) in [
+                ("ttft", accept.and_then(|a| a.ttft_change_max)),
+                ("tpot", accept.and_then(|a| a.tpot_change_max)),
+                ("e2e", accept.and_then(|a| a.e2e_change_max)),
+            ] {
+                let c = comparisons
+                    .iter()
+                    .find(|c| c["variant"] == variant && c["metric"] == metric);
+                let label = metric.to_uppercase();
+                let ci = c.and_then(|c| {
+                    let lo = c["median_ci"][0].as_f64()?;
+                    let hi = c["median_ci"][1].as_f64()?;
+                    Some([lo, hi])
+                });
+                let shown = match (c, ci) {
+                    (Some(c), Some(ci)) => Some(format!(
+                        "{label} {}",
+                        with_interval(
+                            c["median_change"].as_f64().unwrap_or(f64::NAN),
+                            Some(ci),
+                            100.0,
+                            0,
+                            "%"
+                        )
+                    )),
+                    (Some(c), None) => Some(format!(
+                        "{label} n/a (n = {} of {} per variant)",
+                        c["n_control"]
+                            .as_u64()
+                            .min(c["n_treatment"].as_u64())
+                            .unwrap_or(0),
+                        summary["min_samples"]
+                    )),
+                    (None, _) => None,
+                };
+                if metric != "e2e" || limit.is_some() {
+                    parts.extend(shown.clone());
+                }
+                if let Some(max) = limit {
+                    let pct = ci.map(|[lo, hi]| [lo * 100.0, hi * 100.0]);
+                    let state = at_most(pct, max);
+                    let why = match (state, ci) {
+                        (_, None) => "not enough latency samples yet",
+                        (State::Undecided, _) => "the interval straddles the limit",
+                        (State::Met, _) => "the whole interval is at or below the limit",
+                        (State::Broken, _) => "the whole interval is above the limit",
+                    };
+                    let key = format!("{metric}_change_max");
+                    checks.push(check(
+                        &key,
+                        max,
+                        shown.unwrap_or_else(|| format!("{label}: no data")),
+                        state,
+                        why,
+                    ));
+                }
+            }
+            // Quality: every posted suite and corpus that scored this variant.
+            let mut accuracy_seen = false;
+            let mut ppl_seen = false;
+            for r in results {
+                let Some(c) = r.comparison(variant) else {
+                    continue;
+                };
+                match r.kind {
+                    QualityKind::Accuracy => {
+                        accuracy_seen = true;
+                        let shown = format!(
+                            "{} {}",
+                            r.suite,
+                            with_interval(c.difference, c.ci95, 100.0, 1, " pts")
+                        );
+                        if let Some(max) = accept.and_then(|a| a.accuracy_drop_max_points) {
+                            // A drop of at most `max` points: the difference is at least −max.
+                            let neg = c.ci95.map(|[lo, hi]| [-hi * 100.0, -lo * 100.0]);
+                            let state = at_most(neg, max);
+                            let why = match state {
+                                State::Met => "the whole interval is above the largest drop",
+                                State::Broken => "the whole interval is below the largest drop",
+                                State::Undecided if c.ci95.is_none() => "no interval",
+                                State::Undecided => {
+                                    "the interval straddles the largest drop (more items narrow it)"
+                                }
+                            };
+                            checks.push(check(
+                                "accuracy_drop_max_points",
+                                max,
+                                shown.clone(),
+                                state,
+                                why,
+                            ));
+                        }
+                        parts.push(shown);
+                    }
+                    QualityKind::Perplexity => {
+                        ppl_seen = true;
+                        let name = if ppl_count == 1 {
+                            "ppl".to_string()
+                        } else {
+                            format!("ppl {}", r.suite)
+                        };
+                        let shown =
+                            format!("{name} {}", with_interval(c.difference, c.ci95, 1.0, 2, ""));
+                        if let Some(max) = accept.and_then(|a| a.ppl_rise_max) {
+                            let state = at_most(c.ci95, max);
+                            let why = match state {
+                                State::Met => "the whole interval is at or below the largest rise",
+                                State::Broken => "the whole interval is above the largest rise",
+                                State::Undecided if c.ci95.is_none() => {
+                                    "no interval (one window: a smaller --window gives more)"
+                                }
+                                State::Undecided => "the interval straddles the largest rise",
+                            };
+                            checks.push(check("ppl_rise_max", max, shown.clone(), state, why));
+                        }
+                        parts.push(shown);
+                    }
+                }
+            }
+            for (seen, limit, max, what) in [
+                (
+                    accuracy_seen,
+                    "accuracy_drop_max_points",
+                    accept.and_then(|a| a.accuracy_drop_max_points),
+                    "no accuracy result posted (inferscope eval --report-to)",
+                ),
+                (
+                    ppl_seen,
+                    "ppl_rise_max",
+                    accept.and_then(|a| a.ppl_rise_max),
+                    "no perplexity result posted (inferscope eval --perplexity --report-to)",
+                ),
+            ] {
+                if let (false, Some(max)) = (seen, max) {
+                    checks.push(check(limit, max, "no data".into(), State::Undecided, what));
+                }
+            }
+            // Feedback means, variant beside control (no limit: signals differ per deployment).
+            for f in feedback.as_array().into_iter().flatten() {
+                if f["variant"] != variant {
+                    continue;
+                }
+                let name = f["name"].as_str().unwrap_or_default();
+                let mean = |f: &Value| {
+                    let m = f["mean"].as_f64()?;
+                    Some(match (f["ci"][0].as_f64(), f["ci"][1].as_f64()) {
+                        (Some(lo), Some(hi)) => format!("{m:.2} [{lo:.2}, {hi:.2}]"),
+                        _ => format!("{m:.2}"),
+                    })
+                };
+                let Some(mine) = mean(f) else { continue };
+                let theirs = feedback
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|g| g["variant"] == control && g["name"] == name)
+                    .and_then(mean);
+                parts.push(match theirs {
+                    Some(t) => format!("{name} {mine} vs {t}"),
+                    None => format!("{name} {mine}"),
+                });
+            }
+            if let Some((sv, Some(exact))) = shadow {
+                if sv == variant {
+                    parts.push(format!("shadow exact match {:.0}%", exact * 100.0));
+                }
+            }
+            if let (Some(t), Some(c)) = (rate(variant), rate(control)) {
+                parts.push(format!("{t:.0} vs {c:.0} tok/s per stream"));
+            }
+            let decision = accept.map(|_| {
+                let states: Vec<&str> = checks.iter().filter_map(|c| c["state"].as_str()).collect();
+                if states.contains(&"broken") {
+                    "reject"
+                } else if states.iter().all(|s| *s == "met") {
+                    "accept"
+                } else {
+                    "undecided"
+                }
+            });
+            let mut row = format!("{variant}: {}", parts.join("; "));
+            if let Some(d) = decision {
+                row.push_str(" \u{2192} ");
+                row.push_str(d);
+            }
+            json!({"variant": variant, "control": control, "row": row,
+                "decision": decision, "checks": checks})
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn summary(tpot_ci: Option<[f64; 2]>) -> Value {
+        let tpot = match tpot_ci {
+            Some(ci) => json!({"variant": "int8", "metric": "tpot", "n_control": 500,
+                "n_treatment": 500, "median_change": (ci[0] + ci[1]) / 2.0, "median_ci": ci}),
+            None => json!({"variant": "int8", "metric": "tpot", "n_control": 12,
+                "n_treatment": 9, "verdict": "not enough"}),
+        };
+        json!({"control": "fp16", "min_samples": 200,
+            "variants": [{"variant": "fp16", "output_tokens_per_s": 40.0},
+                         {"variant": "int8", "output_tokens_per_s": 55.0}],
+            "comparisons": [tpot]})
+    }
+
+    fn result(kind: QualityKind, suite: &str, d: f64, ci: Option<[f64; 2]>) -> QualityResult {
+        QualityResult {
+            kind,
+            suite: suite.into(),
+            model: None,
+            route: None,
+            path: None,
+            control: "fp16".into(),
+            variants: vec![],
+            comparisons: vec![QualityComparison {
+                variant: "int8".into(),
+                difference: d,
+                ci95: ci,
+            }],
+            unit: None,
+        }
+    }
+
+    fn accept() -> AcceptConfig {
+        AcceptConfig {
+            tpot_change_max: Some(0.0),
+            accuracy_drop_max_points: Some(1.0),
+            ppl_rise_max: Some(0.5),
+            ..AcceptConfig::default()
+        }
+    }
+
+    fn decide(tpot: Option<[f64; 2]>, acc: Option<[f64; 2]>, ppl: Option<[f64; 2]>) -> Value {
+        let mut results = Vec::new();
+        if let Some(ci) = acc {
+            results.push(result(
+                QualityKind::Accuracy,
+                "mmlu",
+                (ci[0] + ci[1]) / 2.0,
+                Some(ci),
+            ));
+        }
+        if let Some(ci) = ppl {
+            results.push(result(
+                QualityKind::Perplexity,
+                "wiki",
+                (ci[0] + ci[1]) / 2.0,
+                Some(ci),
+            ));
+        }
+        verdicts(&summary(tpot), &results, &json!([]), None, Some(&accept()))
+            .pop()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_variant_is_accepted_only_when_every_interval_is_inside_its_limit() {
+        let v = decide(
+            Some([-0.31, -0.29]),
+            Some([-0.019, 0.003]),
+            Some([0.15, 0.27]),
+        );
+        // accuracy −1.9 points at worst: more than 1 point of drop is still possible.
+        assert_eq!(v["decision"], "undecided", "{v}");
+        assert_eq!(
+            v["row"],
+            "int8: TPOT \u{2212}30% [\u{2212}31, \u{2212}29]; mmlu \u{2212}0.8 pts [\u{2212}1.9, +0.3]; ppl +0.21 [+0.15, +0.27]; 55 vs 40 tok/s per stream \u{2192} undecided"
+        );
+        let v = decide(
+            Some([-0.31, -0.29]),
+            Some([-0.009, 0.003]),
+            Some([0.15, 0.27]),
+        );
+        assert_eq!(v["decision"], "accept", "{v}");
+        // Any limit broken with confidence rejects, whatever the others say.
+        let v = decide(
+            Some([-0.31, -0.29]),
+            Some([-0.009, 0.003]),
+            Some([0.55, 0.6]),
+        );
+        assert_eq!(v["decision"], "reject", "{v}");
+        let v = decide(Some([0.01, 0.03]), Some([-0.009, 0.003]), Some([0.1, 0.2]));
+        assert_eq!(v["decision"], "reject", "{v}");
+        let v = decide(Some([-0.31, -0.29]), Some([-0.05, -0.02]), Some([0.1, 0.2]));
+        assert_eq!(v["decision"], "reject", "{v}");
+    }
+
+    #[test]
+    fn missing_data_leaves_the_verdict_undecided_and_says_what_is_missing() {
+        let v = decide(None, None, Some([0.1, 0.2]));
+        assert_eq!(v["decision"], "undecided", "{v}");
+        let whys: Vec<&str> = v["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["state"] == "undecided")
+            .map(|c| c["why"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            whys,
+            [
+                "not enough latency samples yet",
+                "no accuracy result posted (inferscope eval --report-to)"
+            ]
+        );
+        assert!(
+            v["row"]
+                .as_str()
+                .unwrap()
+                .contains("TPOT n/a (n = 9 of 200 per variant)"),
+            "{v}"
+        );
+    }
+
+    #[test]
+    fn posted_results_are_checked() {
+        let ok = br#"{"kind":"accuracy","suite":"mmlu","control":"fp16",
+            "variants":[{"variant":"fp16","value":0.6,"n":10},{"variant":"int8","value":0.5,"n":10}],
+            "comparisons":[{"variant":"int8","difference":-0.1,"ci95":[-0.3,0.1]}]}"#;
+        let r = QualityResult::parse(ok).unwrap();
+        assert_eq!(r.comparison("int8").unwrap().ci95, Some([-0.3, 0.1]));
+        for (bad, why) in [
+            (
+                r#"{"kind":"bleu","suite":"x","control":"a","variants":[]}"#,
+                "unknown variant",
+            ),
+            (
+                r#"{"kind":"accuracy","suite":"","control":"a","variants":[{"variant":"a","value":1,"n":1}]}"#,
+                "`suite`",
+            ),
+            (
+                r#"{"kind":"accuracy","suite":"x","control":"b","variants":[{"variant":"a","value":1,"n":1}]}"#,
+                "control `b`",
+            ),
+            (
+                r#"{"kind":"accuracy","suite":"x","control":"a","variants":[{"variant":"a","value":1,"n":1}],"comparisons":[{"variant":"c","difference":0}]}"#,
+                "`c`",
+            ),
+        ] {
+            let e = QualityResult::parse(bad.as_bytes())
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+        let q = Quality::default();
+        let route: Arc<str> = Arc::from("demo");
+        for i in 0..MAX_RESULTS_PER_ROUTE {
+            let mut r = r.clone();
+            r.suite = format!("s{i}");
+            q.post(&route, r).unwrap();
+        }
+        // A new suite past the cap is refused; a known one is replaced.
+        let mut extra = r.clone();
+        extra.suite = "one more".into();
+        assert_eq!(
+            q.post(&route, extra),
+            Err(QualityError::Full("demo".into()))
+        );
+        let mut again = r.clone();
+        again.suite = "s3".into();
+        again.comparisons[0].difference = 0.0;
+        q.post(&route, again).unwrap();
+        let results = q.results("demo");
+        assert_eq!(results.len(), MAX_RESULTS_PER_ROUTE);
+        let s3 = results.iter().find(|r| r.suite == "s3").unwrap();
+        assert_eq!(s3.comparisons[0].difference, 0.0);
+    }
+}
