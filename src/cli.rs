@@ -240,7 +240,8 @@ enum Cmd {
         #[arg(long)]
         json: bool,
         /// The gateway's config: with access logs, each backend it gives `model:` and `gpu:` is
-        /// placed on its roofline from its logged requests.
+        /// placed on its roofline from its logged requests, and each group whose backends have a
+        /// `price:` gets its cost per million output tokens.
         #[arg(long)]
         config: Option<PathBuf>,
         /// Eval results to join to the comparison (`inferscope eval --json > FILE`; repeatable):
@@ -361,6 +362,13 @@ pub fn main() -> ExitCode {
         sources.extend(merge.iter().cloned());
         let token = token_env.as_ref().and_then(|v| std::env::var(v).ok());
         let joined = read_quality(quality).and_then(|q| Ok((q, parse_accept(accept.as_deref())?)));
+        let backends = match roof_config.as_deref().map(config::load).transpose() {
+            Ok(c) => c.map(|c| c.backends.clone()).unwrap_or_default(),
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                return ExitCode::from(2);
+            }
+        };
         let (quality, accept) = match joined {
             Ok(j) => j,
             Err(e) => {
@@ -376,6 +384,7 @@ pub fn main() -> ExitCode {
             json: *json,
             quality,
             accept,
+            backends,
         };
         let made =
             read_report_sources(&sources, token.as_deref(), ca_file.clone()).and_then(|read| {

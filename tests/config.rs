@@ -120,6 +120,29 @@ routes:
     }
 }
 
+/// A backend's `price:` is one number of the two kinds, 0 or more.
+#[test]
+fn a_price_is_one_number_of_one_kind() {
+    for (price, why) in [
+        ("{}", "give exactly one of"),
+        (
+            "{ per_gpu_hour: 2, per_million_output_tokens: 1 }",
+            "give exactly one of",
+        ),
+        ("{ per_gpu_hour: -1 }", "0 or more"),
+        ("{ per_hour: 2 }", "unknown field `per_hour`"),
+    ] {
+        let text = BASE.replace(
+            "url: \"http://127.0.0.1:1\" }",
+            &format!("url: \"http://127.0.0.1:1\", price: {price} }}"),
+        );
+        let e = parse(&text, "gw.yaml").unwrap_err();
+        assert_eq!(e.line, Some(2), "{e}");
+        assert!(e.key.starts_with("backends[0].price"), "{e}");
+        assert!(e.message.contains(why), "{price}: {e}");
+    }
+}
+
 #[test]
 fn wrong_type_names_the_key() {
     let text = format!("{BASE}limits:\n  max_concurrent_requests: lots\n");

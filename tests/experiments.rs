@@ -671,7 +671,7 @@ async fn the_joined_verdict_weighs_latency_and_quality_against_the_accept_limits
     // The experiment takes model `demo` only; every other request goes to fp16 alone. `/tokenize`
     // is routed by its body's model too, so perplexity windows are counted in tokens.
     let yaml = format!(
-        "access_log: {{ path: {:?} }}\nbackends:\n  - {{ name: fp16, url: \"http://{}\" }}\n  - {{ name: int8, url: \"http://{}\" }}\nroutes:\n  - name: demo\n    match: {{ model: demo }}\n    experiment:\n      name: int8-vs-fp16\n      min_samples: 10\n      accept: {{ tpot_change_max: 0, accuracy_drop_max_points: 1.0, ppl_rise_max: 0.5 }}\n      variants:\n        - {{ name: fp16, backends: [fp16], weight: 50, control: true }}\n        - {{ name: int8, backends: [int8], weight: 50 }}\n  - name: default\n    match: {{ path_prefix: / }}\n    backends: [fp16]\n",
+        "access_log: {{ path: {:?} }}\nbackends:\n  - {{ name: fp16, url: \"http://{}\", price: {{ per_million_output_tokens: 0.5 }} }}\n  - {{ name: int8, url: \"http://{}\", price: {{ per_gpu_hour: 3.0 }}, model: {{ params_b: 8 }}, gpu: {{ preset: h100, count: 2 }} }}\nroutes:\n  - name: demo\n    match: {{ model: demo }}\n    experiment:\n      name: int8-vs-fp16\n      min_samples: 10\n      accept: {{ tpot_change_max: 0, accuracy_drop_max_points: 1.0, ppl_rise_max: 0.5 }}\n      variants:\n        - {{ name: fp16, backends: [fp16], weight: 50, control: true }}\n        - {{ name: int8, backends: [int8], weight: 50 }}\n  - name: default\n    match: {{ path_prefix: / }}\n    backends: [fp16]\n",
         dir.join("access.jsonl"),
         fp16.addr,
         int8.addr
@@ -771,7 +771,30 @@ async fn the_joined_verdict_weighs_latency_and_quality_against_the_accept_limits
             && row.contains("; TPOT \u{2212}3")
             && row.contains("; mmlu \u{2212}")
             && row.contains("; ppl +0.3")
-            && row.ends_with("tok/s per stream \u{2192} reject"),
+            && row.contains("tok/s per stream; ")
+            && row.ends_with("\u{2192} reject"),
+        "{row}"
+    );
+
+    // Cost: fp16 at its list price; int8's two GPUs at 3.0 an hour each, over what it served.
+    let variant = |name: &str| {
+        x["variants"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["variant"] == name)
+            .unwrap()
+            .clone()
+    };
+    let (f, i) = (variant("fp16"), variant("int8"));
+    assert_eq!(f["cost_per_million_output_tokens"], 0.5, "{f}");
+    let served = i["served_output_tokens_per_s"].as_f64().unwrap();
+    let cost = i["cost_per_million_output_tokens"].as_f64().unwrap();
+    assert!((cost - 6.0 / (served * 3600.0) * 1e6).abs() < 1e-3, "{i}");
+    assert!(
+        row.contains(&format!(
+            "; {cost:.2} vs 0.50 per M output tokens (at the load served vs list price)"
+        )),
         "{row}"
     );
 
@@ -819,9 +842,14 @@ async fn the_joined_verdict_weighs_latency_and_quality_against_the_accept_limits
     let log = dir.join("access.jsonl");
     let mmlu_arg = mmlu_json.display().to_string();
     let ppl_arg = ppl_json.display().to_string();
+    let config = dir.join("gw.yaml");
+    std::fs::write(&config, &yaml).unwrap();
+    let config_arg = config.display().to_string();
     let out = run_cli(
         &[
             "report",
+            "--config",
+            &config_arg,
             "--control",
             "fp16",
             "--min-samples",
@@ -847,6 +875,16 @@ async fn the_joined_verdict_weighs_latency_and_quality_against_the_accept_limits
     assert_eq!(cell(offline, "mmlu"), cell(row, "mmlu"), "{text}");
     assert_eq!(cell(offline, "ppl"), cell(row, "ppl"), "{text}");
     assert!(offline.ends_with("\u{2192} reject"), "{text}");
+    // The offline cost: from the log's timestamps (to the millisecond), the same within 1%.
+    let shown: f64 = offline
+        .split("tok/s served; ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("{offline}"));
+    assert!(
+        (shown / cost - 1.0).abs() < 0.01,
+        "{shown} vs {cost}: {offline}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

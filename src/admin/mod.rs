@@ -860,6 +860,7 @@ fn experiments_json(router: &Router, rec: &Recorder) -> serde_json::Value {
             crate::route::Target::Experiment(x) => {
                 let arms = rec.experiments.arms(&r.name);
                 let mut v = crate::experiment::summarize(&x.name, &x.control, &arms, x.min_samples);
+                crate::experiment::quality::add_costs(&mut v, &x.prices);
                 if let serde_json::Value::Object(m) = &mut v {
                     m.insert("route".into(), r.name.as_ref().into());
                     m.insert("feedback".into(), rec.experiments.feedback.summary(&r.name));
@@ -877,12 +878,12 @@ fn experiments_json(router: &Router, rec: &Recorder) -> serde_json::Value {
                         &results,
                         &m["feedback"],
                         shadow,
-                        x.accept.as_ref(),
+                        x.accept.as_deref(),
                     );
                     m.insert("quality".into(), serde_json::json!(results));
                     m.insert(
                         "accept".into(),
-                        serde_json::json!(x.accept.as_ref().map(|a| a
+                        serde_json::json!(x.accept.as_deref().map(|a| a
                             .limits()
                             .collect::<std::collections::BTreeMap<
                             _,

@@ -422,6 +422,18 @@ fn validate_auth(c: &Config) -> Result<(), Invalid> {
 }
 
 fn validate_backend(b: &BackendConfig) -> Result<(), (&'static str, String)> {
+    if let Some(p) = &b.price {
+        match (p.per_million_output_tokens, p.per_gpu_hour) {
+            (Some(x), None) | (None, Some(x)) if x.is_finite() && x >= 0.0 => {}
+            (Some(_), Some(_)) | (None, None) => {
+                return Err((
+                    "price",
+                    "give exactly one of per_million_output_tokens and per_gpu_hour".into(),
+                ))
+            }
+            _ => return Err(("price", "a price is a number, 0 or more".into())),
+        }
+    }
     match (&b.url, &b.sim) {
         (Some(_), Some(_)) | (None, None) => {
             return Err(("url", "give exactly one of `url` and `sim`".into()))

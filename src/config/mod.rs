@@ -21,7 +21,8 @@ pub use schema::{
 };
 pub use schema::{
     Balancer, FeedbackConfig, GpuSpec, GuardRule, GuardrailsConfig, MetricsConfig, ModelSpec,
-    OutlierConfig, ProbeConfig, RetryConfig, ShadowConfig, SloConfig, TimeoutsConfig, GPU_PRESETS,
+    OutlierConfig, PriceConfig, ProbeConfig, RetryConfig, ShadowConfig, SloConfig, TimeoutsConfig,
+    GPU_PRESETS,
 };
 pub use telemetry::{
     resolve as resolve_telemetry, Protocol, Settings as TelemetrySettings, SettingsError,

@@ -354,6 +354,20 @@ pub struct BackendConfig {
     /// Its GPUs, for its roofline (with `model`).
     #[serde(default)]
     pub gpu: Option<GpuSpec>,
+    /// What its output costs, for the experiment verdict's money per million tokens.
+    #[serde(default)]
+    pub price: Option<PriceConfig>,
+}
+
+/// `price:` of a backend — one of the two.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PriceConfig {
+    /// A hosted API's list price per million output tokens.
+    pub per_million_output_tokens: Option<f64>,
+    /// What one of its GPUs costs per hour (times `gpu.count`): the cost per million tokens is
+    /// then what the tokens it served cost at the load it saw (idle time included).
+    pub per_gpu_hour: Option<f64>,
 }
 
 /// The GPU presets `gpu.preset` knows (their numbers: `route::roofline::PRESETS`).

@@ -94,6 +94,9 @@ pub struct Arm {
     pub slo_evaluated: u64,
     /// Of those, the ones that met them all.
     pub slo_met: u64,
+    /// Unix seconds: the earliest request's arrival and the latest one's end (the time over
+    /// which the variant served its tokens).
+    pub span: Option<(f64, f64)>,
 }
 
 impl Arm {
@@ -106,7 +109,24 @@ impl Arm {
             samples: std::array::from_fn(|i| Reservoir::new(seed.wrapping_add(i as u64))),
             slo_evaluated: 0,
             slo_met: 0,
+            span: None,
         }
+    }
+
+    /// Widens the span to a request that arrived at `start` (Unix seconds) and took `e2e_s`.
+    fn cover(&mut self, start: f64, e2e_s: f64) {
+        let end = start + e2e_s.max(0.0);
+        self.span = Some(match self.span {
+            Some((a, b)) => (a.min(start), b.max(end)),
+            None => (start, end),
+        });
+    }
+
+    /// Output tokens over the variant's span: what its backends served per second at the load
+    /// they saw (`None` before a span of at least a second).
+    pub fn served_tokens_per_s(&self) -> Option<f64> {
+        let (a, b) = self.span?;
+        (b - a >= 1.0).then(|| self.output_tokens as f64 / (b - a))
     }
 
     /// Adds one request.
@@ -114,6 +134,13 @@ impl Arm {
         self.requests += 1;
         self.outcomes[r.outcome.index()] += 1;
         self.count_slo(r.slo_met());
+        let start = r
+            .meta
+            .ts
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64();
+        self.cover(start, r.e2e.as_secs_f64());
         if r.outcome != Outcome::Ok {
             return;
         }
@@ -237,6 +264,12 @@ pub fn summarize(
             m.insert(
                 "output_tokens_per_s".into(),
                 ((a.tokens_per_s() * 100.0).round() / 100.0).into(),
+            );
+            m.insert(
+                "served_output_tokens_per_s".into(),
+                a.served_tokens_per_s()
+                    .map(|t| (t * 100.0).round() / 100.0)
+                    .into(),
             );
             let outcomes: serde_json::Map<String, Value> = Outcome::ALL
                 .iter()

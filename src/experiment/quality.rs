@@ -181,6 +181,63 @@ impl Quality {
     }
 }
 
+/// What a variant's output costs, from its backends' `price:`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum VariantPrice {
+    /// A list price per million output tokens (every backend of the variant has the same).
+    PerMillion(f64),
+    /// What its backends cost per hour together (GPU-hour price × GPUs, summed).
+    PerHour(f64),
+}
+
+impl VariantPrice {
+    /// The price of a variant served by `backends`: `None` when one has no price, or when they
+    /// are priced differently (per token and per hour, or at different list prices).
+    pub fn of(backends: &[&crate::config::BackendConfig]) -> Option<Self> {
+        let mut out: Option<Self> = None;
+        for b in backends {
+            let p = b.price?;
+            let gpus = b.gpu.as_ref().map_or(1, |g| g.count.max(1));
+            let this = match (p.per_million_output_tokens, p.per_gpu_hour) {
+                (Some(m), None) => Self::PerMillion(m),
+                (None, Some(h)) => Self::PerHour(h * f64::from(gpus)),
+                _ => return None,
+            };
+            out = Some(match (out, this) {
+                (None, t) => t,
+                (Some(Self::PerMillion(a)), Self::PerMillion(b)) if a == b => Self::PerMillion(a),
+                (Some(Self::PerHour(a)), Self::PerHour(b)) => Self::PerHour(a + b),
+                _ => return None,
+            });
+        }
+        out
+    }
+
+    /// Money per million output tokens, and on what basis: a list price as it is; an hourly
+    /// price over the tokens served per second (`served`) at the load the variant saw.
+    pub fn per_million(self, served: Option<f64>) -> Option<(f64, &'static str)> {
+        match self {
+            Self::PerMillion(p) => Some((p, "list price")),
+            Self::PerHour(h) => served
+                .filter(|t| *t > 0.0)
+                .map(|t| (h / (t * 3600.0) * 1e6, "at the load served")),
+        }
+    }
+}
+
+/// Adds each variant's cost per million output tokens (`cost_per_million_output_tokens`,
+/// `cost_basis`) to `summarize`'s output, from `prices` by variant.
+pub fn add_costs(summary: &mut Value, prices: &BTreeMap<String, VariantPrice>) {
+    for v in summary["variants"].as_array_mut().into_iter().flatten() {
+        let name = v["variant"].as_str().unwrap_or_default();
+        let served = v["served_output_tokens_per_s"].as_f64();
+        if let Some((cost, basis)) = prices.get(name).and_then(|p| p.per_million(served)) {
+            v["cost_per_million_output_tokens"] = json!((cost * 1e4).round() / 1e4);
+            v["cost_basis"] = basis.into();
+        }
+    }
+}
+
 /// `x` with its sign (U+2212 for minus), `decimals` places.
 fn signed(x: f64, decimals: usize) -> String {
     let s = format!("{:.*}", decimals, x.abs());
@@ -252,12 +309,13 @@ pub fn verdicts(
 ) -> Vec<Value> {
     let control = summary["control"].as_str().unwrap_or_default();
     let variants = summary["variants"].as_array().cloned().unwrap_or_default();
-    let rate = |name: &str| {
+    let field = |name: &str, key: &str| {
         variants
             .iter()
             .find(|v| v["variant"] == name)
-            .and_then(|v| v["output_tokens_per_s"].as_f64())
+            .and_then(|v| v[key].as_f64())
     };
+    let rate = |name: &str| field(name, "output_tokens_per_s");
     let comparisons = summary["comparisons"]
         .as_array()
         .cloned()
@@ -443,6 +501,32 @@ pub fn verdicts(
             }
             if let (Some(t), Some(c)) = (rate(variant), rate(control)) {
                 parts.push(format!("{t:.0} vs {c:.0} tok/s per stream"));
+            }
+            if let (Some(t), Some(c)) = (
+                field(variant, "served_output_tokens_per_s"),
+                field(control, "served_output_tokens_per_s"),
+            ) {
+                parts.push(format!("{t:.0} vs {c:.0} tok/s served"));
+            }
+            if let (Some(t), Some(c)) = (
+                field(variant, "cost_per_million_output_tokens"),
+                field(control, "cost_per_million_output_tokens"),
+            ) {
+                let basis = |v: &str| {
+                    variants
+                        .iter()
+                        .find(|x| x["variant"] == v)
+                        .and_then(|x| x["cost_basis"].as_str())
+                        .unwrap_or_default()
+                        .to_string()
+                };
+                let (bt, bc) = (basis(variant), basis(control));
+                let basis = if bt == bc {
+                    bt
+                } else {
+                    format!("{bt} vs {bc}")
+                };
+                parts.push(format!("{t:.2} vs {c:.2} per M output tokens ({basis})"));
             }
             let decision = accept.map(|_| {
                 let states: Vec<&str> = checks.iter().filter_map(|c| c["state"].as_str()).collect();

@@ -28,6 +28,9 @@ pub struct ReportOptions {
     pub quality: Vec<super::quality::QualityResult>,
     /// Limits the joined verdict is judged against (an experiment's `accept:`).
     pub accept: Option<crate::config::AcceptConfig>,
+    /// The gateway's backends (`--config`): each group's cost per million output tokens, from
+    /// the `price:` of the backends its lines name.
+    pub backends: Vec<crate::config::BackendConfig>,
 }
 
 fn outcome(s: &str) -> Option<Outcome> {
@@ -43,6 +46,9 @@ impl Arm {
         self.requests += 1;
         self.outcomes[o.index()] += 1;
         self.count_slo(v["slo_met"].as_bool());
+        if let Some(start) = v["ts"].as_str().and_then(crate::util::time::parse_rfc3339) {
+            self.cover(start, v["e2e_ms"].as_f64().unwrap_or(0.0) / 1000.0);
+        }
         if o != Outcome::Ok {
             return;
         }
@@ -150,8 +156,8 @@ pub fn report(o: &ReportOptions) -> Result<String, ReportError> {
             });
         }
     }
-    let joined = !o.quality.is_empty() || o.accept.is_some();
-    if joined {
+    let asked = !o.quality.is_empty() || o.accept.is_some();
+    if asked {
         let Some(control) = o.control.as_deref().filter(|_| o.by == "variant") else {
             return Err(ReportError::Quality(
                 "--quality and --accept join eval results to variants: give --by variant and --control".into(),
@@ -164,6 +170,26 @@ pub fn report(o: &ReportOptions) -> Result<String, ReportError> {
             )));
         }
     }
+    let prices: BTreeMap<String, super::quality::VariantPrice> = labels
+        .iter()
+        .filter_map(|(group, l)| {
+            let backends: Option<Vec<&crate::config::BackendConfig>> = l[1]
+                .iter()
+                .map(|name| o.backends.iter().find(|b| b.name == *name))
+                .collect();
+            Some((
+                group.to_string(),
+                super::quality::VariantPrice::of(&backends?)?,
+            ))
+        })
+        .collect();
+    // Verdict rows: when asked for, or when there is a cost to show beside the latency.
+    let joined = o.by == "variant" && o.control.is_some() && (asked || !prices.is_empty());
+    let summary = |control: &str| {
+        let mut s = summarize("report", control, &arms, o.min_samples);
+        super::quality::add_costs(&mut s, &prices);
+        s
+    };
     let verdicts = |summary: &Value| {
         super::quality::verdicts(summary, &o.quality, &Value::Null, None, o.accept.as_ref())
     };
@@ -175,12 +201,7 @@ pub fn report(o: &ReportOptions) -> Result<String, ReportError> {
         .collect();
     let join = |s: &BTreeSet<String>| s.iter().cloned().collect::<Vec<_>>();
     if o.json {
-        let mut doc = summarize(
-            "report",
-            o.control.as_deref().unwrap_or(""),
-            &arms,
-            o.min_samples,
-        );
+        let mut doc = summary(o.control.as_deref().unwrap_or(""));
         if let Some(groups) = doc["variants"].as_array_mut() {
             for g in groups {
                 let key = g["variant"].as_str().unwrap_or("").to_string();
@@ -241,7 +262,7 @@ pub fn report(o: &ReportOptions) -> Result<String, ReportError> {
         );
     }
     if let Some(control) = &o.control {
-        let s = summarize("report", control, &arms, o.min_samples);
+        let s = summary(control);
         let _ = writeln!(
             out,
             "\nCompared with {control} ({}):",

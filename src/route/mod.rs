@@ -175,7 +175,9 @@ pub struct Experiment {
     /// Shadow traffic policy.
     pub shadow: Option<Arc<crate::experiment::shadow::Shadow>>,
     /// Thresholds of the joined verdict.
-    pub accept: Option<crate::config::AcceptConfig>,
+    pub accept: Option<Box<crate::config::AcceptConfig>>,
+    /// What each variant's output costs, where its backends are priced.
+    pub prices: std::collections::BTreeMap<String, crate::experiment::quality::VariantPrice>,
     /// Variants and their assignment.
     pub split: Split<Pool>,
 }
@@ -369,7 +371,21 @@ impl Router {
                             .into(),
                         min_samples: x.min_samples,
                         allow_override: x.allow_override,
-                        accept: x.accept.clone(),
+                        accept: x.accept.clone().map(Box::new),
+                        prices: x
+                            .variants
+                            .iter()
+                            .filter_map(|v| {
+                                let backends: Vec<&crate::config::BackendConfig> = v
+                                    .backends
+                                    .iter()
+                                    .filter_map(|n| config.backends.iter().find(|b| b.name == *n))
+                                    .collect();
+                                let price =
+                                    crate::experiment::quality::VariantPrice::of(&backends)?;
+                                Some((v.name.clone(), price))
+                            })
+                            .collect(),
                         shadow: x.shadow.as_ref().and_then(|sh| {
                             let i = x.variants.iter().position(|v| v.name == sh.variant)?;
                             Some(Arc::new(crate::experiment::shadow::Shadow::new(

@@ -26,8 +26,40 @@ pub fn rfc3339(t: SystemTime) -> String {
     )
 }
 
+/// Seconds since the Unix epoch of a UTC timestamp as `rfc3339` writes it
+/// (`YYYY-MM-DDTHH:MM:SS[.fff]Z`); `None` for anything else.
+pub fn parse_rfc3339(s: &str) -> Option<f64> {
+    let b = s.as_bytes();
+    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || !s.ends_with('Z') {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
+    let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (h, m, sec) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || h > 23 || m > 59 || sec > 60 {
+        return None;
+    }
+    let frac = match &s[19..s.len() - 1] {
+        "" => 0.0,
+        f if f.starts_with('.') && f.len() > 1 && f[1..].bytes().all(|c| c.is_ascii_digit()) => {
+            format!("0{f}").parse::<f64>().ok()?
+        }
+        _ => return None,
+    };
+    // Days-from-civil (Howard Hinnant's algorithm), the inverse of `rfc3339`'s.
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some((days * 86_400 + h * 3600 + m * 60 + sec) as f64 + frac)
+}
+
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
     use std::time::Duration;
 
@@ -38,5 +70,23 @@ mod tests {
         assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
         let leap = UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
         assert_eq!(rfc3339(leap), "2000-02-29T00:00:00.000Z");
+    }
+
+    #[test]
+    fn parse_reads_what_rfc3339_writes() {
+        for secs in [0u64, 951_782_400, 1_700_000_000, 4_102_444_799] {
+            let t = UNIX_EPOCH + Duration::from_millis(secs * 1000 + 250);
+            let back = parse_rfc3339(&rfc3339(t)).unwrap();
+            assert!((back - (secs as f64 + 0.25)).abs() < 1e-6, "{secs}: {back}");
+        }
+        assert_eq!(parse_rfc3339("2026-12-01T22:45:26Z"), Some(1_796_165_126.0));
+        for bad in [
+            "",
+            "2026-13-01T00:00:00Z",
+            "2026-12-01 22:45:26Z",
+            "2026-12-01T22:45:26.Z",
+        ] {
+            assert_eq!(parse_rfc3339(bad), None, "{bad}");
+        }
     }
 }
