@@ -853,75 +853,75 @@ fn key_metrics(limiter: &crate::access::Limiter, w: &mut Writer) {
 
 /// Every experiment: per-variant summaries and comparisons with the control.
 fn experiments_json(router: &Router, rec: &Recorder) -> serde_json::Value {
-    let list: Vec<serde_json::Value> = router
-        .routes()
-        .iter()
-        .filter_map(|r| match &r.target {
-            crate::route::Target::Experiment(x) => {
-                let arms = rec.experiments.arms(&r.name);
-                let mut v = crate::experiment::summarize(&x.name, &x.control, &arms, x.min_samples);
-                crate::experiment::quality::add_costs(&mut v, &x.prices);
-                if let serde_json::Value::Object(m) = &mut v {
-                    m.insert("route".into(), r.name.as_ref().into());
-                    m.insert("feedback".into(), rec.experiments.feedback.summary(&r.name));
-                    if let Some(g) = &x.guard {
-                        m.insert("guardrails".into(), g.to_json());
-                    }
-                    let results = rec.experiments.quality.results(&r.name);
-                    let shadow = x.shadow.as_ref().map(|sh| {
-                        let ag = sh.agreement();
-                        let exact = (ag.pairs > 0).then(|| ag.exact as f64 / ag.pairs as f64);
-                        (sh.variant.as_ref(), exact)
-                    });
-                    let verdicts = crate::experiment::quality::verdicts(
-                        &serde_json::Value::Object(m.clone()),
-                        &results,
-                        &m["feedback"],
-                        shadow,
-                        x.accept.as_deref(),
-                    );
-                    m.insert("quality".into(), serde_json::json!(results));
-                    m.insert(
-                        "accept".into(),
-                        serde_json::json!(x.accept.as_deref().map(|a| a
-                            .limits()
-                            .collect::<std::collections::BTreeMap<
-                            _,
-                            _,
-                        >>())),
-                    );
-                    m.insert("verdicts".into(), verdicts.into());
-                    if let Some(sh) = &x.shadow {
-                        use std::sync::atomic::Ordering::Relaxed;
-                        let ag = sh.agreement();
-                        let rate = |k: f64| {
-                            if ag.pairs > 0 {
-                                serde_json::json!(k / ag.pairs as f64)
-                            } else {
-                                serde_json::Value::Null
-                            }
-                        };
-                        m.insert(
-                            "shadow".into(),
-                            serde_json::json!({
-                                "variant": sh.variant.as_ref(),
-                                "label": sh.label.as_ref(),
-                                "sent": sh.sent.load(Relaxed),
-                                "dropped": sh.dropped.load(Relaxed),
-                                "agreement": {
-                                    "pairs": ag.pairs,
-                                    "exact_match_rate": rate(ag.exact as f64),
-                                    "rouge_l_mean": rate(ag.rouge_l_sum),
-                                },
-                            }),
+    let list: Vec<serde_json::Value> =
+        router
+            .routes()
+            .iter()
+            .filter_map(|r| match &r.target {
+                crate::route::Target::Experiment(x) => {
+                    let arms = rec.experiments.arms(&r.name);
+                    let mut v =
+                        crate::experiment::summarize(&x.name, &x.control, &arms, x.min_samples);
+                    crate::experiment::quality::add_costs(&mut v, &x.prices);
+                    if let serde_json::Value::Object(m) = &mut v {
+                        m.insert("route".into(), r.name.as_ref().into());
+                        m.insert("feedback".into(), rec.experiments.feedback.summary(&r.name));
+                        if let Some(g) = &x.guard {
+                            m.insert("guardrails".into(), g.to_json());
+                        }
+                        let results = rec.experiments.quality.results(&r.name);
+                        let shadow = x.shadow.as_ref().map(|sh| {
+                            let ag = sh.agreement();
+                            let exact = (ag.pairs > 0).then(|| ag.exact as f64 / ag.pairs as f64);
+                            (sh.variant.as_ref(), exact)
+                        });
+                        let verdicts = crate::experiment::quality::verdicts(
+                            &serde_json::Value::Object(m.clone()),
+                            &results,
+                            &m["feedback"],
+                            shadow,
+                            x.accept.as_deref(),
                         );
+                        m.insert("quality".into(), serde_json::json!(results));
+                        m.insert(
+                            "accept".into(),
+                            serde_json::json!(x
+                                .accept
+                                .as_deref()
+                                .map(|a| a.limits().collect::<std::collections::BTreeMap<_, _>>())),
+                        );
+                        m.insert("verdicts".into(), verdicts.into());
+                        if let Some(sh) = &x.shadow {
+                            use std::sync::atomic::Ordering::Relaxed;
+                            let ag = sh.agreement();
+                            let rate = |k: f64| {
+                                if ag.pairs > 0 {
+                                    serde_json::json!(k / ag.pairs as f64)
+                                } else {
+                                    serde_json::Value::Null
+                                }
+                            };
+                            m.insert(
+                                "shadow".into(),
+                                serde_json::json!({
+                                    "variant": sh.variant.as_ref(),
+                                    "label": sh.label.as_ref(),
+                                    "sent": sh.sent.load(Relaxed),
+                                    "dropped": sh.dropped.load(Relaxed),
+                                    "agreement": {
+                                        "pairs": ag.pairs,
+                                        "exact_match_rate": rate(ag.exact as f64),
+                                        "rouge_l_mean": rate(ag.rouge_l_sum),
+                                    },
+                                }),
+                            );
+                        }
                     }
+                    Some(v)
                 }
-                Some(v)
-            }
-            crate::route::Target::Pool(_) => None,
-        })
-        .collect();
+                crate::route::Target::Pool(_) => None,
+            })
+            .collect();
     serde_json::json!({ "experiments": list })
 }
 

@@ -786,13 +786,17 @@ pub fn render(scores: &[Score]) -> String {
             let (only_control, only_variant, p) = mcnemar_exact(&control.per_item, &s.per_item);
             let _ = writeln!(
                 out,
-                "- {} accuracy {:+.1} points vs {} [{:+.1}, {:+.1}] (paired, 95%); McNemar exact p = {:.4} ({} right only on {}, {} only on {})",
+                "- {} accuracy {:+.1} points vs {} [{:+.1}, {:+.1}] (paired, 95%); McNemar exact p {} ({} right only on {}, {} only on {})",
                 s.variant,
                 d * 100.0,
                 control.variant,
                 lo * 100.0,
                 hi * 100.0,
-                p,
+                if p < 1e-4 {
+                    "< 0.0001".to_string()
+                } else {
+                    format!("= {p:.4}")
+                },
                 only_control,
                 control.variant,
                 only_variant,

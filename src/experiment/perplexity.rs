@@ -372,12 +372,16 @@ fn totals<'a>(w: impl Iterator<Item = &'a WindowScore>) -> (f64, usize) {
     w.fold((0.0, 0), |(n, t), s| (n + s.nll, t + s.tokens))
 }
 
+/// Fewer windows than this get no interval: a bootstrap over a handful of windows resamples the
+/// same few values and gives an interval far narrower than the truth.
+pub const MIN_WINDOWS_FOR_INTERVAL: usize = 10;
+
 /// `b`'s perplexity minus `a`'s, with a 95% interval from `iterations` paired bootstrap resamples
-/// of the windows (seeded: the same answer every run).
+/// of the windows (seeded: the same answer every run; NaN below `MIN_WINDOWS_FOR_INTERVAL`).
 pub fn paired_difference(a: &Perplexity, b: &Perplexity, iterations: usize) -> (f64, (f64, f64)) {
     let diff = b.ppl - a.ppl;
     let n = a.windows.len().min(b.windows.len());
-    if n < 2 {
+    if n < MIN_WINDOWS_FOR_INTERVAL {
         return (diff, (f64::NAN, f64::NAN));
     }
     let mut rng = crate::util::rng::Rng::new(0x9e71);
@@ -405,7 +409,7 @@ pub const COMPLETIONS_PATH: &str = "/v1/completions";
 
 /// The report as JSON, as `eval --perplexity --json` prints it and `--report-to` posts it
 /// (`quality::QualityResult`'s shape): each variant's perplexity and tokens scored, and each
-/// variant's paired difference from the control with its 95% interval (none from one window).
+/// variant's paired difference from the control with its 95% interval (none from fewer than `MIN_WINDOWS_FOR_INTERVAL` windows).
 pub fn summary_json(results: &[Perplexity], o: &PerplexityOptions, suite: &str) -> Value {
     let variants: Vec<Value> = results
         .iter()
@@ -443,7 +447,10 @@ pub fn render(results: &[Perplexity], o: &PerplexityOptions) -> String {
             Some(c) if i > 0 => {
                 let (d, (lo, hi)) = paired_difference(c, r, 2000);
                 let ci = if lo.is_nan() {
-                    "n/a: one window (a smaller --window gives more)".to_owned()
+                    format!(
+                        "n/a: {} windows, an interval needs {MIN_WINDOWS_FOR_INTERVAL} (a smaller --window gives more)",
+                        c.windows.len().min(r.windows.len())
+                    )
                 } else {
                     format!("[{lo:+.3}, {hi:+.3}]")
                 };

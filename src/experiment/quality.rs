@@ -441,7 +441,7 @@ pub fn verdicts(
                                 State::Met => "the whole interval is at or below the largest rise",
                                 State::Broken => "the whole interval is above the largest rise",
                                 State::Undecided if c.ci95.is_none() => {
-                                    "no interval (one window: a smaller --window gives more)"
+                                    "no interval (too few windows: a smaller --window gives more)"
                                 }
                                 State::Undecided => "the interval straddles the largest rise",
                             };
