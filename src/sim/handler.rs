@@ -347,6 +347,9 @@ fn plan(state: &SimState, v: &Value, ep: Endpoint) -> Plan {
     let mut r = Rng::new(state.opts.seed ^ index.rotate_left(23) ^ 0x0A05);
     let wrong = r.unit() < p.answer_error_rate;
     let answer = last_text.and_then(|t| {
+        if let Some((right, off_by_one)) = super::quiz::solve_code(t) {
+            return Some(if wrong { off_by_one } else { right });
+        }
         if let Some(right) = super::quiz::solve(t) {
             let letter = if wrong {
                 super::quiz::wrong(right, &mut r)
@@ -751,7 +754,9 @@ async fn whole(
         }
         sleep_until(deadline).await;
         let text = match &plan.answer {
-            Some(a) => a.trim_start().to_owned(),
+            // A token's leading space goes (` A` → `A`); code keeps its indentation.
+            Some(a) if !a.starts_with("  ") => a.trim_start().to_owned(),
+            Some(a) => a.clone(),
             None => words(&mut rng, gen.output_tokens).concat(),
         };
         let eng = EngineTime {

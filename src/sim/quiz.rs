@@ -98,6 +98,34 @@ pub fn solve_sum(text: &str) -> Option<u64> {
     (numbers.len() >= 2).then(|| numbers.iter().sum())
 }
 
+/// The body of a function of the kind the test fixtures pose (HumanEval-shaped: a signature
+/// and a docstring saying "Return x plus 3." — or minus, or times): right, and wrong by one. The
+/// simulator's one rule of programming; `None` for any other text.
+pub fn solve_code(text: &str) -> Option<(String, String)> {
+    let def = text
+        .rsplit("\ndef ")
+        .next()
+        .filter(|_| text.contains("def "))?;
+    let doc = def.split("Return ").nth(1)?;
+    let sentence = doc.split('.').next()?;
+    let mut words = sentence.split_whitespace();
+    let (arg, op, n) = (words.next()?, words.next()?, words.next()?);
+    let n: i64 = n.parse().ok()?;
+    if !arg.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') || words.next().is_some() {
+        return None;
+    }
+    let op = match op {
+        "plus" => "+",
+        "minus" => "-",
+        "times" => "*",
+        _ => return None,
+    };
+    Some((
+        format!("    return {arg} {op} {n}\n"),
+        format!("    return {arg} {op} {n} + 1\n"),
+    ))
+}
+
 /// A wrong letter, chosen with `rng`.
 pub fn wrong(right: char, rng: &mut Rng) -> char {
     let others: Vec<char> = LETTERS.iter().copied().filter(|l| *l != right).collect();
@@ -106,6 +134,7 @@ pub fn wrong(right: char, rng: &mut Rng) -> char {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     #[test]
@@ -117,6 +146,16 @@ mod tests {
             assert_eq!(solve(&p).map(String::from), Some(it.answer.clone()), "{p}");
         }
         assert_eq!(solve("hello"), None);
+        let task = "def add_3(x: int) -> int:\n    \"\"\"Return x plus 3.\n    >>> add_3(1)\n    4\n    \"\"\"\n";
+        let (right, wrong) = solve_code(task).unwrap();
+        assert_eq!(
+            (right.as_str(), wrong.as_str()),
+            ("    return x + 3\n", "    return x + 3 + 1\n")
+        );
+        assert_eq!(
+            solve_code("def f(s):\n    \"\"\"Return the reverse of s.\"\"\"\n"),
+            None
+        );
         // MMLU's layout, after a solved example.
         let few_shot = "What is 1 + 2?\nA. 3\nB. 4\nC. 5\nD. 6\nAnswer: A\n\nWhat is 10 + 20?\nA. 3\nB. 31\nC. 30\nD. 29\nAnswer:";
         assert_eq!(solve(few_shot), Some('C'));
