@@ -749,6 +749,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 target,
                 out,
                 sandbox,
+                progress: true,
             };
             let scores = crate::experiment::eval::run(&opts, &items).await;
             let suite = suite.unwrap_or_else(|| suite_name(&path));
@@ -859,7 +860,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                     .unwrap_or_default(),
                 headers,
                 seed,
-                progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+                progress: true,
                 http2_connections,
                 warmup,
                 connector,

@@ -386,6 +386,7 @@ async fn eval_recovers_each_variants_accuracy_within_its_interval() {
         target: target(gw.data_addr, 8),
         out: None,
         sandbox: None,
+        progress: false,
     };
     let scores = inferscope::experiment::eval::run(&opts, &items).await;
     let report = inferscope::experiment::eval::render(&scores);
@@ -418,6 +419,7 @@ async fn eval_reads_mmlu_and_gsm8k_as_released_with_categories_and_mcnemar() {
         target: target(gw.data_addr, 8),
         out: None,
         sandbox: None,
+        progress: false,
     };
     let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data");
 
@@ -509,6 +511,7 @@ async fn eval_retries_transient_failures_and_resumes_from_its_out_file() {
         target: target(gw.data_addr, 4),
         out: Some(out.clone()),
         sandbox: None,
+        progress: false,
     };
     let first = eval::run(&opts, &items).await;
     let report = eval::render(&first);

@@ -138,6 +138,7 @@ async fn humaneval_is_completed_on_each_variant_and_scored_by_running_it() {
         },
         out: Some(dir.join("items.jsonl")),
         sandbox: Some(std::sync::Arc::new(sandbox().await)),
+        progress: false,
     };
     let scores = eval::run(&opts, &items).await;
     let report = eval::render(&scores);

@@ -132,3 +132,68 @@ async fn perplexity_reads_vllms_prompt_logprobs() {
     assert!((a.ppl / b.ppl).ln().abs() < 0.01, "{report}");
     gw.shutdown();
 }
+
+/// HumanEval through the gateway to a real vLLM: every problem completed on both variants with
+/// the Codex stop sequences honoured by the engine, and every completion run in the sandbox.
+/// (The tiny model writes no working code: what is checked is the path, not the score.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn humaneval_completions_from_vllm_are_run_in_the_sandbox() {
+    use inferscope::experiment::eval;
+    let Some(url) = vllm_url() else { return };
+    let dir = temp_dir();
+    let yaml = format!(
+        "access_log: {{ path: {:?} }}\nbackends:\n  - {{ name: vllm, url: \"{url}\" }}\nroutes:\n  - name: all\n    experiment:\n      name: same\n      variants:\n        - {{ name: fp16, backends: [vllm], weight: 50, control: true }}\n        - {{ name: int8, backends: [vllm], weight: 50 }}\n",
+        dir.join("access.jsonl"),
+    );
+    let gw = start_yaml(&yaml).await;
+    let items = eval::load_path(
+        std::path::Path::new(&data_file_path("humaneval-sample.jsonl")),
+        0,
+    )
+    .unwrap();
+    let opts = eval::EvalOptions {
+        target: eval::EvalTarget {
+            url: format!("http://{}", gw.data_addr),
+            model: "tiny-llama".into(),
+            variants: vec!["fp16".into(), "int8".into()],
+            concurrency: 4,
+            headers: Vec::new(),
+            connector: inferscope::tls::Connector::new(None, std::time::Duration::from_secs(5)),
+        },
+        out: Some(dir.join("items.jsonl")),
+        sandbox: Some(std::sync::Arc::new(
+            inferscope::experiment::sandbox::Sandbox::detect()
+                .await
+                .unwrap(),
+        )),
+        progress: false,
+    };
+    let scores = eval::run(&opts, &items).await;
+    println!("{}", eval::render(&scores));
+    assert_eq!((scores[0].failed, scores[1].failed), (0, 0));
+    // Greedy decoding of one model: both variants answer alike.
+    assert_eq!(scores[0].per_item, scores[1].per_item);
+    let lines: Vec<Value> = std::fs::read_to_string(dir.join("items.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 24);
+    for l in &lines {
+        let reply = l["reply"].as_str().unwrap();
+        // vLLM stopped at the first four stop sequences (the fifth is cut by eval itself).
+        for stop in &eval::CODE_STOP[..4] {
+            assert!(!reply.contains(stop), "{stop:?} in {reply:?}");
+        }
+        // Every failure is the program's own (an exception, a timeout), never the harness's.
+        if l["correct"] == false {
+            let why = l["why"].as_str().unwrap();
+            assert!(!why.starts_with("could not run"), "{why}");
+        }
+    }
+    let log = stop_and_read_log(gw, &dir).await;
+    assert_eq!(log.len(), 24);
+    assert!(log
+        .iter()
+        .all(|l| l["outcome"] == "ok" && l["path"] == "/v1/completions"));
+}

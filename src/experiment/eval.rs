@@ -280,6 +280,34 @@ pub struct EvalOptions {
     pub out: Option<std::path::PathBuf>,
     /// Where code answers run (HumanEval); without it code items count as wrong.
     pub sandbox: Option<Arc<super::sandbox::Sandbox>>,
+    /// Show progress on standard error: a line redrawn in place on a terminal, and each
+    /// variant's final count.
+    pub progress: bool,
+}
+
+/// Items answered so far of one variant's run, for the progress line.
+#[derive(Debug, Default)]
+struct Progress {
+    done: std::sync::atomic::AtomicUsize,
+    right: std::sync::atomic::AtomicUsize,
+    failed: std::sync::atomic::AtomicUsize,
+}
+
+impl Progress {
+    fn line(&self, variant: &str, total: usize, started: std::time::Instant) -> String {
+        use std::sync::atomic::Ordering::Relaxed;
+        let done = self.done.load(Relaxed);
+        let width = 30;
+        let filled = (done * width).checked_div(total).unwrap_or(width);
+        format!(
+            "{variant}: [{}{}] {done}/{total} ({} right, {} failed requests) {:.0} s",
+            "#".repeat(filled),
+            ".".repeat(width - filled),
+            self.right.load(Relaxed),
+            self.failed.load(Relaxed),
+            started.elapsed().as_secs_f64()
+        )
+    }
 }
 
 /// Accuracy of one variant.
@@ -764,9 +792,23 @@ pub async fn run(o: &EvalOptions, items: &[EvalItem]) -> Vec<Score> {
         let todo: Arc<Vec<usize>> =
             Arc::new((0..items.len()).filter(|i| prior[*i].is_none()).collect());
         let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let progress = Arc::new(Progress::default());
+        let started = std::time::Instant::now();
+        let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+        let ticker = (o.progress && tty).then(|| {
+            let (progress, variant, total) = (Arc::clone(&progress), variant.clone(), todo.len());
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(std::time::Duration::from_millis(250));
+                loop {
+                    tick.tick().await;
+                    eprint!("\r{}", progress.line(&variant, total, started));
+                }
+            })
+        });
         let mut workers = Vec::new();
         for _ in 0..t.concurrency.max(1) {
-            let (sandbox, cpus) = (o.sandbox.clone(), Arc::clone(&cpus));
+            let (sandbox, cpus, progress) =
+                (o.sandbox.clone(), Arc::clone(&cpus), Arc::clone(&progress));
             let (client, items, ids, per_item, todo, next, t, variant, out) = (
                 client.clone(),
                 Arc::clone(&items),
@@ -807,6 +849,12 @@ pub async fn run(o: &EvalOptions, items: &[EvalItem]) -> Vec<Score> {
                     };
                     let r = (ok, reply.is_none());
                     per_item.lock()[i] = r;
+                    {
+                        use std::sync::atomic::Ordering::Relaxed;
+                        progress.right.fetch_add(usize::from(r.0), Relaxed);
+                        progress.failed.fetch_add(usize::from(r.1), Relaxed);
+                        progress.done.fetch_add(1, Relaxed);
+                    }
                     if let Some(f) = &out {
                         let reply: Option<String> = reply.map(|r| r.chars().take(2000).collect());
                         let mut line = json!({"variant": variant, "index": i, "id": ids[i],
@@ -823,6 +871,12 @@ pub async fn run(o: &EvalOptions, items: &[EvalItem]) -> Vec<Score> {
         }
         for w in workers {
             let _ = w.await;
+        }
+        if let Some(t) = ticker {
+            t.abort();
+        }
+        if o.progress {
+            eprintln!("\r{}", progress.line(variant, todo.len(), started));
         }
         let results = per_item.lock().clone();
         let k = results.iter().filter(|r| r.0).count();
@@ -965,6 +1019,26 @@ pub fn render(scores: &[Score]) -> String {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn the_progress_line_counts_what_is_done() {
+        let p = Progress::default();
+        p.done.store(5, std::sync::atomic::Ordering::Relaxed);
+        p.right.store(4, std::sync::atomic::Ordering::Relaxed);
+        let line = p.line("int8", 10, std::time::Instant::now());
+        assert_eq!(
+            line,
+            format!(
+                "int8: [{}{}] 5/10 (4 right, 0 failed requests) 0 s",
+                "#".repeat(15),
+                ".".repeat(15)
+            )
+        );
+        // Nothing to ask (all resumed from --out): a full bar, not a division by zero.
+        assert!(p
+            .line("fp16", 0, std::time::Instant::now())
+            .starts_with(&format!("fp16: [{}]", "#".repeat(30))));
+    }
 
     #[test]
     fn wilson_and_paired_difference() {
