@@ -1026,6 +1026,15 @@ async fn shadow_copies_are_measured_compared_and_never_touch_the_primary() {
         shadow_arm["requests"].as_u64().unwrap() >= 6,
         "shadow answers are measured: {shadow_arm}"
     );
+    // Its row in the verdicts carries the agreement, with its interval (Wilson, 6 of 6).
+    let row = doc["experiments"][0]["verdicts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["variant"] == "int8:shadow")
+        .map(|v| v["row"].as_str().unwrap().to_owned())
+        .unwrap();
+    assert!(row.contains("; shadow exact match 100% [61, 100]"), "{row}");
     let log = stop_and_read_log(gw, &dir).await;
     let primaries = log.iter().filter(|l| l.get("shadow").is_none()).count();
     assert_eq!(primaries, 7);

@@ -872,8 +872,7 @@ fn experiments_json(router: &Router, rec: &Recorder) -> serde_json::Value {
                         let results = rec.experiments.quality.results(&r.name);
                         let shadow = x.shadow.as_ref().map(|sh| {
                             let ag = sh.agreement();
-                            let exact = (ag.pairs > 0).then(|| ag.exact as f64 / ag.pairs as f64);
-                            (sh.variant.as_ref(), exact)
+                            (sh.variant.as_ref(), ag.exact, ag.pairs)
                         });
                         let verdicts = crate::experiment::quality::verdicts(
                             &serde_json::Value::Object(m.clone()),

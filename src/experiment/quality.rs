@@ -298,13 +298,13 @@ fn check(limit: &str, max: f64, what: String, state: State, why: &str) -> Value 
 
 /// The joined verdict of every non-control variant: one row each, from the latency comparisons in
 /// `summary` (`summarize`'s output), the quality `results`, the `feedback` summary and the shadow
-/// agreement (`shadow`: the shadow variant's name and its exact-match rate), judged against
+/// agreement (`shadow`: the shadow variant's name, its exact matches and pairs), judged against
 /// `accept` where given.
 pub fn verdicts(
     summary: &Value,
     results: &[QualityResult],
     feedback: &Value,
-    shadow: Option<(&str, Option<f64>)>,
+    shadow: Option<(&str, u64, u64)>,
     accept: Option<&AcceptConfig>,
 ) -> Vec<Value> {
     let control = summary["control"].as_str().unwrap_or_default();
@@ -494,9 +494,16 @@ pub fn verdicts(
                     None => format!("{name} {mine}"),
                 });
             }
-            if let Some((sv, Some(exact))) = shadow {
-                if sv == variant {
-                    parts.push(format!("shadow exact match {:.0}%", exact * 100.0));
+            if let Some((sv, exact, pairs)) = shadow {
+                // The shadow's own arm (`NAME:shadow`) carries its agreement with the primary.
+                let mine = variant.strip_suffix(":shadow") == Some(sv);
+                if let (true, Some(ci)) = (mine, super::compare::wilson(exact, pairs)) {
+                    parts.push(format!(
+                        "shadow exact match {:.0}% [{:.0}, {:.0}]",
+                        exact as f64 * 100.0 / pairs as f64,
+                        ci.lo * 100.0,
+                        ci.hi * 100.0
+                    ));
                 }
             }
             if let (Some(t), Some(c)) = (rate(variant), rate(control)) {
