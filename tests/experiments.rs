@@ -648,13 +648,28 @@ async fn perplexity_per_variant_recovers_the_backends_shift_with_its_interval() 
 }
 
 /// Runs the `inferscope` binary off the runtime (the gateway it talks to runs on it).
-async fn cli(args: Vec<String>) -> std::process::Output {
+async fn cli(args: &[&str]) -> std::process::Output {
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
     tokio::task::spawn_blocking(move || {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         inferscope(&args)
     })
     .await
     .unwrap()
+}
+
+/// `inferscope eval ARGS --url URL --json --report-to ADMIN`: the summary, also written to `file`.
+async fn eval_posting(
+    url: &str,
+    admin: &str,
+    args: &[&str],
+    file: &std::path::Path,
+) -> serde_json::Value {
+    let mut all = vec!["eval", "--url", url, "--json", "--report-to", admin];
+    all.extend_from_slice(args);
+    let out = cli(&all).await;
+    std::fs::write(file, &out.stdout).unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 /// The whole loop of "is INT8 good enough?": live latency, `eval --report-to` (an MMLU suite and
@@ -707,44 +722,26 @@ async fn the_joined_verdict_weighs_latency_and_quality_against_the_accept_limits
     assert_eq!(v["decision"], "undecided", "{v}");
     assert_eq!(v["checks"][0]["state"], "met", "TPOT is a third lower: {v}");
 
+    // Each eval posts its result, and prints it: kept for `report --quality` below.
+    let (mmlu_json, ppl_json) = (dir.join("mmlu.json"), dir.join("ppl.json"));
     let mmlu = data_file_path("mmlu");
-    let out = cli([
-        "eval",
-        "--dataset",
-        &mmlu,
-        "--url",
-        &url,
-        "--json",
-        "--report-to",
-        &admin,
-    ]
-    .map(String::from)
-    .to_vec())
-    .await;
-    let mmlu_json = dir.join("mmlu.json");
-    std::fs::write(&mmlu_json, &out.stdout).unwrap();
+    eval_posting(&url, &admin, &["--dataset", &mmlu], &mmlu_json).await;
     let corpus = data_file_path("perplexity-sample.txt");
-    let out = cli([
-        "eval",
-        "--perplexity",
-        "--corpus",
-        &corpus,
-        "--window",
-        "64",
-        "--stride",
-        "32",
-        "--url",
+    let ppl = eval_posting(
         &url,
-        "--json",
-        "--report-to",
         &admin,
-    ]
-    .map(String::from)
-    .to_vec())
+        &[
+            "--perplexity",
+            "--corpus",
+            &corpus,
+            "--window",
+            "64",
+            "--stride",
+            "32",
+        ],
+        &ppl_json,
+    )
     .await;
-    let ppl_json = dir.join("ppl.json");
-    std::fs::write(&ppl_json, &out.stdout).unwrap();
-    let ppl: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
         ppl["unit"], "tokens",
         "/tokenize reached each variant: {ppl}"
