@@ -888,6 +888,30 @@ async fn the_joined_verdict_weighs_latency_and_quality_against_the_accept_limits
         (shown / cost - 1.0).abs() < 0.01,
         "{shown} vs {cost}: {offline}"
     );
+    // The same as JSON, for scripts.
+    let out = run_cli(
+        &[
+            "report",
+            "--json",
+            "--control",
+            "fp16",
+            "--min-samples",
+            "10",
+            "--quality",
+            &mmlu_arg,
+            "--accept",
+            "accuracy_drop_max_points=1",
+        ],
+        &log,
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = &doc["verdicts"][0];
+    assert_eq!(
+        (v["variant"].as_str(), v["decision"].as_str()),
+        (Some("int8"), Some("reject")),
+        "{doc}"
+    );
+    assert_eq!(doc["quality"][0]["suite"], "mmlu");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -202,6 +202,7 @@ pub fn report(o: &ReportOptions) -> Result<String, ReportError> {
     let join = |s: &BTreeSet<String>| s.iter().cloned().collect::<Vec<_>>();
     if o.json {
         let mut doc = summary(o.control.as_deref().unwrap_or(""));
+        let rows = joined.then(|| verdicts(&doc));
         if let Some(groups) = doc["variants"].as_array_mut() {
             for g in groups {
                 let key = g["variant"].as_str().unwrap_or("").to_string();
@@ -217,8 +218,8 @@ pub fn report(o: &ReportOptions) -> Result<String, ReportError> {
         let mut m = serde_json::Map::new();
         m.insert("by".into(), o.by.clone().into());
         m.insert("groups".into(), doc["variants"].take());
-        if joined {
-            m.insert("verdicts".into(), verdicts(&doc).into());
+        if let Some(rows) = rows {
+            m.insert("verdicts".into(), rows.into());
             m.insert("quality".into(), serde_json::json!(o.quality));
         }
         m.insert("comparisons".into(), doc["comparisons"].take());
