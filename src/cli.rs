@@ -671,6 +671,18 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 ),
                 None => None,
             };
+            if let Some(admin) = &report_to {
+                // Before a long run, not after it: the admin API answers, and takes the token.
+                admin_call(
+                    admin,
+                    "/experiments",
+                    report_token.as_deref(),
+                    ca_file.clone(),
+                    None,
+                )
+                .await
+                .context("--report-to: the admin API must answer before the eval runs")?;
+            }
             let ca_file_for_report = ca_file.clone();
             // Posts the summary where --report-to says, after printing it.
             let report = |summary: serde_json::Value| async move {

@@ -801,6 +801,41 @@ async fn the_joined_verdict_weighs_latency_and_quality_against_the_accept_limits
         "{row}"
     );
 
+    // An admin URL that does not answer stops the eval before it asks anything.
+    let asked = fp16.truth().len();
+    let out = tokio::task::spawn_blocking({
+        let (url, dead) = (
+            url.clone(),
+            format!(
+                "http://{}",
+                start_raw(Vec::new(), std::time::Duration::ZERO).await
+            ),
+        );
+        move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_inferscope"))
+                .args([
+                    "eval",
+                    "--dataset",
+                    &data_file_path("mmlu"),
+                    "--url",
+                    &url,
+                    "--report-to",
+                    &dead,
+                ])
+                .output()
+                .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("the admin API must answer before the eval runs"),
+        "{err}"
+    );
+    assert_eq!(fp16.truth().len(), asked, "nothing asked");
+
     // What cannot be joined is refused, and says why.
     let quality = |model: &str, variants: &str, control: &str| {
         format!(
