@@ -213,8 +213,8 @@ impl Ctx {
         Ok(())
     }
 
-    /// Phase 2: read the body of known inference endpoints (bounded) and prepare it; stream
-    /// everything else.
+    /// Phase 2: read the body of known inference endpoints (bounded) and prepare it, and that of
+    /// the tokenizer endpoints for their `model`; stream everything else.
     async fn read_body(&mut self, body: Incoming) -> Result<(), ProxyError> {
         let Some(ep) = self.endpoint else {
             let path = self.path_and_query.as_ref().map_or("/", |p| p.path());
@@ -222,26 +222,12 @@ impl Ctx {
                 // Not measured as inference, but routed like it: the body's `model` picks the
                 // route (and the variant header the experiment's arm), so an eval's `/tokenize`
                 // reaches the backend that will score the tokens.
-                let limits = &self.gw.limits;
-                let declared = self
-                    .headers
-                    .get(header::CONTENT_LENGTH)
-                    .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-                let (bytes, reservation) = read_whole(
-                    body,
-                    limits.max_request_body_bytes,
-                    declared,
-                    self.gw.pace(),
-                    &self.gw.body_budget,
-                )
-                .await?;
-                self.notes.hold(reservation);
+                let bytes = self.read_held(body).await?;
                 self.model = model_of(&bytes);
                 let bytes_in = bytes.len() as u64;
-                let model = self
-                    .model
-                    .as_deref()
-                    .map(|m| crate::util::label::bounded(m, limits.max_model_name_bytes).into());
+                let model = self.model.as_deref().map(|m| {
+                    crate::util::label::bounded(m, self.gw.limits.max_model_name_bytes).into()
+                });
                 self.notes.update(|m| {
                     m.bytes_in = bytes_in;
                     if let Some(model) = model {
@@ -261,16 +247,8 @@ impl Ctx {
             }
             return Ok(());
         };
+        let bytes = self.read_held(body).await?;
         let limits = &self.gw.limits;
-        let limit = limits.max_request_body_bytes;
-        let declared = self
-            .headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-        let (bytes, reservation) =
-            read_whole(body, limit, declared, self.gw.pace(), &self.gw.body_budget).await?;
-        // Kept for retries until the response ends, so held against the budget until then.
-        self.notes.hold(reservation);
         let read = bytes.len() as u64;
         let mut p = prepare_body(bytes, ep, self.gw.trace.capture_content)
             .map_err(|_| ProxyError::JsonTooDeep(MAX_JSON_DEPTH))?;
@@ -293,6 +271,25 @@ impl Ctx {
         self.stream = p.stream;
         self.strip_usage = p.strip_usage;
         Ok(())
+    }
+
+    /// Reads a whole request body within the limits (size, pace, the global buffer budget). It is
+    /// kept for retries until the response ends, so it is held against the budget until then.
+    async fn read_held(&mut self, body: Incoming) -> Result<Bytes, ProxyError> {
+        let declared = self
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        let (bytes, reservation) = read_whole(
+            body,
+            self.gw.limits.max_request_body_bytes,
+            declared,
+            self.gw.pace(),
+            &self.gw.body_budget,
+        )
+        .await?;
+        self.notes.hold(reservation);
+        Ok(bytes)
     }
 
     /// Phase 3: pick the route, the experiment's variant and a backend.
