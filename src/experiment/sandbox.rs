@@ -225,7 +225,11 @@ impl Sandbox {
             }
             Err(_) => Verdict::TimedOut,
         };
-        // The program's whole process group goes, whatever it started.
+        // The program's whole process group goes, whatever it started. After a timeout the leader
+        // is not reaped yet, so the group id is still its own. After an exit it was reaped: the
+        // id stays reserved while any process of the group lives (then those are what this
+        // kills); with none left it is free, and only a wrap-around of the pid space within
+        // this instant could give it to someone else.
         if let Some(pid) = pid {
             let _ = tokio::process::Command::new("kill")
                 .args(["-KILL", "--", &format!("-{pid}")])
