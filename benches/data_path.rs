@@ -8,7 +8,7 @@ use bytes::Bytes;
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
 use http::Method;
 use inferscope::accesslog::AccessLog;
-use inferscope::dialect::Dialect;
+use inferscope::dialect::{Dialect, StreamClassifier};
 use inferscope::meter::{
     End, Framing, Held, ItlSample, MeasureOptions, Meter, MeterSettings, Metering, Outcome,
     RecordSink, RequestMeta, RequestRecord, ResponseInfo,
@@ -26,6 +26,30 @@ fn chunk(i: usize) -> Bytes {
     Bytes::from(format!(
         "data: {{\"id\":\"chatcmpl-b3f1c0e2a9d54\",\"object\":\"chat.completion.chunk\",\"created\":1764500000,\"model\":\"meta-llama/Llama-3.1-8B-Instruct\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\" word{i}\"}},\"logprobs\":null,\"finish_reason\":null}}]}}\n\n"
     ))
+}
+
+/// A vLLM chat stream of `n` frames: role chunk, content chunks, finish, usage, `[DONE]`.
+fn vllm_stream(n: usize) -> Vec<Bytes> {
+    let head = r#"data: {"id":"chatcmpl-b3f1c0e2a9d54","object":"chat.completion.chunk","created":1764500000,"model":"meta-llama/Llama-3.1-8B-Instruct","choices":[{"index":0,"#;
+    let mut out = vec![Bytes::from(format!(
+        "{head}\"delta\":{{\"role\":\"assistant\",\"content\":\"\"}},\"logprobs\":null,\"finish_reason\":null}}]}}\n\n"
+    ))];
+    for i in 1..n.saturating_sub(3) {
+        let text = if i % 8 == 0 {
+            "\\n".to_string()
+        } else {
+            format!(" word{i}")
+        };
+        out.push(Bytes::from(format!(
+            "{head}\"delta\":{{\"content\":\"{text}\"}},\"logprobs\":null,\"finish_reason\":null}}]}}\n\n"
+        )));
+    }
+    out.push(Bytes::from(format!(
+        "{head}\"delta\":{{\"content\":\"\"}},\"logprobs\":null,\"finish_reason\":\"length\",\"stop_reason\":null}}]}}\n\n"
+    )));
+    out.push(Bytes::from_static(b"data: {\"id\":\"chatcmpl-b3f1c0e2a9d54\",\"object\":\"chat.completion.chunk\",\"created\":1764500000,\"model\":\"meta-llama/Llama-3.1-8B-Instruct\",\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"total_tokens\":268,\"completion_tokens\":256}}\n\n"));
+    out.push(Bytes::from_static(b"data: [DONE]\n\n"));
+    out
 }
 
 fn meta() -> RequestMeta {
@@ -90,6 +114,40 @@ fn per_chunk(c: &mut Criterion) {
                 s.feed(f, |e| n += e.data.len());
             }
             black_box(n)
+        })
+    });
+    // The classification alone, each event read in full by serde (what every chunk cost before
+    // the fast path) and through a stream's learned shape.
+    let datas: Vec<&[u8]> = frames
+        .iter()
+        .map(|f| f.strip_prefix(b"data: ").unwrap().trim_ascii())
+        .collect();
+    g.bench_function("classify_full", |b| {
+        b.iter(|| {
+            for d in &datas {
+                black_box(Dialect::OpenAi.classify(d));
+            }
+        })
+    });
+    g.bench_function("classify_stream", |b| {
+        b.iter(|| {
+            let mut c = StreamClassifier::new(Dialect::OpenAi);
+            for d in &datas {
+                black_box(c.classify(d));
+            }
+        })
+    });
+    // A whole vLLM stream as it comes: the role chunk, content (one chunk in eight with an
+    // escaped newline), the finish chunk, the usage chunk, `[DONE]`.
+    let vllm: Vec<Bytes> = vllm_stream(CHUNKS);
+    g.bench_function("scan_classify_meter_vllm_stream", |b| {
+        b.iter(|| {
+            let mut m = sse_meter(&metering);
+            let now = Instant::now();
+            for f in &vllm {
+                black_box(m.observe(f, now));
+            }
+            black_box(&m);
         })
     });
     g.bench_function("scan_classify_meter", |b| {

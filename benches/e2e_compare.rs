@@ -21,8 +21,10 @@
 //! Run: `cargo bench --bench e2e_compare` (needs `nginx` and `taskset` on PATH; environment:
 //! `KERNEL_CLOCK` (true: the gateway's `limits.kernel_clock`), `ROUNDS` (3), `RATE_ROUNDS` (5, the open-loop phase), `LEVELS` (1,64,512), `STREAMS` (10000), `PHASES` (latency,rate,throughput,capped,streams), `CAP_PCT` (25),
 //! `TARGETS` (direct,inferscope,inferscope-h2,nginx: `inferscope-h2` is inferscope with HTTP/2
-//! upstream connections, h2c with prior knowledge), `PIN` (1), `PROXY_BIN` (another
-//! inferscope build as the proxy under test; the simulator and client stay this build's)). Writes the table to stdout and everything to `target/e2e_compare.json`.
+//! upstream connections, h2c with prior knowledge; `inferscope-base` is the build `BASE_BIN`
+//! names, in the default set when it is given, for before/after tables from one run), `PIN`
+//! (1), `PROXY_BIN` (another inferscope build as the proxy under test; the simulator and client
+//! stay this build's)). Writes the table to stdout and everything to `target/e2e_compare.json`.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
 use serde_json::{json, Value};
@@ -193,11 +195,13 @@ fn start(mut cmd: Command, port: u16) -> Proc {
     Proc { child }
 }
 
-/// inferscope with HTTP/1.1 upstream connections, or HTTP/2 ones (`http2`: h2c with prior
-/// knowledge, the `inferscope-h2` target).
-fn inferscope(dir: &Path, upstream: u16, http2: bool) -> (Proc, u16) {
+/// inferscope as target `t`: this build with HTTP/1.1 upstream connections (`inferscope`) or
+/// HTTP/2 ones (`inferscope-h2`: h2c with prior knowledge), or the build `BASE_BIN` names with
+/// HTTP/1.1 (`inferscope-base`, the "before" of a before/after comparison in one run).
+fn inferscope(dir: &Path, upstream: u16, t: Target) -> (Proc, u16) {
     let (port, admin) = (free_port(), free_port());
-    let name = if http2 { "inferscope-h2" } else { "inferscope" };
+    let name = t.name();
+    let http2 = t == Target::InferscopeH2;
     let cfg = dir.join(format!("{name}.yaml"));
     std::fs::write(
         &cfg,
@@ -211,9 +215,13 @@ fn inferscope(dir: &Path, upstream: u16, http2: bool) -> (Proc, u16) {
         ),
     )
     .unwrap();
-    // `PROXY_BIN` runs another build as the proxy under test (before/after comparisons: each run
-    // measures it against nginx and the same client).
-    let bin = std::env::var("PROXY_BIN").unwrap_or_else(|_| BIN.to_string());
+    // `PROXY_BIN` runs another build as the proxy under test (measured against nginx and the
+    // same client); `BASE_BIN` is the build of the `inferscope-base` target.
+    let bin = if t == Target::Baseline {
+        std::env::var("BASE_BIN").expect("the inferscope-base target needs BASE_BIN")
+    } else {
+        std::env::var("PROXY_BIN").unwrap_or_else(|_| BIN.to_string())
+    };
     let mut cmd = pinned(0, &bin);
     cmd.arg("serve")
         .arg("--config")
@@ -325,12 +333,15 @@ enum Target {
     Inferscope,
     /// inferscope with HTTP/2 (h2c) upstream connections.
     InferscopeH2,
+    /// The `BASE_BIN` build of inferscope, HTTP/1.1 upstream.
+    Baseline,
     Nginx,
 }
 
 impl Target {
-    const ALL: [Target; 4] = [
+    const ALL: [Target; 5] = [
         Target::Direct,
+        Target::Baseline,
         Target::Inferscope,
         Target::InferscopeH2,
         Target::Nginx,
@@ -341,17 +352,27 @@ impl Target {
             Target::Direct => "direct",
             Target::Inferscope => "inferscope",
             Target::InferscopeH2 => "inferscope-h2",
+            Target::Baseline => "inferscope-base",
             Target::Nginx => "nginx",
         }
     }
 
     fn is_inferscope(self) -> bool {
-        matches!(self, Target::Inferscope | Target::InferscopeH2)
+        matches!(
+            self,
+            Target::Inferscope | Target::InferscopeH2 | Target::Baseline
+        )
     }
 
-    /// The targets `TARGETS` names (every one by default).
+    /// The targets `TARGETS` names (by default every one, `inferscope-base` when `BASE_BIN` is
+    /// set).
     fn chosen() -> Vec<Target> {
-        let only = env_or("TARGETS", "direct,inferscope,inferscope-h2,nginx");
+        let default = if std::env::var_os("BASE_BIN").is_some() {
+            "direct,inferscope-base,inferscope,inferscope-h2,nginx"
+        } else {
+            "direct,inferscope,inferscope-h2,nginx"
+        };
+        let only = env_or("TARGETS", default);
         let names: Vec<&str> = only.split(',').map(str::trim).collect();
         Target::ALL
             .into_iter()
@@ -360,53 +381,47 @@ impl Target {
     }
 }
 
-/// The targets in front of one simulator.
+/// The targets in front of one simulator: the chosen proxies only.
 struct Stage {
     _sim: Proc,
     sim_port: u16,
-    gw: Proc,
-    gw_port: u16,
-    gw_h2: Proc,
-    gw_h2_port: u16,
-    nginx: Proc,
-    nginx_port: u16,
-    nginx_h2: u16,
+    /// Each proxy: its target, process, HTTP/1.1 port and HTTP/2 (prior knowledge) port.
+    proxies: Vec<(Target, Proc, u16, u16)>,
 }
 
 impl Stage {
     fn new(dir: &Path, ttft_ms: f64, tpot_ms: f64) -> Stage {
         let (sim, sim_port) = sim(dir, "sim", ttft_ms, tpot_ms);
-        let (gw, gw_port) = inferscope(dir, sim_port, false);
-        let (gw_h2, gw_h2_port) = inferscope(dir, sim_port, true);
-        let (nginx, nginx_port, nginx_h2) = nginx(dir, sim_port);
+        let proxies = Target::chosen()
+            .into_iter()
+            .filter_map(|t| match t {
+                Target::Direct => None,
+                Target::Nginx => {
+                    let (p, port, h2) = nginx(dir, sim_port);
+                    Some((t, p, port, h2))
+                }
+                // inferscope serves HTTP/1.1 and h2c on one port.
+                _ => {
+                    let (p, port) = inferscope(dir, sim_port, t);
+                    Some((t, p, port, port))
+                }
+            })
+            .collect();
         Stage {
             _sim: sim,
             sim_port,
-            gw,
-            gw_port,
-            gw_h2,
-            gw_h2_port,
-            nginx,
-            nginx_port,
-            nginx_h2,
+            proxies,
         }
     }
     fn port(&self, t: Target, h2: bool) -> u16 {
-        match t {
-            Target::Direct => self.sim_port,
-            Target::Inferscope => self.gw_port,
-            Target::InferscopeH2 => self.gw_h2_port,
-            Target::Nginx if h2 => self.nginx_h2,
-            Target::Nginx => self.nginx_port,
+        match self.proxies.iter().find(|p| p.0 == t) {
+            None => self.sim_port,
+            Some(p) if h2 => p.3,
+            Some(p) => p.2,
         }
     }
     fn proxy(&self, t: Target) -> Option<&Proc> {
-        match t {
-            Target::Direct => None,
-            Target::Inferscope => Some(&self.gw),
-            Target::InferscopeH2 => Some(&self.gw_h2),
-            Target::Nginx => Some(&self.nginx),
-        }
+        self.proxies.iter().find(|p| p.0 == t).map(|p| &p.1)
     }
 }
 
@@ -607,7 +622,7 @@ fn capped(dir: &Path, rounds: usize, rows: &mut Vec<Value>) {
         println!("capped phase skipped: cannot create a cpu cgroup");
         return;
     };
-    if !(cap.add(&stage.gw) && cap.add(&stage.gw_h2) && cap.add(&stage.nginx)) {
+    if !stage.proxies.iter().all(|p| cap.add(&p.1)) {
         println!("capped phase skipped: cannot move the proxies into the cgroup");
         return;
     }

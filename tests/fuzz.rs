@@ -229,6 +229,137 @@ fn dialect_meters_are_total_and_split_invariant() {
         });
 }
 
+/// The chunk shapes servers send, each with `{t}` (the text), `{c}` (`created`) and `{f}`
+/// (a finish reason) to fill: vLLM and SGLang chat, the simulator, legacy completions, a hosted
+/// API's padding, llama.cpp's per-chunk timestamp, reasoning output, and shapes the fast path
+/// must decline (tool calls, content parts, both `delta` and `message`, an escaped key).
+const SHAPES: &[&str] = &[
+    r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":{c},"model":"m","choices":[{"index":0,"delta":{"content":"{t}"},"logprobs":null,"finish_reason":{f}}]}"#,
+    r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":{c},"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"{t}"},"logprobs":null,"finish_reason":{f},"matched_stop":null}]}"#,
+    r#"{"id":"cmpl-1","object":"text_completion","created":{c},"model":"m","choices":[{"index":0,"text":"{t}","logprobs":null,"finish_reason":{f},"stop_reason":null}]}"#,
+    r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":{c},"model":"gpt","service_tier":"default","system_fingerprint":"fp_1","choices":[{"index":0,"delta":{"content":"{t}"},"logprobs":null,"finish_reason":{f}}],"obfuscation":"{t}"}"#,
+    r#"{"choices":[{"finish_reason":{f},"index":0,"delta":{"content":"{t}"}}],"created":{c},"id":"chatcmpl-1","model":"m","system_fingerprint":"b1","object":"chat.completion.chunk"}"#,
+    r#"{"id":"c","choices":[{"index":0,"delta":{"reasoning_content":"{t}","content":null},"finish_reason":{f}}],"created":{c}}"#,
+    r#"{"id":"c","choices":[{"index":0,"delta":{"content":"{t}"},"finish_reason":{f}},{"index":1,"delta":{"content":"{t}"},"finish_reason":null}]}"#,
+    r#"{"id":"c","choices":[{"index":0,"delta":{"content":"{t}"},"finish_reason":{f},"token_ids":[1,2]}],"usage":{"prompt_tokens":3,"completion_tokens":{c}}}"#,
+    r#"{"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{t}"}}]},"finish_reason":{f}}]}"#,
+    r#"{"id":"c","choices":[{"index":0,"delta":{"content":[{"type":"text","text":"{t}"}]},"finish_reason":{f}}]}"#,
+    r#"{"id":"c","choices":[{"index":0,"delta":{"content":"{t}"},"message":{"content":"{t}"}}]}"#,
+    r#"{"id":"c","choices":[{"index":0,"delta":{"con\u0074ent":"{t}"}}],"created":{c}}"#,
+    r#" {"id" : "c" ,"model":null, "choices" : [ { "delta" : { "content" : "{t}" } } ] , "created" : {c} } "#,
+    r#"{"id":"c","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":{c}}}"#,
+];
+
+/// Texts at the edges of what a hole accepts.
+const TEXTS: &[&str] = &[
+    "",
+    " the",
+    "a",
+    "caf\u{e9} \u{1f600}",
+    "line\\nbreak",
+    "\\\"quoted\\\"",
+    "\\\\",
+    "\\/\\b\\f\\r\\t",
+    "\\u00e9",
+    "\\ud800",
+    "\\x",
+    "\\",
+    "\"",
+    "\t",
+    "\u{7f}",
+    "{\"content\":\"",
+];
+
+const CREATED: &[&str] = &[
+    "1764500000",
+    "1",
+    "0",
+    "-0",
+    "-7",
+    "01",
+    "1.5",
+    "1e3",
+    "\"1\"",
+    "null",
+    "99999999999999999999",
+];
+const FINISH: &[&str] = &["null", "\"length\"", "\"stop\"", "\"weird\""];
+
+/// The fast path (a stream's learned chunk shape) says of every event what the full OpenAI
+/// classifier says: over generated streams of the shapes servers send, with texts, timestamps
+/// and finish reasons at the edges of what it accepts, and with bytes overwritten anywhere.
+#[test]
+fn fast_path_agrees_with_the_full_classifier() {
+    check!()
+        .with_type::<Vec<(u8, u8, u8, u8, u16, u8)>>()
+        .for_each(|events| {
+            let mut fast = inferscope::dialect::StreamClassifier::new(Dialect::OpenAi);
+            for &(shape, text, created, finish, at, byte) in events {
+                let text = TEXTS[usize::from(text) % TEXTS.len()];
+                let mut data = SHAPES[usize::from(shape) % SHAPES.len()]
+                    .replace("{t}", text)
+                    .replace("{c}", CREATED[usize::from(created) % CREATED.len()])
+                    .replace("{f}", FINISH[usize::from(finish) % FINISH.len()])
+                    .into_bytes();
+                // One in four events has a byte overwritten (an invalid UTF-8 byte, a quote, a
+                // brace, a digit, whatever the input says).
+                if at % 4 == 0 {
+                    let i = usize::from(at / 4) % data.len();
+                    data[i] = byte;
+                }
+                assert_eq!(
+                    fast.classify(&data),
+                    Dialect::OpenAi.classify(&data),
+                    "{}",
+                    String::from_utf8_lossy(&data)
+                );
+            }
+        });
+}
+
+/// Every fixture, and streams of each realistic shape, through both paths: equal answers, and
+/// the ordinary shapes are in fact answered by the fast path (or the check above proves little).
+#[test]
+fn fast_path_agrees_on_fixtures_and_takes_ordinary_streams() {
+    for entry in std::fs::read_dir("tests/fixtures/dialects").unwrap() {
+        let path = entry.unwrap().path();
+        let bytes = std::fs::read(&path).unwrap();
+        for dialect in Dialect::ALL {
+            let mut fast = inferscope::dialect::StreamClassifier::new(dialect);
+            let mut check = |ev: Event<'_>| {
+                assert_eq!(
+                    fast.classify(ev.data),
+                    dialect.classify(ev.data),
+                    "{path:?}"
+                );
+            };
+            SseScanner::default().feed(&bytes, &mut check);
+            NdjsonScanner::default().feed(&bytes, &mut check);
+        }
+    }
+    for (i, shape) in SHAPES[..7].iter().enumerate() {
+        let mut fast = inferscope::dialect::StreamClassifier::new(Dialect::OpenAi);
+        for (n, text) in ["", " the", " cat", "\\n", " sat", " on"]
+            .iter()
+            .enumerate()
+        {
+            let data = shape
+                .replace("{t}", text)
+                .replace("{c}", &format!("{}", 1764500000 + n))
+                .replace("{f}", "null");
+            assert_eq!(
+                fast.classify(data.as_bytes()),
+                Dialect::OpenAi.classify(data.as_bytes())
+            );
+        }
+        assert!(
+            fast.fast_hits() >= 4,
+            "shape {i}: {} hits",
+            fast.fast_hits()
+        );
+    }
+}
+
 const JSON_DICT: &[&[u8]] = &[
     b"{",
     b"}",

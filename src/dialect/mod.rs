@@ -4,7 +4,9 @@
 //! Six dialects are classified event by event: OpenAI chat and completions, the OpenAI
 //! Responses API, Anthropic Messages, TGI's native `generate`, Ollama's native API and
 //! llama.cpp's native `/completion`. Each reads one event's JSON into a borrowed view
-//! (`json`), so classifying allocates nothing unless a string holds escapes.
+//! (`json`), so classifying allocates nothing unless a string holds escapes. A stream's
+//! ordinary OpenAI chunks skip the parse: `StreamClassifier` matches them byte by byte against
+//! the shape of one it read in full (`shape`).
 
 mod anthropic;
 mod json;
@@ -12,9 +14,11 @@ mod llamacpp;
 mod ollama;
 mod openai;
 mod responses;
+mod shape;
 mod tgi;
 
 pub use openai::{append_content, classify};
+pub use shape::StreamClassifier;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@ use super::layer::{Held, Metering};
 use super::record::{
     EventTokens, Gaps, ItlSample, Outcome, RequestMeta, RequestRecord, ResponseInfo, TokensSource,
 };
-use crate::dialect::{Dialect, FinishReason, Usage};
+use crate::dialect::{Dialect, FinishReason, StreamClassifier, Usage};
 use crate::sse::{Event, NdjsonScanner, OpenBlock, SseScanner};
 use bytes::Bytes;
 use std::sync::Arc;
@@ -93,7 +93,8 @@ struct Progress {
     done: bool,
     error_event: bool,
     malformed: u32,
-    dialect: Option<Dialect>,
+    /// Reads events in the response's dialect (`None`: every event counts as output).
+    classifier: Option<StreamClassifier>,
     strip_usage: bool,
     /// Range of the usage-only event to drop from this frame, if any.
     drop: Option<(Option<usize>, usize)>,
@@ -105,12 +106,13 @@ struct Progress {
 impl Progress {
     fn on_event(&mut self, ev: Event<'_>, now: Instant) {
         self.t_chunk1.get_or_insert(now);
-        let Some(dialect) = self.dialect else {
+        let Some(classifier) = self.classifier.as_mut() else {
             self.output_events += 1;
             self.mark_output(now, 1);
             return;
         };
-        let o = dialect.classify(ev.data);
+        let dialect = classifier.dialect();
+        let o = classifier.classify(ev.data);
         if o.malformed {
             self.malformed += 1;
             return;
@@ -254,7 +256,7 @@ impl Meter {
             status,
             framing,
             progress: Progress {
-                dialect,
+                classifier: dialect.map(StreamClassifier::new),
                 strip_usage,
                 capture: capture_output,
                 itl: Gaps::with_capacity(64),
@@ -366,7 +368,11 @@ impl Meter {
             malformed += s.issues().oversized_lines;
         }
         if let Framing::Json { parts, len } = &mut self.framing {
-            let dialect = self.progress.dialect;
+            let dialect = self
+                .progress
+                .classifier
+                .as_ref()
+                .map(StreamClassifier::dialect);
             if let (End::Complete, true, true, Some(dialect)) =
                 (end, *len <= MAX_JSON_CAPTURE, self.status < 300, dialect)
             {
@@ -404,7 +410,9 @@ impl Meter {
             }
             End::Complete if self.status >= 400 => (Outcome::ClientError, None),
             End::Complete if p.error_event => (Outcome::BackendError, Some("stream_error_event")),
-            End::Complete if p.dialect.is_some() && streamed && (!p.done || truncated_partial) => {
+            End::Complete
+                if p.classifier.is_some() && streamed && (!p.done || truncated_partial) =>
+            {
                 (Outcome::Truncated, Some("no_terminal_event"))
             }
             End::Complete => (Outcome::Ok, None),

@@ -1,0 +1,642 @@
+//! The fast path for ordinary OpenAI chunks: a stream's content chunks differ from one another
+//! only in their text (and, on some servers, in a timestamp or an opaque padding string), so
+//! the shape of one chunk that the full classifier read is kept and the next chunks are matched
+//! against it byte by byte.
+//!
+//! A `Shape` is a chunk's bytes cut into literal runs and holes. A hole is a string value whose
+//! text the classification reads only for emptiness (`content`, `reasoning_content`,
+//! `reasoning`, a completion's `text`), or a string or integer value of a top-level key the
+//! classifier ignores (`created`, `system_fingerprint`, `obfuscation`). A chunk matches when
+//! every literal run is equal and every hole holds a string (or integer) that the JSON parser
+//! accepts. Such a chunk is the learned chunk with other scalar values in the same places: the
+//! same JSON structure with the same keys, so the full classifier would say of it what it said
+//! of the learned chunk, but for `output`, which is then whether any text hole is non-empty
+//! (when learning, the shape checks that this rule reproduces the full classifier's `output`).
+//!
+//! A hole accepts only what the parser is sure to accept the same way: UTF-8 text without
+//! control characters and the simple escapes (`\"` `\\` `\/` `\b` `\f` `\n` `\r` `\t`);
+//! anything else (`\u` escapes, invalid UTF-8, a number with a fraction) is a miss and goes to
+//! the full classifier. A miss never changes an answer, only its cost. `tests/fuzz.rs` checks
+//! the two paths against each other on generated streams and every fixture.
+
+use super::{openai, Dialect, EngineTimes, FinishReason, Observation, Usage};
+use std::borrow::Cow;
+
+/// Most holes a shape keeps (a chunk with more is not learned).
+const MAX_HOLES: usize = 8;
+/// Longest chunk learned, in bytes.
+const MAX_SHAPE_LEN: usize = 2048;
+/// Learning attempts in a row without a match before the stream stops learning.
+const MAX_LEARN_MISSES: u8 = 4;
+/// Longest integer a hole takes (`created` and the like); longer ones are misses.
+const MAX_INT_DIGITS: usize = 18;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HoleKind {
+    /// A string whose emptiness is the event's output.
+    Text,
+    /// A string the classifier ignores.
+    IgnoredStr,
+    /// An integer the classifier ignores.
+    IgnoredInt,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Hole {
+    /// Byte range of the value in the learned chunk.
+    start: u32,
+    end: u32,
+    kind: HoleKind,
+}
+
+const NO_HOLE: Hole = Hole {
+    start: 0,
+    end: 0,
+    kind: HoleKind::IgnoredStr,
+};
+
+/// Where a borrowed string value (`id`, `model`) sits: in literal run `run`, `off` bytes in.
+#[derive(Debug, Clone, Copy)]
+struct Place {
+    run: u8,
+    off: u32,
+    len: u32,
+}
+
+/// What the full classifier said of the learned chunk, but for `id`, `model` and `output`.
+#[derive(Debug, Clone, Default)]
+struct Said {
+    tokens: Option<u32>,
+    usage: Option<Usage>,
+    usage_only: bool,
+    finish: Option<FinishReason>,
+    engine: Option<EngineTimes>,
+    error: bool,
+}
+
+/// One learned chunk shape.
+#[derive(Debug)]
+struct Shape {
+    doc: Vec<u8>,
+    holes: [Hole; MAX_HOLES],
+    n_holes: usize,
+    id: Option<Place>,
+    model: Option<Place>,
+    said: Said,
+}
+
+impl Default for Shape {
+    fn default() -> Self {
+        Self {
+            doc: Vec::new(),
+            holes: [NO_HOLE; MAX_HOLES],
+            n_holes: 0,
+            id: None,
+            model: None,
+            said: Said::default(),
+        }
+    }
+}
+
+/// Classifies the events of one stream in `dialect`, through the learned shape where one
+/// matches (OpenAI chat and completions), else through the dialect's full classifier. Its
+/// answers are the full classifier's, event for event.
+#[derive(Debug)]
+pub struct StreamClassifier {
+    dialect: Dialect,
+    shape: Option<Shape>,
+    learn_misses: u8,
+    hits: u64,
+}
+
+impl StreamClassifier {
+    /// A classifier for one stream of `dialect` events.
+    pub fn new(dialect: Dialect) -> Self {
+        Self {
+            dialect,
+            shape: None,
+            learn_misses: 0,
+            hits: 0,
+        }
+    }
+
+    /// The dialect it reads.
+    pub fn dialect(&self) -> Dialect {
+        self.dialect
+    }
+
+    /// Events answered by the learned shape so far.
+    pub fn fast_hits(&self) -> u64 {
+        self.hits
+    }
+
+    /// What `data` (one event's data) means: equal to `self.dialect().classify(data)`.
+    pub fn classify<'d>(&mut self, data: &'d [u8]) -> Observation<'d> {
+        if self.dialect != Dialect::OpenAi {
+            return self.dialect.classify(data);
+        }
+        let doc = data.trim_ascii();
+        if let Some(o) = self.shape.as_ref().and_then(|s| s.read(doc)) {
+            self.hits += 1;
+            self.learn_misses = 0;
+            return o;
+        }
+        let o = openai::classify(data);
+        if !o.malformed && !o.done && self.learn_misses < MAX_LEARN_MISSES {
+            self.learn_misses += 1;
+            // A shape that fails to learn stays as it was.
+            self.shape.get_or_insert_with(Shape::default).learn(doc, &o);
+        }
+        o
+    }
+}
+
+impl Shape {
+    /// Reads `doc` (trimmed) through this shape; `None` when it does not match.
+    fn read<'d>(&self, doc: &'d [u8]) -> Option<Observation<'d>> {
+        if self.n_holes == 0 {
+            return None;
+        }
+        let mut at = 0usize; // in `doc`
+        let mut from = 0usize; // in `self.doc`
+        let mut output = false;
+        let mut id = None;
+        let mut model = None;
+        for (run, hole) in self.holes[..self.n_holes].iter().enumerate() {
+            let lit = &self.doc[from..hole.start as usize];
+            if doc.get(at..at + lit.len())? != lit {
+                return None;
+            }
+            self.place(run, at, doc, &mut id, &mut model)?;
+            at += lit.len();
+            let rest = &doc[at..];
+            let n = match hole.kind {
+                HoleKind::Text => {
+                    let n = string_len(rest)?;
+                    output |= n > 2;
+                    n
+                }
+                HoleKind::IgnoredStr => string_len(rest)?,
+                HoleKind::IgnoredInt => int_len(rest)?,
+            };
+            at += n;
+            from = hole.end as usize;
+        }
+        let tail = &self.doc[from..];
+        if &doc[at..] != tail {
+            return None;
+        }
+        self.place(self.n_holes, at, doc, &mut id, &mut model)?;
+        let said = &self.said;
+        Some(Observation {
+            id,
+            model,
+            output,
+            tokens: said.tokens,
+            usage: said.usage,
+            usage_only: said.usage_only,
+            finish: said.finish.clone(),
+            engine: said.engine,
+            done: false,
+            error: said.error,
+            malformed: false,
+        })
+    }
+
+    /// Sets `id` and `model` when they sit in literal run `run`, which starts at `at` in `doc`.
+    fn place<'d>(
+        &self,
+        run: usize,
+        at: usize,
+        doc: &'d [u8],
+        id: &mut Option<Cow<'d, str>>,
+        model: &mut Option<Cow<'d, str>>,
+    ) -> Option<()> {
+        for (place, out) in [(self.id, id), (self.model, model)] {
+            if let Some(p) = place.filter(|p| usize::from(p.run) == run) {
+                let s = at + p.off as usize;
+                // The bytes equal the learned chunk's, which the parser read as UTF-8.
+                let text = std::str::from_utf8(&doc[s..s + p.len as usize]).ok()?;
+                *out = Some(Cow::Borrowed(text));
+            }
+        }
+        Some(())
+    }
+
+    /// Learns the shape of `doc` (trimmed), which the full classifier read as `o`. True when
+    /// it is a shape worth matching; when false, `self` is unchanged.
+    fn learn(&mut self, doc: &[u8], o: &Observation<'_>) -> bool {
+        if doc.len() > MAX_SHAPE_LEN || matches!(o.finish, Some(FinishReason::Other(_))) {
+            return false;
+        }
+        let mut w = Walk {
+            d: doc,
+            p: 0,
+            holes: [NO_HOLE; MAX_HOLES],
+            n: 0,
+            id: None,
+            model: None,
+        };
+        if w.top().is_none() || w.n == 0 {
+            return false;
+        }
+        // The rule `output = a text hole is non-empty` must give the full classifier's answer
+        // on the learned chunk itself.
+        let text_output = w.holes[..w.n]
+            .iter()
+            .any(|h| h.kind == HoleKind::Text && h.end - h.start > 2);
+        if text_output != o.output {
+            return false;
+        }
+        // Places are absolute offsets until here: make them relative to their literal run.
+        let locate = |range: Option<(usize, usize)>| -> Option<Option<Place>> {
+            let Some((s, e)) = range else {
+                return Some(None);
+            };
+            let mut run_start = 0usize;
+            for (run, h) in w.holes[..w.n].iter().enumerate() {
+                if e <= h.start as usize {
+                    return (s >= run_start).then_some(Some(Place {
+                        run: u8::try_from(run).ok()?,
+                        off: u32::try_from(s - run_start).ok()?,
+                        len: u32::try_from(e - s).ok()?,
+                    }));
+                }
+                run_start = h.end as usize;
+            }
+            (s >= run_start).then_some(Some(Place {
+                run: u8::try_from(w.n).ok()?,
+                off: u32::try_from(s - run_start).ok()?,
+                len: u32::try_from(e - s).ok()?,
+            }))
+        };
+        let (Some(id), Some(model)) = (locate(w.id), locate(w.model)) else {
+            return false;
+        };
+        // `id` and `model` are borrowed by the full classifier only when unescaped; a place
+        // exists only for an unescaped string, and then both agree.
+        if o.id.is_some() != id.is_some() || o.model.is_some() != model.is_some() {
+            return false;
+        }
+        self.doc.clear();
+        self.doc.extend_from_slice(doc);
+        self.holes = w.holes;
+        self.n_holes = w.n;
+        self.id = id;
+        self.model = model;
+        self.said = Said {
+            tokens: o.tokens,
+            usage: o.usage,
+            usage_only: o.usage_only,
+            finish: o.finish.clone(),
+            engine: o.engine,
+            error: o.error,
+        };
+        true
+    }
+}
+
+/// Length of the JSON string at the start of `s` (quotes included), when the parser is sure
+/// to accept it: UTF-8, no control characters, only the simple escapes.
+fn string_len(s: &[u8]) -> Option<usize> {
+    if s.first() != Some(&b'"') {
+        return None;
+    }
+    let mut i = 1;
+    let mut ascii = true;
+    loop {
+        let b = *s.get(i)?;
+        match b {
+            b'"' => break,
+            b'\\' => {
+                if !matches!(
+                    s.get(i + 1)?,
+                    b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't'
+                ) {
+                    return None;
+                }
+                i += 2;
+            }
+            0..=0x1f => return None,
+            0x80.. => {
+                ascii = false;
+                i += 1;
+            }
+            _ => i += 1,
+        }
+    }
+    if !ascii {
+        std::str::from_utf8(&s[1..i]).ok()?;
+    }
+    Some(i + 1)
+}
+
+/// Length of the plain integer at the start of `s` (`-?(0|[1-9][0-9]*)`, at most 18 digits).
+/// What follows is not looked at: the next literal run must match it.
+fn int_len(s: &[u8]) -> Option<usize> {
+    let sign = usize::from(s.first() == Some(&b'-'));
+    let digits = s[sign..].iter().take_while(|b| b.is_ascii_digit()).count();
+    if digits == 0 || digits > MAX_INT_DIGITS || (digits > 1 && s[sign] == b'0') {
+        return None;
+    }
+    Some(sign + digits)
+}
+
+/// A walk over a chunk the full classifier accepted, finding its holes and the places of its
+/// `id` and `model`. It declines (returns `None`) on anything outside the shapes it knows:
+/// escaped keys, tool calls, content given as parts, both `delta` and `message`, more holes
+/// than it keeps.
+struct Walk<'a> {
+    d: &'a [u8],
+    p: usize,
+    holes: [Hole; MAX_HOLES],
+    n: usize,
+    id: Option<(usize, usize)>,
+    model: Option<(usize, usize)>,
+}
+
+impl Walk<'_> {
+    fn peek(&self) -> Option<u8> {
+        self.d.get(self.p).copied()
+    }
+
+    fn ws(&mut self) {
+        while matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+            self.p += 1;
+        }
+    }
+
+    fn eat(&mut self, b: u8) -> Option<()> {
+        self.ws();
+        (self.peek()? == b).then(|| self.p += 1)
+    }
+
+    fn hole(&mut self, start: usize, kind: HoleKind) -> Option<()> {
+        let slot = self.holes.get_mut(self.n)?;
+        *slot = Hole {
+            start: u32::try_from(start).ok()?,
+            end: u32::try_from(self.p).ok()?,
+            kind,
+        };
+        self.n += 1;
+        Some(())
+    }
+
+    /// The range of the raw string at the cursor (quotes included), cursor moved past it.
+    fn string(&mut self) -> Option<(usize, usize)> {
+        self.ws();
+        let start = self.p;
+        if self.peek()? != b'"' {
+            return None;
+        }
+        self.p += 1;
+        loop {
+            match self.peek()? {
+                b'"' => break,
+                b'\\' => self.p += 2,
+                _ => self.p += 1,
+            }
+        }
+        self.p += 1;
+        Some((start, self.p))
+    }
+
+    /// Skips any value.
+    fn skip(&mut self) -> Option<()> {
+        self.ws();
+        match self.peek()? {
+            b'"' => self.string().map(drop),
+            b'{' => self.members(|w, _| w.skip()),
+            b'[' => self.elements(Self::skip),
+            _ => {
+                while !matches!(
+                    self.peek()?,
+                    b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r'
+                ) {
+                    self.p += 1;
+                }
+                Some(())
+            }
+        }
+    }
+
+    /// Walks an object, calling `each` with the cursor on every member's value.
+    fn members(&mut self, mut each: impl FnMut(&mut Self, &[u8]) -> Option<()>) -> Option<()> {
+        self.eat(b'{')?;
+        self.ws();
+        if self.peek()? == b'}' {
+            self.p += 1;
+            return Some(());
+        }
+        loop {
+            let (s, e) = self.string()?;
+            self.eat(b':')?;
+            let d = self.d;
+            let key = &d[s + 1..e - 1];
+            if key.contains(&b'\\') {
+                return None;
+            }
+            each(self, key)?;
+            self.ws();
+            match self.peek()? {
+                b',' => self.p += 1,
+                b'}' => {
+                    self.p += 1;
+                    return Some(());
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// Walks an array, calling `each` with the cursor on every element.
+    fn elements(&mut self, mut each: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
+        self.eat(b'[')?;
+        self.ws();
+        if self.peek()? == b']' {
+            self.p += 1;
+            return Some(());
+        }
+        loop {
+            each(self)?;
+            self.ws();
+            match self.peek()? {
+                b',' => self.p += 1,
+                b']' => {
+                    self.p += 1;
+                    return Some(());
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// The value at the cursor is `null` (skipped) — true — or something else (not moved).
+    fn null(&mut self) -> bool {
+        self.ws();
+        let is = self.d[self.p..].starts_with(b"null");
+        if is {
+            self.p += 4;
+        }
+        is
+    }
+
+    /// A text field: a string (a hole) or null.
+    fn text(&mut self) -> Option<()> {
+        if self.null() {
+            return Some(());
+        }
+        self.ws();
+        let start = self.p;
+        self.string()?;
+        self.hole(start, HoleKind::Text)
+    }
+
+    /// The whole chunk: an object.
+    fn top(&mut self) -> Option<()> {
+        self.members(|w, key| match key {
+            b"choices" => {
+                if w.null() {
+                    return Some(());
+                }
+                w.elements(Self::choice)
+            }
+            b"id" | b"model" => {
+                if w.null() {
+                    return Some(());
+                }
+                let (s, e) = w.string()?;
+                if w.d[s..e].contains(&b'\\') {
+                    return None;
+                }
+                let range = Some((s + 1, e - 1));
+                if key == b"id" {
+                    w.id = range;
+                } else {
+                    w.model = range;
+                }
+                Some(())
+            }
+            b"usage" | b"error" | b"object" | b"timings" => w.skip(),
+            _ => {
+                w.ws();
+                let start = w.p;
+                match w.peek()? {
+                    b'"' => {
+                        w.string()?;
+                        w.hole(start, HoleKind::IgnoredStr)
+                    }
+                    b'-' | b'0'..=b'9' => {
+                        w.skip()?;
+                        match int_len(&w.d[start..w.p]) {
+                            Some(n) if n == w.p - start => w.hole(start, HoleKind::IgnoredInt),
+                            _ => Some(()),
+                        }
+                    }
+                    _ => w.skip(),
+                }
+            }
+        })?;
+        self.ws();
+        (self.p == self.d.len()).then_some(())
+    }
+
+    /// One element of `choices`: an object.
+    fn choice(&mut self) -> Option<()> {
+        let mut message = false;
+        self.members(|w, key| match key {
+            b"text" => w.text(),
+            b"delta" | b"message" => {
+                // The classifier reads `delta` before `message`: a choice with both is not
+                // learned.
+                if std::mem::replace(&mut message, true) {
+                    return None;
+                }
+                if w.null() {
+                    return Some(());
+                }
+                w.members(|w, key| match key {
+                    b"content" | b"reasoning_content" | b"reasoning" => w.text(),
+                    b"tool_calls" => {
+                        if w.null() {
+                            return Some(());
+                        }
+                        w.eat(b'[')?;
+                        w.eat(b']')
+                    }
+                    _ => w.skip(),
+                })
+            }
+            _ => w.skip(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(text: &str) -> Vec<u8> {
+        format!("{{\"id\":\"chatcmpl-7\",\"object\":\"chat.completion.chunk\",\"created\":1764500000,\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{text}\"}},\"logprobs\":null,\"finish_reason\":null}}]}}").into_bytes()
+    }
+
+    #[test]
+    fn content_chunks_are_read_through_the_shape() {
+        let mut c = StreamClassifier::new(Dialect::OpenAi);
+        for (i, text) in ["a", " b", "", "caf\u{e9}", "line\\n", "q\\\"", "x"]
+            .iter()
+            .enumerate()
+        {
+            let data = chunk(text);
+            let fast = c.classify(&data);
+            assert_eq!(fast, openai::classify(&data), "{text}");
+            assert_eq!(c.fast_hits(), i as u64, "{text}");
+        }
+    }
+
+    #[test]
+    fn holes_refuse_what_the_parser_might_read_otherwise() {
+        let mut c = StreamClassifier::new(Dialect::OpenAi);
+        c.classify(&chunk("a"));
+        for text in ["\\u00e9", "\\x", "tab\there", "\"", "\\"] {
+            let data = chunk(text);
+            assert_eq!(c.classify(&data), openai::classify(&data), "{text}");
+        }
+        assert_eq!(c.fast_hits(), 0);
+        let bad_utf8 = [&chunk("a")[..107], b"\xff\"}}]}"].concat();
+        assert!(c.classify(&bad_utf8).malformed);
+    }
+
+    #[test]
+    fn a_changed_timestamp_or_padding_still_matches() {
+        let mut c = StreamClassifier::new(Dialect::OpenAi);
+        let with = |created: &str, pad: &str, text: &str| {
+            format!("{{\"id\":\"x\",\"created\":{created},\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{text}\"}}}}],\"obfuscation\":\"{pad}\"}}").into_bytes()
+        };
+        for (created, pad, text) in [("1", "ab", "x"), ("22", "", "yy"), ("-3", "zz", "")] {
+            let data = with(created, pad, text);
+            assert_eq!(c.classify(&data), openai::classify(&data));
+        }
+        assert_eq!(c.fast_hits(), 2);
+        for created in ["1.5", "01", "1e3", "\"1\""] {
+            let data = with(created, "", "x");
+            assert_eq!(c.classify(&data), openai::classify(&data), "{created}");
+        }
+    }
+
+    #[test]
+    fn shapes_it_does_not_learn() {
+        for data in [
+            &br#"{"choices":[{"delta":{"tool_calls":[{"function":{"name":"f"}}]}}]}"#[..],
+            br#"{"choices":[{"delta":{"content":"a"},"message":{"content":"b"}}]}"#,
+            br#"{"choices":[{"delta":{"con\u0074ent":"a"}}]}"#,
+            br#"{"id":"a\nb","choices":[{"delta":{"content":"a"}}]}"#,
+            br#"{"choices":[]}"#,
+        ] {
+            let mut c = StreamClassifier::new(Dialect::OpenAi);
+            assert_eq!(c.classify(data), openai::classify(data));
+            assert_eq!(c.classify(data), openai::classify(data));
+            assert_eq!(c.fast_hits(), 0, "{}", String::from_utf8_lossy(data));
+        }
+    }
+}
