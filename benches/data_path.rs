@@ -8,7 +8,7 @@ use bytes::Bytes;
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
 use http::Method;
 use inferscope::accesslog::AccessLog;
-use inferscope::dialect::{Dialect, StreamClassifier};
+use inferscope::dialect::{Dialect, Endpoint, StreamClassifier};
 use inferscope::meter::{
     End, Framing, Held, ItlSample, MeasureOptions, Meter, MeterSettings, Metering, Outcome,
     RecordSink, RequestMeta, RequestRecord, ResponseInfo,
@@ -200,6 +200,36 @@ fn record_path(c: &mut Criterion) {
             recorder.record(&Arc::new(black_box(record.clone())));
         })
     });
+    // The request inspector on a chat body, short and long (a 32 KiB prompt in 8 messages),
+    // beside what it did before: the whole body parsed into a `serde_json::Value`.
+    let chat = |words: usize| {
+        let text = vec!["word"; words].join(" ");
+        let msgs: Vec<String> = (0..8)
+            .map(|i| {
+                format!(
+                    r#"{{"role":"{}","content":"{text}\n"}}"#,
+                    ["user", "assistant"][i % 2]
+                )
+            })
+            .collect();
+        Bytes::from(format!(
+            r#"{{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[{}],"stream":true,"max_tokens":256,"temperature":0.7,"user":"alice"}}"#,
+            msgs.join(",")
+        ))
+    };
+    for (name, body) in [("short", chat(2)), ("32k", chat(820))] {
+        g.bench_function(format!("inspect_body_{name}"), |b| {
+            b.iter(|| {
+                black_box(
+                    inferscope::proxy::prepare_body(body.clone(), Endpoint::ChatCompletions, None)
+                        .unwrap(),
+                )
+            })
+        });
+        g.bench_function(format!("inspect_body_{name}_as_value"), |b| {
+            b.iter(|| black_box(serde_json::from_slice::<serde_json::Value>(&body).unwrap()))
+        });
+    }
     g.bench_function("finish_meter_64_chunks", |b| {
         let frames: Vec<Bytes> = (0..64).map(chunk).collect();
         let shared = metering();

@@ -14,12 +14,14 @@
 //!    written back to back): requests/s and proxy CPU per request;
 //! 4. the same throughput run with each proxy capped to `CAP_PCT`% of one core (cgroup v1 CPU
 //!    quota), so the proxy is the bottleneck: requests/s on the same share of a core;
+//!    `short` (not in the default set): both again with 16-chunk streams, where the fixed cost
+//!    of a request (head, body inspection, routing, record, log line) weighs most;
 //! 5. concurrent streams: `STREAMS` (default 10,000) streams held at once, 16 chunks 1 s apart,
 //!    over HTTP/2 from the client (100 streams per connection) and HTTP/1.1 upstream (HTTP/2 for
 //!    `inferscope-h2`): peak proxy RSS and how many completed.
 //!
 //! Run: `cargo bench --bench e2e_compare` (needs `nginx` and `taskset` on PATH; environment:
-//! `KERNEL_CLOCK` (true: the gateway's `limits.kernel_clock`), `ROUNDS` (3), `RATE_ROUNDS` (5, the open-loop phase), `LEVELS` (1,64,512), `STREAMS` (10000), `PHASES` (latency,rate,throughput,capped,streams), `CAP_PCT` (25),
+//! `KERNEL_CLOCK` (true: the gateway's `limits.kernel_clock`), `ROUNDS` (3), `RATE_ROUNDS` (5, the open-loop phase), `LEVELS` (1,64,512), `STREAMS` (10000), `PHASES` (latency,rate,throughput,capped,streams; also short), `CAP_PCT` (25),
 //! `TARGETS` (direct,inferscope,inferscope-h2,nginx: `inferscope-h2` is inferscope with HTTP/2
 //! upstream connections, h2c with prior knowledge; `inferscope-base` is the build `BASE_BIN`
 //! names, in the default set when it is given, for before/after tables from one run), `PIN`
@@ -495,8 +497,9 @@ fn measure(
         .collect()
 }
 
-/// Closed loop at 64 for 10 s, 64-token streams (against a simulator that does not wait).
-fn back_to_back() -> Vec<String> {
+/// Closed loop at 64 for 10 s, streams of `tokens` tokens (against a simulator that does not
+/// wait).
+fn back_to_back(tokens: u32) -> Vec<String> {
     args(&[
         "--concurrency",
         "64",
@@ -505,7 +508,7 @@ fn back_to_back() -> Vec<String> {
         "--requests",
         "10000000",
         "--max-tokens",
-        "64",
+        &tokens.to_string(),
     ])
 }
 
@@ -615,7 +618,7 @@ impl Drop for CpuCap {
 /// Maximum requests/s when the proxy, not the client or the simulator, is the bottleneck: both
 /// proxies capped to the same share of a core (`CAP_PCT`, default 25%), back-to-back 64-chunk
 /// streams at concurrency 64. Skipped where cgroups cannot be written.
-fn capped(dir: &Path, rounds: usize, rows: &mut Vec<Value>) {
+fn capped(dir: &Path, rounds: usize, tokens: u32, label: &str, rows: &mut Vec<Value>) {
     let pct: u32 = env_or("CAP_PCT", "25").parse().unwrap();
     let stage = Stage::new(dir, 0.0, 0.0);
     let Some(cap) = CpuCap::new(pct) else {
@@ -626,9 +629,9 @@ fn capped(dir: &Path, rounds: usize, rows: &mut Vec<Value>) {
         println!("capped phase skipped: cannot move the proxies into the cgroup");
         return;
     }
-    let per_round = measure(&stage, dir, &back_to_back(), 64, rounds);
+    let per_round = measure(&stage, dir, &back_to_back(tokens), 64, rounds);
     latency_rows(
-        &format!("throughput c=64, proxy capped at {pct}% of a core"),
+        &format!("{label}, proxy capped at {pct}% of a core"),
         &per_round,
         rows,
     );
@@ -739,11 +742,25 @@ fn main() {
     }
     if phases.contains("throughput") {
         let stage = Stage::new(&dir, 0.0, 0.0);
-        let per_round = measure(&stage, &dir, &back_to_back(), 64, rounds);
+        let per_round = measure(&stage, &dir, &back_to_back(64), 64, rounds);
         latency_rows("throughput c=64", &per_round, &mut rows);
     }
     if phases.contains("capped") {
-        capped(&dir, rounds, &mut rows);
+        capped(&dir, rounds, 64, "throughput c=64", &mut rows);
+    }
+    if phases.contains("short") {
+        // The per-request fixed cost: 16-chunk streams back to back, free and capped.
+        let stage = Stage::new(&dir, 0.0, 0.0);
+        let per_round = measure(&stage, &dir, &back_to_back(16), 64, rounds);
+        latency_rows("short streams c=64 (16 chunks)", &per_round, &mut rows);
+        drop(stage);
+        capped(
+            &dir,
+            rounds,
+            16,
+            "short streams c=64 (16 chunks)",
+            &mut rows,
+        );
     }
     if phases.contains("streams") {
         rows.extend(streams(&dir, n_streams));

@@ -418,6 +418,231 @@ fn request_inspector_is_total_and_keeps_the_clients_fields() {
     });
 }
 
+/// What the inspector said of a body: model, user, stream, usage injected, the body forwarded,
+/// and max tokens, temperature and top_p (`None`: refused, nested too deep).
+type Inspected = Option<(
+    Option<String>,
+    Option<String>,
+    bool,
+    bool,
+    Vec<u8>,
+    [Option<f64>; 3],
+)>;
+
+/// The request inspector as it was, over a whole `serde_json::Value`: the oracle the borrowed
+/// view is checked against.
+fn reference_inspect(body: &[u8], endpoint: inferscope::dialect::Endpoint) -> Inspected {
+    use serde_json::Value;
+    let mut stream = endpoint.streams_by_default();
+    let mut v = match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(v)) => v,
+        Err(e) if e.to_string().starts_with("recursion limit exceeded") => return None,
+        _ => return Some((None, None, stream, false, body.to_vec(), [None; 3])),
+    };
+    let model = v.get("model").and_then(Value::as_str).map(str::to_owned);
+    let user = v
+        .get("user")
+        .or_else(|| v.get("metadata").and_then(|m| m.get("user_id")))
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    if endpoint.stream_in_body() {
+        if let Some(s) = v.get("stream").and_then(Value::as_bool) {
+            stream = s;
+        }
+    }
+    let param = |names: &[&str]| inferscope::dialect::request_param(&v, names);
+    let params = [
+        param(&inferscope::dialect::MAX_TOKENS_PARAMS)
+            .and_then(Value::as_u64)
+            .map(|n| n as f64),
+        param(&["temperature"]).and_then(Value::as_f64),
+        param(&["top_p"]).and_then(Value::as_f64),
+    ];
+    let mut out = (model, user, stream, false, body.to_vec(), params);
+    if !(endpoint.is_openai() && stream) {
+        return Some(out);
+    }
+    match v.get_mut("stream_options") {
+        Some(Value::Object(opts)) => {
+            if opts.get("include_usage").and_then(Value::as_bool) == Some(true) {
+                return Some(out);
+            }
+            opts.insert("include_usage".into(), Value::Bool(true));
+            out.4 = serde_json::to_vec(&v).unwrap();
+            out.3 = true;
+        }
+        Some(_) => {}
+        None => {
+            if let Some(end) = body.iter().rposition(|b| *b == b'}') {
+                out.4 = [
+                    &body[..end],
+                    br#","stream_options":{"include_usage":true}"#,
+                    &body[end..],
+                ]
+                .concat();
+                out.3 = true;
+            }
+        }
+    }
+    Some(out)
+}
+
+/// More of what the inspector reads: every key it knows, where each dialect keeps it, and
+/// values of every type at their edges.
+const INSPECT_DICT: &[&[u8]] = &[
+    b"{",
+    b"}",
+    b"[",
+    b"]",
+    b":",
+    b",",
+    b"\"model\"",
+    b"\"mod\\u0065l\"",
+    b"\"stream\"",
+    b"\"stream_options\"",
+    b"\"include_usage\"",
+    b"\"user\"",
+    b"\"metadata\"",
+    b"\"user_id\"",
+    b"\"parameters\"",
+    b"\"options\"",
+    b"\"max_tokens\"",
+    b"\"max_new_tokens\"",
+    b"\"num_predict\"",
+    b"\"temperature\"",
+    b"\"top_p\"",
+    b"true",
+    b"false",
+    b"null",
+    b"12",
+    b"-3",
+    b"0.5",
+    b"12.0",
+    b"1e999",
+    b"18446744073709551616",
+    b"\"m\"",
+    b"\"a\\nb\"",
+    b"\"\\ud800\"",
+    b"\"\xff\"",
+    b" ",
+    br#"{"role":"user","content":"hi"}"#,
+];
+
+const INSPECT_KEYS: &[&str] = &[
+    "model",
+    "mod\\u0065l",
+    "stream",
+    "stream_options",
+    "user",
+    "metadata",
+    "parameters",
+    "options",
+    "max_tokens",
+    "max_new_tokens",
+    "num_predict",
+    "max_completion_tokens",
+    "max_output_tokens",
+    "n_predict",
+    "temperature",
+    "top_p",
+    "messages",
+    "x",
+];
+
+const INSPECT_VALUES: &[&str] = &[
+    r#""m""#,
+    r#""a\nb""#,
+    r#""\ud800""#,
+    "true",
+    "false",
+    "null",
+    "12",
+    "-3",
+    "0.5",
+    "12.0",
+    "1e999",
+    "18446744073709551616",
+    "[1,2]",
+    "{}",
+    r#"{"user_id":"u"}"#,
+    r#"{"user_id":7}"#,
+    r#"{"include_usage":true}"#,
+    r#"{"include_usage":false,"x":1}"#,
+    r#"{"include_usage":"yes"}"#,
+    r#"{"max_tokens":5,"temperature":0.2,"top_p":1}"#,
+    r#"{"num_predict":-1}"#,
+    r#"{"max_new_tokens":9,"max_new_tokens":10}"#,
+    r#"[{"role":"user","content":"hi"}]"#,
+    r#"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]"#,
+];
+
+/// A JSON object of the inspector's keys and values (keys given twice, values of every type),
+/// then, when `cut` says so, one byte overwritten.
+fn inspect_body(entries: &[(u8, u8)], cut: u16, byte: u8) -> Vec<u8> {
+    let mut body = String::from("{");
+    for (i, (k, v)) in entries.iter().enumerate() {
+        if i > 0 {
+            body.push_str(if k % 3 == 0 { " , " } else { "," });
+        }
+        let key = INSPECT_KEYS[usize::from(*k) % INSPECT_KEYS.len()];
+        let value = INSPECT_VALUES[usize::from(*v) % INSPECT_VALUES.len()];
+        body.push_str(&format!("\"{key}\":{value}"));
+    }
+    body.push('}');
+    let mut body = body.into_bytes();
+    if cut % 3 == 0 {
+        let i = usize::from(cut / 3) % body.len();
+        body[i] = byte;
+    }
+    body
+}
+
+/// The borrowed view reads what the whole `Value` read: the same model, user, stream flag,
+/// parameters, the same forwarded bytes, and the same refusal of a body nested too deep. Over
+/// objects built from the keys it knows (one byte overwritten in a third of them), and over
+/// streams of JSON tokens.
+#[test]
+fn request_inspector_agrees_with_the_value_it_replaced() {
+    check!()
+        .with_type::<(Vec<(u8, u8)>, u16, u8, Vec<u8>)>()
+        .for_each(|(entries, cut, byte, tokens)| {
+            inspect_both(&inspect_body(entries, *cut, *byte));
+            inspect_both(&expand(tokens, INSPECT_DICT));
+        });
+}
+
+fn inspect_both(body: &[u8]) {
+    use inferscope::dialect::Endpoint;
+    {
+        for endpoint in [
+            Endpoint::ChatCompletions,
+            Endpoint::Completions,
+            Endpoint::Messages,
+            Endpoint::GenerateStream,
+            Endpoint::OllamaChat,
+        ] {
+            let want = reference_inspect(body, endpoint);
+            let got = inferscope::proxy::prepare_body(Bytes::from(body.to_vec()), endpoint, None)
+                .ok()
+                .map(|p| {
+                    (
+                        p.model,
+                        p.user,
+                        p.stream,
+                        p.strip_usage,
+                        p.body.to_vec(),
+                        [
+                            p.params.max_tokens.map(|n| n as f64),
+                            p.params.temperature,
+                            p.params.top_p,
+                        ],
+                    )
+                });
+            assert_eq!(got, want, "{endpoint:?}: {}", String::from_utf8_lossy(body));
+        }
+    }
+}
+
 const YAML_DICT: &[&[u8]] = &[
     b"\n",
     b"  ",

@@ -5,6 +5,8 @@ use crate::dialect::Endpoint;
 use crate::meter::RequestParams;
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
 use serde_json::Value;
 
 /// What the gateway learned from an inference request body, and the body to forward.
@@ -53,42 +55,64 @@ pub fn prepare_body(
         body,
         params: RequestParams::default(),
     };
-    let mut v = match serde_json::from_slice::<Value>(&out.body) {
-        Ok(Value::Object(v)) => v,
+    // A borrowed view of only the fields read (nothing else is kept or allocated), parsed by
+    // the same rules as a `Value`: it accepts and refuses the same bodies, nests as deep, and
+    // a key given twice means its last value.
+    let v = match serde_json::from_slice::<BodyView<'_>>(&out.body) {
+        Ok(v) if v.object => v,
+        Ok(_) => return Ok(out),
         // serde_json's only way of saying it: the message (checked in the tests below).
         Err(e) if e.is_syntax() && e.to_string().starts_with("recursion limit exceeded") => {
             return Err(TooDeep)
         }
-        _ => return Ok(out),
+        Err(_) => return Ok(out),
     };
-    out.model = v.get("model").and_then(Value::as_str).map(str::to_owned);
-    out.user = v
-        .get("user")
-        .or_else(|| v.get("metadata").and_then(|m| m.get("user_id")))
-        .and_then(Value::as_str)
+    out.model = v.top[TOP_MODEL]
+        .as_ref()
+        .and_then(Val::as_str)
         .map(str::to_owned);
+    out.user = match &v.top[TOP_USER] {
+        Some(user) => user.as_str(),
+        None => v
+            .metadata
+            .as_ref()
+            .and_then(|m| m.get(NESTED_USER_ID)?.as_str()),
+    }
+    .map(str::to_owned);
     if endpoint.stream_in_body() {
-        if let Some(s) = v.get("stream").and_then(Value::as_bool) {
+        if let Some(s) = v.top[TOP_STREAM].as_ref().and_then(Val::as_bool) {
             out.stream = s;
         }
     }
-    let param = |names: &[&str]| crate::dialect::request_param(&v, names);
-    out.params.max_tokens = param(&crate::dialect::MAX_TOKENS_PARAMS).and_then(Value::as_u64);
-    out.params.temperature = param(&["temperature"]).and_then(Value::as_f64);
-    out.params.top_p = param(&["top_p"]).and_then(Value::as_f64);
+    out.params.max_tokens = v.param(&MAX_TOKENS_SLOTS).and_then(Val::as_u64);
+    out.params.temperature = v
+        .param(&[(TOP_TEMPERATURE, NESTED_TEMPERATURE)])
+        .and_then(Val::as_f64);
+    out.params.top_p = v.param(&[(TOP_TOP_P, NESTED_TOP_P)]).and_then(Val::as_f64);
+    // Rare paths read the body once more as a `Value`: content capture (opted in), and an
+    // options object to add `include_usage` to.
+    let whole = || match serde_json::from_slice::<Value>(&out.body) {
+        Ok(Value::Object(v)) => Some(v),
+        _ => None,
+    };
     if let Some(cap) = capture {
-        out.params.input_content = input_messages(&v, cap);
+        out.params.input_content = whole().and_then(|v| input_messages(&v, cap));
     }
     if !(endpoint.is_openai() && out.stream) {
         return Ok(out);
     }
-    match v.get_mut("stream_options") {
-        Some(Value::Object(opts)) => {
-            if opts.get("include_usage").and_then(Value::as_bool) == Some(true) {
+    match &v.stream_options {
+        Some(opts) if opts.object => {
+            if opts.get(NESTED_INCLUDE_USAGE).and_then(Val::as_bool) == Some(true) {
                 return Ok(out);
             }
-            opts.insert("include_usage".into(), Value::Bool(true));
-            if let Ok(b) = serde_json::to_vec(&v) {
+            let Some(mut whole) = whole() else {
+                return Ok(out);
+            };
+            if let Some(Value::Object(opts)) = whole.get_mut("stream_options") {
+                opts.insert("include_usage".into(), Value::Bool(true));
+            }
+            if let Ok(b) = serde_json::to_vec(&whole) {
                 out.body = Bytes::from(b);
                 out.strip_usage = true;
             }
@@ -108,6 +132,343 @@ pub fn prepare_body(
         }
     }
     Ok(out)
+}
+
+/// The top-level keys the inspector reads as values (the objects it reads into are apart).
+const TOP_KEYS: [&str; 11] = [
+    "model",
+    "user",
+    "stream",
+    "max_completion_tokens",
+    "max_tokens",
+    "max_output_tokens",
+    "max_new_tokens",
+    "num_predict",
+    "n_predict",
+    "temperature",
+    "top_p",
+];
+const TOP_MODEL: usize = 0;
+const TOP_USER: usize = 1;
+const TOP_STREAM: usize = 2;
+const TOP_TEMPERATURE: usize = 9;
+const TOP_TOP_P: usize = 10;
+
+/// The keys read inside `metadata`, `stream_options`, `parameters` and `options`.
+const NESTED_KEYS: [&str; 10] = [
+    "user_id",
+    "include_usage",
+    "max_completion_tokens",
+    "max_tokens",
+    "max_output_tokens",
+    "max_new_tokens",
+    "num_predict",
+    "n_predict",
+    "temperature",
+    "top_p",
+];
+const NESTED_USER_ID: usize = 0;
+const NESTED_INCLUDE_USAGE: usize = 1;
+const NESTED_TEMPERATURE: usize = 8;
+const NESTED_TOP_P: usize = 9;
+
+/// `dialect::MAX_TOKENS_PARAMS` as (top-level, nested) slots, in its order.
+const MAX_TOKENS_SLOTS: [(usize, usize); 6] = [(3, 2), (4, 3), (5, 4), (6, 5), (7, 6), (8, 7)];
+
+/// One JSON value as far as the inspector reads it.
+#[derive(Debug)]
+enum Val<'a> {
+    Str(std::borrow::Cow<'a, str>),
+    Bool(bool),
+    PosInt(u64),
+    NegInt(i64),
+    Float(f64),
+    /// Null, an array or an object.
+    Other,
+}
+
+impl Val<'_> {
+    fn as_str(&self) -> Option<&str> {
+        match self {
+            Val::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+    fn as_bool(&self) -> Option<bool> {
+        match self {
+            Val::Bool(b) => Some(*b),
+            _ => None,
+        }
+    }
+    /// As `Value::as_u64`: non-negative integers only.
+    fn as_u64(&self) -> Option<u64> {
+        match self {
+            Val::PosInt(n) => Some(*n),
+            _ => None,
+        }
+    }
+    /// As `Value::as_f64`: any number.
+    fn as_f64(&self) -> Option<f64> {
+        match self {
+            Val::PosInt(n) => Some(*n as f64),
+            Val::NegInt(n) => Some(*n as f64),
+            Val::Float(f) => Some(*f),
+            _ => None,
+        }
+    }
+}
+
+/// What a body is to the inspector: whether it is an object, and the fields it reads (each
+/// key's last value, as a `Map` keeps it).
+#[derive(Default)]
+struct BodyView<'a> {
+    object: bool,
+    top: [Option<Val<'a>>; TOP_KEYS.len()],
+    metadata: Option<Nested<'a>>,
+    stream_options: Option<Nested<'a>>,
+    parameters: Option<Nested<'a>>,
+    options: Option<Nested<'a>>,
+}
+
+impl<'a> BodyView<'a> {
+    /// As `dialect::request_param`: the first of the slots set at the top level or in the
+    /// nested parameters (`parameters`, else `options`, when that is an object).
+    fn param(&self, slots: &[(usize, usize)]) -> Option<&Val<'a>> {
+        let nested = match (&self.parameters, &self.options) {
+            (Some(p), _) => Some(p),
+            (None, o) => o.as_ref(),
+        }
+        .filter(|n| n.object);
+        slots.iter().find_map(|&(top, inner)| {
+            self.top[top]
+                .as_ref()
+                .or_else(|| nested.and_then(|n| n.get(inner)))
+        })
+    }
+}
+
+/// An object's fields among `NESTED_KEYS` (`object` false: the value was something else).
+#[derive(Default)]
+struct Nested<'a> {
+    object: bool,
+    vals: [Option<Val<'a>>; NESTED_KEYS.len()],
+}
+
+impl<'a> Nested<'a> {
+    fn get(&self, slot: usize) -> Option<&Val<'a>> {
+        self.vals[slot].as_ref()
+    }
+}
+
+/// Any value, read and dropped through `deserialize_any` (so serde_json's recursion limit and
+/// string checks apply as they do to a `Value`), allocating nothing.
+struct Skip;
+
+impl<'de> Deserialize<'de> for Skip {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Skip;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Skip, E> {
+                Ok(Skip)
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Skip, E> {
+                Ok(Skip)
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Skip, E> {
+                Ok(Skip)
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Skip, E> {
+                Ok(Skip)
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<Skip, E> {
+                Ok(Skip)
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Skip, E> {
+                Ok(Skip)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Skip, A::Error> {
+                while seq.next_element::<Skip>()?.is_some() {}
+                Ok(Skip)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Skip, A::Error> {
+                while map.next_entry::<Skip, Skip>()?.is_some() {}
+                Ok(Skip)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Val<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(ValVisitor(std::marker::PhantomData))
+    }
+}
+
+struct ValVisitor<'a>(std::marker::PhantomData<&'a ()>);
+
+impl<'de: 'a, 'a> Visitor<'de> for ValVisitor<'a> {
+    type Value = Val<'a>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_bool<E: de::Error>(self, b: bool) -> Result<Val<'a>, E> {
+        Ok(Val::Bool(b))
+    }
+    fn visit_u64<E: de::Error>(self, n: u64) -> Result<Val<'a>, E> {
+        Ok(Val::PosInt(n))
+    }
+    fn visit_i64<E: de::Error>(self, n: i64) -> Result<Val<'a>, E> {
+        Ok(Val::NegInt(n))
+    }
+    fn visit_f64<E: de::Error>(self, f: f64) -> Result<Val<'a>, E> {
+        Ok(Val::Float(f))
+    }
+    fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Val<'a>, E> {
+        Ok(Val::Str(std::borrow::Cow::Borrowed(s)))
+    }
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<Val<'a>, E> {
+        Ok(Val::Str(std::borrow::Cow::Owned(s.to_owned())))
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Val<'a>, E> {
+        Ok(Val::Other)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Val<'a>, A::Error> {
+        while seq.next_element::<Skip>()?.is_some() {}
+        Ok(Val::Other)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Val<'a>, A::Error> {
+        while map.next_entry::<Skip, Skip>()?.is_some() {}
+        Ok(Val::Other)
+    }
+}
+
+/// A key, borrowed unless it holds escapes (then compared unescaped, as a `Map` would).
+struct Key<'a>(std::borrow::Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Key<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match Val::deserialize(d)? {
+            Val::Str(s) => Ok(Key(s)),
+            _ => Err(de::Error::custom("a key that is not a string")),
+        }
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for BodyView<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = BodyView<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON body")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<BodyView<'a>, A::Error> {
+                let mut v = BodyView {
+                    object: true,
+                    ..BodyView::default()
+                };
+                while let Some(Key(k)) = map.next_key::<Key<'a>>()? {
+                    let nested = match &*k {
+                        "metadata" => &mut v.metadata,
+                        "stream_options" => &mut v.stream_options,
+                        "parameters" => &mut v.parameters,
+                        "options" => &mut v.options,
+                        _ => {
+                            match TOP_KEYS.iter().position(|t| *t == k) {
+                                Some(i) => v.top[i] = Some(map.next_value()?),
+                                None => {
+                                    map.next_value::<Skip>()?;
+                                }
+                            }
+                            continue;
+                        }
+                    };
+                    *nested = Some(map.next_value()?);
+                }
+                Ok(v)
+            }
+            // Anything else is not an object, read through all the same (its errors and its
+            // depth are a `Value`'s).
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<BodyView<'a>, A::Error> {
+                while seq.next_element::<Skip>()?.is_some() {}
+                Ok(BodyView::default())
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<BodyView<'a>, E> {
+                Ok(BodyView::default())
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<BodyView<'a>, E> {
+                Ok(BodyView::default())
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<BodyView<'a>, E> {
+                Ok(BodyView::default())
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<BodyView<'a>, E> {
+                Ok(BodyView::default())
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<BodyView<'a>, E> {
+                Ok(BodyView::default())
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<BodyView<'a>, E> {
+                Ok(BodyView::default())
+            }
+        }
+        d.deserialize_any(V(std::marker::PhantomData))
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Nested<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = Nested<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Nested<'a>, A::Error> {
+                let mut n = Nested {
+                    object: true,
+                    ..Nested::default()
+                };
+                while let Some(Key(k)) = map.next_key::<Key<'a>>()? {
+                    match NESTED_KEYS.iter().position(|t| *t == k) {
+                        Some(i) => n.vals[i] = Some(map.next_value()?),
+                        None => {
+                            map.next_value::<Skip>()?;
+                        }
+                    }
+                }
+                Ok(n)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Nested<'a>, A::Error> {
+                while seq.next_element::<Skip>()?.is_some() {}
+                Ok(Nested::default())
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Nested<'a>, E> {
+                Ok(Nested::default())
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Nested<'a>, E> {
+                Ok(Nested::default())
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Nested<'a>, E> {
+                Ok(Nested::default())
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Nested<'a>, E> {
+                Ok(Nested::default())
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<Nested<'a>, E> {
+                Ok(Nested::default())
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Nested<'a>, E> {
+                Ok(Nested::default())
+            }
+        }
+        d.deserialize_any(V(std::marker::PhantomData))
+    }
 }
 
 /// The request's input in the GenAI conventions' `gen_ai.input.messages` shape, capped at `cap`
@@ -228,6 +589,33 @@ pub fn remove_hop_headers(h: &mut HeaderMap) {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_slot_tables_name_the_dialects_parameters() {
+        let top: Vec<&str> = MAX_TOKENS_SLOTS.iter().map(|s| TOP_KEYS[s.0]).collect();
+        let nested: Vec<&str> = MAX_TOKENS_SLOTS.iter().map(|s| NESTED_KEYS[s.1]).collect();
+        assert_eq!(top, crate::dialect::MAX_TOKENS_PARAMS);
+        assert_eq!(nested, crate::dialect::MAX_TOKENS_PARAMS);
+        assert_eq!(
+            [
+                TOP_KEYS[TOP_MODEL],
+                TOP_KEYS[TOP_USER],
+                TOP_KEYS[TOP_STREAM]
+            ],
+            ["model", "user", "stream"]
+        );
+        assert_eq!(
+            [TOP_KEYS[TOP_TEMPERATURE], TOP_KEYS[TOP_TOP_P]],
+            [NESTED_KEYS[NESTED_TEMPERATURE], NESTED_KEYS[NESTED_TOP_P]]
+        );
+        assert_eq!(
+            [
+                NESTED_KEYS[NESTED_USER_ID],
+                NESTED_KEYS[NESTED_INCLUDE_USAGE]
+            ],
+            ["user_id", "include_usage"]
+        );
+    }
 
     #[test]
     fn injects_usage_only_when_missing_and_keeps_bytes() {
