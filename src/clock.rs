@@ -138,6 +138,8 @@ pub fn enable_rx_stamps(socket: &impl std::os::fd::AsFd) -> bool {
 /// Largest single stamped read: what is zeroed before each `recvmsg` (hyper's read buffers start
 /// at 8 KiB).
 const MAX_READ: usize = 16 << 10;
+/// Least a stamped read offers.
+const MIN_READ: usize = 2 << 10;
 
 /// A TCP stream whose reads carry the kernel's receive stamp: `last_rx` is the stamp of the latest
 /// read that returned data (converted to an `Instant`), also published to `rx_cell` for readers
@@ -149,6 +151,9 @@ pub struct StampedTcp {
     cmsg: Vec<u8>,
     rx: Arc<AtomicU64>,
     fresh: Option<Instant>,
+    /// Bytes zeroed and offered to the next `recvmsg`: doubled when a read fills it, halved
+    /// when reads use a quarter of it, between `MIN_READ` and `MAX_READ`.
+    window: usize,
 }
 
 impl StampedTcp {
@@ -172,6 +177,7 @@ impl StampedTcp {
             cmsg,
             rx: Arc::new(AtomicU64::new(0)),
             fresh: None,
+            window: 4 << 10,
         }
     }
 
@@ -216,11 +222,12 @@ impl StampedTcp {
         loop {
             std::task::ready!(self.inner.poll_read_ready(cx))?;
             let fd = self.inner.as_raw_fd();
-            // A slice must be initialized to be handed to `recvmsg`; zeroing all the spare
-            // capacity of a large buffer on every read would cost more than the read.
-            let want = buf.remaining().min(MAX_READ);
+            // A slice must be initialized to be handed to `recvmsg`: only the window is zeroed,
+            // not all the spare capacity of a large buffer on every read.
+            let want = buf.remaining().min(self.window);
             let dst = buf.initialize_unfilled_to(want);
             let cmsg = &mut self.cmsg;
+            let mut short = None;
             let got = self.inner.try_io(tokio::io::Interest::READABLE, || {
                 let mut iov = [io::IoSliceMut::new(dst)];
                 let msg = recvmsg::<()>(fd, &mut iov, Some(cmsg), MsgFlags::empty())
@@ -236,8 +243,20 @@ impl StampedTcp {
                         }
                     }
                 }
+                // A read that did not fill what it offered drained the socket (epoll is
+                // edge-triggered): the readiness is cleared, as Tokio's own reads do, by
+                // saying "would block" to `try_io` with the data kept aside. Without this the
+                // next read is a `recvmsg` that fails with EAGAIN.
+                if 0 < msg.bytes && msg.bytes < want {
+                    short = Some((msg.bytes, stamp));
+                    return Err(io::ErrorKind::WouldBlock.into());
+                }
                 Ok((msg.bytes, stamp))
             });
+            let got = match (got, short) {
+                (Err(e), Some(read)) if e.kind() == io::ErrorKind::WouldBlock => Ok(read),
+                (got, _) => got,
+            };
             match got {
                 Ok((n, stamp)) => {
                     buf.advance(n);
@@ -247,6 +266,11 @@ impl StampedTcp {
                             self.rx.store(pack(at), Ordering::Relaxed);
                             self.fresh = Some(at);
                         }
+                    }
+                    if n == want {
+                        self.window = (self.window * 2).min(MAX_READ);
+                    } else if n <= self.window / 4 {
+                        self.window = (self.window / 2).max(MIN_READ);
                     }
                     return Poll::Ready(Ok(()));
                 }
@@ -386,7 +410,7 @@ impl Heartbeat {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
     #[test]
@@ -469,6 +493,52 @@ mod tests {
         let t = Instant::now();
         assert_eq!(unpack(pack(t)), Some(t));
         assert_eq!(unpack(0), None);
+    }
+
+    /// Short reads clear the socket's readiness (no EAGAIN read after each): every byte written
+    /// later must still wake the reader, in pieces of every size, with and without pauses.
+    #[tokio::test]
+    async fn every_byte_arrives_however_it_is_written() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let on = enable_rx_stamps(&listener);
+        let addr = listener.local_addr().unwrap();
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let mut server = StampedTcp::new(server, on);
+        let sizes: Vec<usize> = (0..300u64)
+            .map(|i| match i % 5 {
+                0 => 1,
+                1 => 250,
+                2 => 4096,
+                3 => 20_000,
+                _ => (i as usize * 7919) % 9000 + 1,
+            })
+            .collect();
+        let total: usize = sizes.iter().sum();
+        let writer = tokio::spawn(async move {
+            let mut sent = Vec::with_capacity(total);
+            for (i, n) in sizes.into_iter().enumerate() {
+                let piece: Vec<u8> = (0..n).map(|j| (i * 31 + j) as u8).collect();
+                client.write_all(&piece).await.unwrap();
+                sent.extend_from_slice(&piece);
+                if i % 7 == 0 {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+            sent
+        });
+        let mut got = Vec::with_capacity(total);
+        let mut buf = vec![0u8; 64 << 10];
+        while got.len() < total {
+            let n = tokio::time::timeout(Duration::from_secs(10), server.read(&mut buf))
+                .await
+                .expect("a read waited for bytes that had been written")
+                .unwrap();
+            assert!(n > 0, "end of stream before every byte arrived");
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert_eq!(got, writer.await.unwrap());
     }
 
     #[tokio::test]
