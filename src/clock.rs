@@ -496,7 +496,8 @@ mod tests {
     }
 
     /// Short reads clear the socket's readiness (no EAGAIN read after each): every byte written
-    /// later must still wake the reader, in pieces of every size, with and without pauses.
+    /// later must still wake the reader, in pieces of every size, with and without pauses, and
+    /// so must the end of the stream.
     #[tokio::test]
     async fn every_byte_arrives_however_it_is_written() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -539,6 +540,13 @@ mod tests {
             got.extend_from_slice(&buf[..n]);
         }
         assert_eq!(got, writer.await.unwrap());
+        // The writer is gone: its FIN may have come with the last bytes, whose read cleared the
+        // readiness; the end of the stream must still be seen (Tokio keeps "read closed").
+        let n = tokio::time::timeout(Duration::from_secs(10), server.read(&mut buf))
+            .await
+            .expect("the end of the stream was not seen")
+            .unwrap();
+        assert_eq!(n, 0);
     }
 
     #[tokio::test]
