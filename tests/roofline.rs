@@ -58,7 +58,13 @@ async fn stats_place_each_backend_on_its_roofline() {
     assert!((d["mbu"].as_f64().unwrap() - gb_s / 3350.0).abs() < 1e-9);
     assert_eq!(a["peak"]["hbm_gb_s"], 3350.0);
     assert_eq!(d["bound"], "memory-bound", "{a}");
-    assert_eq!(d["batch"], 2.0, "the engine's batch while it decoded: {a}");
+    // The mean of the engine's running count over the scrapes while it was busy: 2 while both
+    // decode, 1 in a scrape that falls where one has started or ended before the other.
+    let batch = d["batch"].as_f64().unwrap();
+    assert!(
+        (1.5..=2.0).contains(&batch),
+        "the engine's batch while it decoded: {a}"
+    );
     let words = d["words"].as_str().unwrap();
     assert!(
         words.starts_with("decode at ") && words.contains("memory-bound"),
