@@ -614,6 +614,11 @@ async fn stream(
         () => {
             match fault_due(chunks) {
                 Some(true) => {
+                    // A backend that dies after writing: what it wrote reaches the wire first
+                    // (its server flushes while the body waits), then the connection breaks.
+                    // Sent at once, the error could reach the server before its flush and the
+                    // last chunk would never leave.
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
                     let _ = tx
                         .send(Err(std::io::Error::other("injected: backend died")))
                         .await;
