@@ -359,6 +359,35 @@ impl<'de: 'a, 'a> Deserialize<'de> for Key<'a> {
     }
 }
 
+/// The visitor methods of a value that is not an object: read through all the same (its errors
+/// and its depth are a `Value`'s), then the default (`object: false`).
+macro_rules! not_an_object {
+    ($t:ident) => {
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<$t<'a>, A::Error> {
+            while seq.next_element::<Skip>()?.is_some() {}
+            Ok($t::default())
+        }
+        fn visit_bool<E: de::Error>(self, _: bool) -> Result<$t<'a>, E> {
+            Ok($t::default())
+        }
+        fn visit_u64<E: de::Error>(self, _: u64) -> Result<$t<'a>, E> {
+            Ok($t::default())
+        }
+        fn visit_i64<E: de::Error>(self, _: i64) -> Result<$t<'a>, E> {
+            Ok($t::default())
+        }
+        fn visit_f64<E: de::Error>(self, _: f64) -> Result<$t<'a>, E> {
+            Ok($t::default())
+        }
+        fn visit_str<E: de::Error>(self, _: &str) -> Result<$t<'a>, E> {
+            Ok($t::default())
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<$t<'a>, E> {
+            Ok($t::default())
+        }
+    };
+}
+
 impl<'de: 'a, 'a> Deserialize<'de> for BodyView<'a> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V<'a>(std::marker::PhantomData<&'a ()>);
@@ -392,30 +421,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for BodyView<'a> {
                 }
                 Ok(v)
             }
-            // Anything else is not an object, read through all the same (its errors and its
-            // depth are a `Value`'s).
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<BodyView<'a>, A::Error> {
-                while seq.next_element::<Skip>()?.is_some() {}
-                Ok(BodyView::default())
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<BodyView<'a>, E> {
-                Ok(BodyView::default())
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<BodyView<'a>, E> {
-                Ok(BodyView::default())
-            }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<BodyView<'a>, E> {
-                Ok(BodyView::default())
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<BodyView<'a>, E> {
-                Ok(BodyView::default())
-            }
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<BodyView<'a>, E> {
-                Ok(BodyView::default())
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<BodyView<'a>, E> {
-                Ok(BodyView::default())
-            }
+            not_an_object!(BodyView);
         }
         d.deserialize_any(V(std::marker::PhantomData))
     }
@@ -444,28 +450,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for Nested<'a> {
                 }
                 Ok(n)
             }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Nested<'a>, A::Error> {
-                while seq.next_element::<Skip>()?.is_some() {}
-                Ok(Nested::default())
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Nested<'a>, E> {
-                Ok(Nested::default())
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Nested<'a>, E> {
-                Ok(Nested::default())
-            }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Nested<'a>, E> {
-                Ok(Nested::default())
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Nested<'a>, E> {
-                Ok(Nested::default())
-            }
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<Nested<'a>, E> {
-                Ok(Nested::default())
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<Nested<'a>, E> {
-                Ok(Nested::default())
-            }
+            not_an_object!(Nested);
         }
         d.deserialize_any(V(std::marker::PhantomData))
     }
