@@ -24,7 +24,10 @@
 //! `KERNEL_CLOCK` (true: the gateway's `limits.kernel_clock`), `ROUNDS` (3), `RATE_ROUNDS` (5, the open-loop phase), `LEVELS` (1,64,512), `STREAMS` (10000), `PHASES` (latency,rate,throughput,capped,streams; also short), `CAP_PCT` (25),
 //! `TARGETS` (direct,inferscope,inferscope-h2,nginx: `inferscope-h2` is inferscope with HTTP/2
 //! upstream connections, h2c with prior knowledge; `inferscope-base` is the build `BASE_BIN`
-//! names, in the default set when it is given, for before/after tables from one run), `PIN`
+//! names, in the default set when it is given, for before/after tables from one run;
+//! `vllm-router`, `smg` and `tensorzero`, not in the default set, are the LLM routers from PyPI
+//! (`pip install vllm-router smg tensorzero`, on `PATH`; `ROUTER_PYTHON` is the Python that has
+//! `tensorzero`), one Tokio worker each on the proxies' core), `PIN`
 //! (1), `PROXY_BIN` (another inferscope build as the proxy under test; the simulator and client
 //! stay this build's)). Writes the table to stdout and everything to `target/e2e_compare.json`.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
@@ -234,6 +237,134 @@ fn inferscope(dir: &Path, upstream: u16, t: Target) -> (Proc, u16) {
     (start(cmd, port), port)
 }
 
+/// An LLM router from PyPI as target `t`, on core 0 with one Tokio worker, in front of the
+/// simulator; ready once a streamed request through it succeeds (smg registers its worker in
+/// the background after it listens). The programs come from `PATH` (`vllm-router`, `smg`) or,
+/// for TensorZero, whose HTTP gateway only its Python client starts (`_start_http_gateway`, a
+/// private function), from `ROUTER_PYTHON` (default `python3`) with the `tensorzero` package.
+fn router(dir: &Path, upstream: u16, t: Target) -> (Proc, u16) {
+    let (port, metrics) = (free_port(), free_port());
+    let worker = format!("http://127.0.0.1:{upstream}");
+    let common = |c: &mut Command| {
+        c.env("TOKIO_WORKER_THREADS", "1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+    };
+    let (proc, port) = match t {
+        Target::VllmRouter | Target::Smg => {
+            let mut c = if t == Target::Smg {
+                let mut c = pinned(0, "smg");
+                // No admission bound: the others have none (10,000 streams are held at once).
+                c.args(["launch", "--max-concurrent-requests", "0"]);
+                c
+            } else {
+                let mut c = pinned(0, "vllm-router");
+                c.args([
+                    "--max-concurrent-requests",
+                    "1000000",
+                    "--log-level",
+                    "warning",
+                ]);
+                c
+            };
+            c.args(["--host", "127.0.0.1", "--port", &port.to_string()])
+                .args(["--prometheus-host", "127.0.0.1"])
+                .args(["--prometheus-port", &metrics.to_string()])
+                .args(["--worker-urls", &worker, "--policy", "round_robin"]);
+            common(&mut c);
+            let child = c
+                .spawn()
+                .unwrap_or_else(|e| panic!("{}: {e} (pip install vllm-router smg)", t.name()));
+            (Proc { child }, port)
+        }
+        _ => {
+            let d = dir.join("tensorzero");
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(
+                d.join("tensorzero.toml"),
+                format!(
+                    "[models.demo]\nrouting = [\"sim\"]\n\n[models.demo.providers.sim]\n\
+                     type = \"openai\"\napi_base = \"{worker}/v1/\"\nmodel_name = \"demo\"\n\
+                     api_key_location = \"none\"\n"
+                ),
+            )
+            .unwrap();
+            std::fs::write(
+                d.join("gateway.py"),
+                "import sys, time, tensorzero\n\
+                 gw = tensorzero._start_http_gateway(config_file=sys.argv[1], clickhouse_url=None,\n\
+                 \x20   postgres_url=None, valkey_url=None, async_setup=False)\n\
+                 open(sys.argv[2], \"w\").write(gw.base_url + \"\\n\")\n\
+                 while True:\n    time.sleep(3600)\n",
+            )
+            .unwrap();
+            let url_file = d.join("base_url");
+            let _ = std::fs::remove_file(&url_file);
+            let mut c = pinned(0, &env_or("ROUTER_PYTHON", "python3"));
+            c.arg(d.join("gateway.py"))
+                .arg(d.join("tensorzero.toml"))
+                .arg(&url_file);
+            common(&mut c);
+            let child = c.spawn().unwrap();
+            // It picks its own port and writes its base URL: http://127.0.0.1:PORT/openai/v1.
+            let t0 = Instant::now();
+            let line = loop {
+                match std::fs::read_to_string(&url_file) {
+                    Ok(l) if l.ends_with('\n') => break l,
+                    _ if t0.elapsed() > Duration::from_secs(30) => {
+                        panic!("tensorzero never started (pip install tensorzero)")
+                    }
+                    _ => std::thread::sleep(Duration::from_millis(50)),
+                }
+            };
+            let port = line
+                .trim()
+                .strip_prefix("http://127.0.0.1:")
+                .and_then(|r| r.split('/').next()?.parse().ok())
+                .unwrap_or_else(|| panic!("tensorzero wrote {line:?}"));
+            (Proc { child }, port)
+        }
+    };
+    wait_port(port);
+    wait_streams(port, t);
+    (proc, port)
+}
+
+/// Waits until a streamed chat completion through `port` answers 200.
+fn wait_streams(port: u16, t: Target) {
+    use std::io::{Read, Write};
+    let body = format!(
+        r#"{{"model":"{}","messages":[{{"role":"user","content":"hi"}}],"stream":true,"max_tokens":2}}"#,
+        t.model()
+    );
+    let req = format!(
+        "POST {}/v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        t.prefix(),
+        body.len()
+    );
+    let t0 = Instant::now();
+    loop {
+        let mut head = [0u8; 12];
+        let ok = std::net::TcpStream::connect(("127.0.0.1", port))
+            .and_then(|mut s| {
+                s.write_all(req.as_bytes())?;
+                s.read_exact(&mut head)
+            })
+            .is_ok();
+        if ok && head.ends_with(b"200") {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "{} never streamed: {:?}",
+            t.name(),
+            String::from_utf8_lossy(&head)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// nginx with one worker on core 0; HTTP/1.1 on `port`, HTTP/2 with prior knowledge on `h2`.
 fn nginx(dir: &Path, upstream: u16) -> (Proc, u16, u16) {
     let (port, h2) = (free_port(), free_port());
@@ -295,12 +426,17 @@ http {{
     (Proc { child }, port, h2)
 }
 
-/// One `inferscope bench` run on core 1; its JSON report.
-fn client(dir: &Path, port: u16, args: &[String]) -> Value {
+/// One `inferscope bench` run on core 1 against target `t` on `port`; its JSON report.
+fn client(dir: &Path, t: Target, port: u16, args: &[String]) -> Value {
     let out = dir.join("client.json");
     let _ = std::fs::remove_file(&out);
     let status = pinned(1, BIN)
-        .args(["bench", "--url", &format!("http://127.0.0.1:{port}")])
+        .args([
+            "bench",
+            "--url",
+            &format!("http://127.0.0.1:{port}{}", t.prefix()),
+        ])
+        .args(["--model", t.model()])
         .args(["--input-words", "16"])
         .args(args)
         .arg("--out")
@@ -338,15 +474,23 @@ enum Target {
     /// The `BASE_BIN` build of inferscope, HTTP/1.1 upstream.
     Baseline,
     Nginx,
+    /// The LLM routers a user would otherwise deploy (PyPI: `vllm-router`, `smg` (SGLang's
+    /// router, renamed), `tensorzero`), on the same core as the proxies.
+    VllmRouter,
+    Smg,
+    TensorZero,
 }
 
 impl Target {
-    const ALL: [Target; 5] = [
+    const ALL: [Target; 8] = [
         Target::Direct,
         Target::Baseline,
         Target::Inferscope,
         Target::InferscopeH2,
         Target::Nginx,
+        Target::VllmRouter,
+        Target::Smg,
+        Target::TensorZero,
     ];
 
     fn name(self) -> &'static str {
@@ -356,6 +500,25 @@ impl Target {
             Target::InferscopeH2 => "inferscope-h2",
             Target::Baseline => "inferscope-base",
             Target::Nginx => "nginx",
+            Target::VllmRouter => "vllm-router",
+            Target::Smg => "smg",
+            Target::TensorZero => "tensorzero",
+        }
+    }
+
+    /// The model the client asks for: TensorZero names its models in its own namespace.
+    fn model(self) -> &'static str {
+        match self {
+            Target::TensorZero => "tensorzero::model_name::demo",
+            _ => "demo",
+        }
+    }
+
+    /// Where the target's OpenAI API lives (TensorZero: under `/openai`).
+    fn prefix(self) -> &'static str {
+        match self {
+            Target::TensorZero => "/openai",
+            _ => "",
         }
     }
 
@@ -401,6 +564,10 @@ impl Stage {
                 Target::Nginx => {
                     let (p, port, h2) = nginx(dir, sim_port);
                     Some((t, p, port, h2))
+                }
+                Target::VllmRouter | Target::Smg | Target::TensorZero => {
+                    let (p, port) = router(dir, sim_port, t);
+                    Some((t, p, port, port))
                 }
                 // inferscope serves HTTP/1.1 and h2c on one port.
                 _ => {
@@ -456,7 +623,7 @@ fn run(stage: &Stage, dir: &Path, t: Target, a: &[String], warmup: usize) -> Run
     let cpu0 = stage.proxy(t).map_or(0.0, Proc::cpu_s);
     let mut a = a.to_vec();
     a.extend(args(&["--warmup", &warmup.to_string()]));
-    let report = client(dir, stage.port(t, false), &a);
+    let report = client(dir, t, stage.port(t, false), &a);
     let cpu_s = stage.proxy(t).map_or(0.0, Proc::cpu_s) - cpu0;
     let (rss_mib, peak_rss_mib) = stage.proxy(t).map_or((0.0, 0.0), Proc::rss_mib);
     let overhead_p99_ms = t.is_inferscope().then(|| {
@@ -647,6 +814,9 @@ fn streams(dir: &Path, n: usize) -> Vec<Value> {
         // A fresh stage per target: the peak RSS is this phase's alone.
         let stage = Stage::new(dir, 50.0, 1000.0);
         let port = stage.port(t, true);
+        // Before any stream: what the process holds idle (a router inside a Python process
+        // carries the interpreter).
+        let idle = stage.proxy(t).map_or(0.0, |p| p.rss_mib().0);
         let dir2 = dir.to_path_buf();
         let n_s = n.to_string();
         // 100 streams per connection: under nginx's `http2_max_concurrent_streams` (128).
@@ -654,6 +824,7 @@ fn streams(dir: &Path, n: usize) -> Vec<Value> {
         let client = std::thread::spawn(move || {
             client(
                 &dir2,
+                t,
                 port,
                 &args(&[
                     "--concurrency",
@@ -684,6 +855,7 @@ fn streams(dir: &Path, n: usize) -> Vec<Value> {
             "failed": report["failed"],
             "ttft_p99_ms": report["ttft_ms"]["p99"],
             "e2e_p99_ms": report["e2e_ms"]["p99"],
+            "proxy_idle_rss_mib": idle,
             "proxy_peak_rss_mib": peak,
             "proxy_rss_sampled_max_mib": peak_sampled,
         });
