@@ -243,7 +243,10 @@ impl Ctx {
                 self.first_body = Some(Either::Left(Full::new(empty.clone())));
                 self.replay = Some(empty);
             } else {
-                self.first_body = Some(Either::Right(PacedBody::new(body, self.gw.pace())));
+                self.first_body = Some(Either::Right(Box::new(PacedBody::new(
+                    body,
+                    self.gw.pace(),
+                ))));
             }
             return Ok(());
         };
