@@ -252,22 +252,23 @@ fn router(dir: &Path, upstream: u16, t: Target) -> (Proc, u16) {
     };
     let (proc, port) = match t {
         Target::VllmRouter | Target::Smg => {
-            let mut c = if t == Target::Smg {
-                let mut c = pinned(0, "smg");
-                // No admission bound: the others have none (10,000 streams are held at once).
-                c.args(["launch", "--max-concurrent-requests", "0"]);
-                c
+            // No admission bound: the others have none (10,000 streams are held at once).
+            let (program, own): (&str, &[&str]) = if t == Target::Smg {
+                ("smg", &["launch", "--max-concurrent-requests", "0"])
             } else {
-                let mut c = pinned(0, "vllm-router");
-                c.args([
-                    "--max-concurrent-requests",
-                    "1000000",
-                    "--log-level",
-                    "warning",
-                ]);
-                c
+                (
+                    "vllm-router",
+                    &[
+                        "--max-concurrent-requests",
+                        "1000000",
+                        "--log-level",
+                        "warning",
+                    ],
+                )
             };
-            c.args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            let mut c = pinned(0, program);
+            c.args(own)
+                .args(["--host", "127.0.0.1", "--port", &port.to_string()])
                 .args(["--prometheus-host", "127.0.0.1"])
                 .args(["--prometheus-port", &metrics.to_string()])
                 .args(["--worker-urls", &worker, "--policy", "round_robin"]);
