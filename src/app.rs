@@ -29,8 +29,9 @@ use tokio::task::JoinHandle;
 /// counted under `__other__`.
 const MAX_GROUPS: usize = 1024;
 
-/// The heartbeat's tick: fine enough to see a late wake-up of a few milliseconds, 100 wake-ups a
-/// second (a few microseconds of CPU each).
+/// The heartbeat's tick: a stall of a few tens of milliseconds shows as nearly its length. The
+/// timer runs only while requests are in flight, and sleeps longer while frames beat for it
+/// (`clock::Heartbeat`).
 const HEARTBEAT_TICK: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// Listen-address overrides from the command line.
@@ -330,13 +331,17 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         Arc::clone(&observer) as Arc<dyn RecordSink>,
         Arc::clone(&limiter) as Arc<dyn RecordSink>,
     ]);
-    let metering = Metering::new(
+    let limits = config.limits.clone();
+    let heartbeat = Arc::new(crate::clock::Heartbeat::new(
+        HEARTBEAT_TICK,
+        limits.lateness_warning,
+    ));
+    let metering = Metering::with_heartbeat(
         Arc::clone(&recorder),
         Arc::new(Ids::default()),
         meter_settings,
+        Some(Arc::clone(&heartbeat)),
     );
-    let limits = config.limits.clone();
-    let heartbeat = Arc::new(crate::clock::Heartbeat::new(HEARTBEAT_TICK));
     let gateway = Arc::new(
         Gateway::new(
             Arc::clone(&routes),
@@ -405,7 +410,10 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         heartbeat: Arc::clone(&heartbeat),
         kernel_clock: limits.kernel_clock,
     });
-    tokio::spawn(Arc::clone(&heartbeat).run(limits.lateness_warning, stopped(data_rx.clone())));
+    let busy = Arc::clone(&metering);
+    tokio::spawn(
+        Arc::clone(&heartbeat).run(move || busy.in_flight() <= 0, stopped(data_rx.clone())),
+    );
     let admin_service =
         hyper::service::service_fn(move |req| admin::handle(Arc::clone(&admin_state), req));
     let admin_opts = ServerOptions {

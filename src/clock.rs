@@ -15,10 +15,11 @@
 //!   conversion (`stamp_to_instant`). A step of the wall clock (NTP, an operator) changes that
 //!   offset: a change beyond what slewing allows since the previous conversion is counted as a
 //!   step and that stamp is refused (the caller falls back to its own clock).
-//! - **Heartbeat.** A task that sleeps a fixed tick and records how late it wakes: waiting for a
-//!   CPU, which a runtime's busy ratio cannot see. `Heartbeat` keeps the lateness (max since
-//!   last read, and a histogram) for `/metrics`, and warns when it passes a threshold, because then
-//!   every number the gateway reports is suspect by that much.
+//! - **Heartbeat.** How late the gateway gets to work that is due — waiting for a CPU, which a
+//!   runtime's busy ratio cannot see: the forward lag of frames handed on while they flow, a
+//!   timer's lateness while requests wait in silence, nothing while idle (`Heartbeat`).
+//!   It keeps the lateness (a histogram) for `/metrics`, and warns when it passes a threshold, because then every number the gateway reports is suspect by that
+//!   much.
 
 use parking_lot::Mutex;
 use std::io;
@@ -331,79 +332,187 @@ impl AsyncWrite for StampedTcp {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Arrival(pub Instant);
 
-/// How late the gateway's timers fire: the heartbeat's record.
+/// The longest the heartbeat's timer sleeps while frames beat for it: sixteen ticks.
+const MAX_TIMER_TICKS: u32 = 16;
+
+/// How late the gateway gets to work that is due: the heartbeat's record.
+///
+/// Its samples come from two places. While frames flow, each frame handed on to a client is a
+/// beat: its forward lag (hand-off − the kernel's stamp of the upstream read) is how late the
+/// gateway was to data that was waiting for it, measured on the work itself (at most one frame a
+/// tick is taken, so the hot path pays an atomic load). While requests are in flight and no frame
+/// beats, a timer does: it sleeps a tick and notes how late it wakes. The timer's sleep doubles,
+/// up to sixteen ticks, while frames keep beating during it, and drops back to one tick the first
+/// time none did; with no request in flight it does not run at all. So an idle gateway wakes for
+/// nothing, a streaming one does not wake twice per token, and a silent wait (a long prefill) is
+/// still watched every tick.
 #[derive(Debug)]
 pub struct Heartbeat {
-    /// The tick it sleeps.
+    /// The timer's shortest sleep, and the least time between two frame beats.
     pub tick: Duration,
-    max_since_read_us: AtomicU64,
-    hist: Mutex<Option<hdrhistogram::Histogram<u64>>>,
-    beats: AtomicU64,
+    epoch: Instant,
+    /// Microseconds since `epoch` of the latest frame beat.
+    last_frame_us: AtomicU64,
+    hist: Mutex<Lateness>,
+    timer_beats: AtomicU64,
+    frame_beats: AtomicU64,
+    busy: tokio::sync::Notify,
+    warn_over: Duration,
+}
+
+#[derive(Debug)]
+struct Lateness {
+    hist: Option<hdrhistogram::Histogram<u64>>,
+    last_warned: Option<Instant>,
+}
+
+/// Where a beat came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Beat {
+    Timer,
+    Frame,
 }
 
 impl Heartbeat {
-    /// A heartbeat sleeping `tick` between beats.
-    pub fn new(tick: Duration) -> Self {
+    /// A heartbeat of `tick` that warns (at most every 10 s) when a beat is later than `warn`.
+    pub fn new(tick: Duration, warn: Duration) -> Self {
         Self {
             tick,
-            max_since_read_us: AtomicU64::new(0),
+            // Tokio's clock (the same as std's unless a test paused it): the timer's and the
+            // frames' instants both come from it.
+            epoch: tokio::time::Instant::now().into_std(),
+            last_frame_us: AtomicU64::new(0),
             // 1 µs to 1 h, 2 significant digits (valid bounds: never `None`).
-            hist: Mutex::new(hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 2).ok()),
-            beats: AtomicU64::new(0),
+            hist: Mutex::new(Lateness {
+                hist: hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 2).ok(),
+                last_warned: None,
+            }),
+            timer_beats: AtomicU64::new(0),
+            frame_beats: AtomicU64::new(0),
+            busy: tokio::sync::Notify::new(),
+            warn_over: warn,
         }
     }
 
-    /// Notes one wake-up `late` past its deadline.
-    pub fn beat(&self, late: Duration) {
+    fn micros_since_epoch(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.epoch).as_micros()).unwrap_or(u64::MAX)
+    }
+
+    fn tick_us(&self) -> u64 {
+        u64::try_from(self.tick.as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// Notes one beat `late` past when its work was due.
+    fn beat(&self, late: Duration, from: Beat) {
         let us = u64::try_from(late.as_micros()).unwrap_or(u64::MAX);
-        self.max_since_read_us.fetch_max(us, Ordering::Relaxed);
-        self.beats.fetch_add(1, Ordering::Relaxed);
-        if let Some(h) = self.hist.lock().as_mut() {
+        match from {
+            Beat::Timer => &self.timer_beats,
+            Beat::Frame => &self.frame_beats,
+        }
+        .fetch_add(1, Ordering::Relaxed);
+        let mut l = self.hist.lock();
+        if let Some(h) = l.hist.as_mut() {
             h.saturating_record(us.max(1));
         }
+        if late > self.warn_over
+            && l.last_warned
+                .is_none_or(|t| t.elapsed() > Duration::from_secs(10))
+        {
+            l.last_warned = Some(Instant::now());
+            drop(l);
+            let late_ms = late.as_secs_f64() * 1e3;
+            match from {
+                Beat::Timer => tracing::warn!(
+                    late_ms,
+                    "the gateway woke late: its process waits for a CPU, so every latency it reports may be off by as much"
+                ),
+                Beat::Frame => tracing::warn!(
+                    late_ms,
+                    "the gateway handed a frame on late: its process waits for a CPU, so every latency it reports may be off by as much"
+                ),
+            }
+        }
     }
 
-    /// The largest lateness since the previous call (and resets it).
-    pub fn take_max(&self) -> Duration {
-        Duration::from_micros(self.max_since_read_us.swap(0, Ordering::Relaxed))
+    /// A frame handed on at `now` whose upstream read the kernel stamped `lag` earlier: a beat,
+    /// when the last frame beat is a tick old. Called for every frame: one atomic load when it is not.
+    pub fn frame(&self, now: Instant, lag: Duration) {
+        let t = self.micros_since_epoch(now);
+        let last = self.last_frame_us.load(Ordering::Relaxed);
+        if t < last.saturating_add(self.tick_us()) {
+            return;
+        }
+        // One of the frames racing for this beat takes it.
+        if self
+            .last_frame_us
+            .compare_exchange(last, t, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            self.beat(lag, Beat::Frame);
+        }
+    }
+
+    /// A request is in flight now where none was: the timer runs again.
+    pub fn busy(&self) {
+        self.busy.notify_one();
     }
 
     /// A copy of the lateness histogram (microseconds).
     pub fn histogram(&self) -> Option<hdrhistogram::Histogram<u64>> {
-        self.hist.lock().clone()
+        self.hist.lock().hist.clone()
     }
 
-    /// Lateness quantiles over the whole run, microseconds: (p50, p99, max, beats).
-    pub fn quantiles_us(&self) -> (u64, u64, u64, u64) {
-        let h = self.hist.lock();
-        let q = |f: fn(&hdrhistogram::Histogram<u64>) -> u64| h.as_ref().map_or(0, f);
+    /// Beats so far: (from the timer, from frames).
+    pub fn beats(&self) -> (u64, u64) {
+        (
+            self.timer_beats.load(Ordering::Relaxed),
+            self.frame_beats.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Lateness quantiles over the whole run, microseconds: (p50, p99, max).
+    pub fn quantiles_us(&self) -> (u64, u64, u64) {
+        let l = self.hist.lock();
+        let q = |f: fn(&hdrhistogram::Histogram<u64>) -> u64| l.hist.as_ref().map_or(0, f);
         (
             q(|h| h.value_at_quantile(0.5)),
             q(|h| h.value_at_quantile(0.99)),
             q(|h| h.max()),
-            self.beats.load(Ordering::Relaxed),
         )
     }
 
-    /// Beats until `stop`; warns (at most every 10 s) when a wake-up is later than `warn`.
-    pub async fn run(self: Arc<Self>, warn: Duration, stop: impl std::future::Future<Output = ()>) {
+    /// The timer, until `stop`: while `idle()` says no request is in flight it waits for
+    /// `busy()`; otherwise it sleeps (a tick, or longer while frames beat) and notes how late it
+    /// woke.
+    pub async fn run(
+        self: Arc<Self>,
+        idle: impl Fn() -> bool,
+        stop: impl std::future::Future<Output = ()>,
+    ) {
         tokio::pin!(stop);
-        let mut last_warned: Option<Instant> = None;
+        let mut sleep = self.tick;
         loop {
-            let due = tokio::time::Instant::now() + self.tick;
+            if idle() {
+                tokio::select! {
+                    () = self.busy.notified() => {}
+                    () = &mut stop => return,
+                }
+                sleep = self.tick;
+                continue;
+            }
+            let frames = self.frame_beats.load(Ordering::Relaxed);
+            let due = tokio::time::Instant::now() + sleep;
             tokio::select! {
                 () = tokio::time::sleep_until(due) => {}
                 () = &mut stop => return,
             }
             let late = tokio::time::Instant::now().saturating_duration_since(due);
-            self.beat(late);
-            if late > warn && last_warned.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
-                last_warned = Some(Instant::now());
-                tracing::warn!(
-                    late_ms = late.as_secs_f64() * 1e3,
-                    "the gateway woke late: its process waits for a CPU, so every latency it reports may be off by as much"
-                );
-            }
+            self.beat(late, Beat::Timer);
+            sleep = if self.frame_beats.load(Ordering::Relaxed) != frames {
+                (sleep * 2).min(self.tick * MAX_TIMER_TICKS)
+            } else {
+                self.tick
+            };
         }
     }
 }
@@ -583,5 +692,87 @@ mod tests {
         } else {
             assert_eq!(server.last_rx(), None);
         }
+    }
+
+    /// A heartbeat of 10 ms watching `in_flight`, until the returned sender is dropped.
+    fn watching(in_flight: &Arc<AtomicU64>) -> (Arc<Heartbeat>, tokio::sync::oneshot::Sender<()>) {
+        let hb = Arc::new(Heartbeat::new(
+            Duration::from_millis(10),
+            Duration::from_secs(1),
+        ));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let f = Arc::clone(in_flight);
+        tokio::spawn(
+            Arc::clone(&hb).run(move || f.load(Ordering::Relaxed) == 0, async {
+                let _ = stopped.await;
+            }),
+        );
+        (hb, stop)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_heartbeat_sleeps_while_idle_and_beats_each_tick_while_busy() {
+        let in_flight = Arc::new(AtomicU64::new(0));
+        let (hb, _stop) = watching(&in_flight);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(hb.beats(), (0, 0), "no request in flight: no wake-up");
+        in_flight.store(1, Ordering::Relaxed);
+        hb.busy();
+        tokio::time::sleep(Duration::from_millis(1005)).await;
+        let (timer, frames) = hb.beats();
+        assert_eq!(frames, 0);
+        assert!(
+            (99..=101).contains(&timer),
+            "{timer} beats in 1 s of 10 ms ticks"
+        );
+        // Idle again: the timer stops after the beat it was sleeping for.
+        in_flight.store(0, Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let after = hb.beats().0;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(hb.beats().0, after);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn frames_beat_for_the_timer_while_they_flow() {
+        let in_flight = Arc::new(AtomicU64::new(1));
+        let (hb, _stop) = watching(&in_flight);
+        // A stream's frames every 20 ms for 2 s, each handed on 3 ms after its read.
+        for _ in 0..100 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            hb.frame(
+                tokio::time::Instant::now().into_std(),
+                Duration::from_millis(3),
+            );
+        }
+        let (timer, frames) = hb.beats();
+        assert!((95..=100).contains(&frames), "{frames}");
+        // The timer backs off to 160 ms: 10 + 20 + 40 + 80, then about 12 of 160 ms.
+        assert!(timer <= 20, "{timer} timer beats while frames flowed");
+        let (p50, _, max) = hb.quantiles_us();
+        assert!((2900..=3100).contains(&p50), "{p50}");
+        assert!(max >= 2900, "{max}");
+        // The frames stop, the request is still in flight (a long prefill): a tick again, after
+        // the long sleep under way and one more (the first that saw no frame beat).
+        tokio::time::sleep(Duration::from_millis(330)).await;
+        let t0 = hb.beats().0;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let ticks = hb.beats().0 - t0;
+        assert!((49..=51).contains(&ticks), "{ticks}");
+    }
+
+    #[test]
+    fn one_frame_a_tick_is_a_beat() {
+        let hb = Heartbeat::new(Duration::from_millis(10), Duration::from_secs(1));
+        let t = Instant::now() + Duration::from_secs(1);
+        for i in 0..100u64 {
+            // 100 frames 1 ms apart: 10 ticks.
+            hb.frame(t + Duration::from_millis(i), Duration::from_micros(i));
+        }
+        assert_eq!(hb.beats(), (0, 10));
+        // The samples are the lags of the frames taken: 0, 10, ..., 90 µs.
+        let h = hb.histogram().unwrap();
+        assert_eq!(h.len(), 10);
+        assert_eq!(h.max(), 90);
     }
 }

@@ -693,7 +693,8 @@ fn scrape_metrics(all: &[crate::route::BackendStatus], labels: &[Labels], w: &mu
 /// The gateway as a measuring instrument: its clock source, how late its timers fire (waiting
 /// for a CPU), wall-clock steps seen, the runtime's load.
 fn instrument_json(state: &AdminState) -> serde_json::Value {
-    let (p50, p99, max, beats) = state.heartbeat.quantiles_us();
+    let (p50, p99, max) = state.heartbeat.quantiles_us();
+    let (timer_beats, frame_beats) = state.heartbeat.beats();
     let ms = |us: u64| us as f64 / 1000.0;
     let rt = tokio::runtime::Handle::current().metrics();
     serde_json::json!({
@@ -702,7 +703,9 @@ fn instrument_json(state: &AdminState) -> serde_json::Value {
         "heartbeat": {
             "tick_ms": state.heartbeat.tick.as_secs_f64() * 1000.0,
             "lateness_ms": { "p50": ms(p50), "p99": ms(p99), "max": ms(max) },
-            "beats": beats,
+            "beats": timer_beats + frame_beats,
+            "timer_beats": timer_beats,
+            "frame_beats": frame_beats,
         },
         "runtime": {
             "workers": rt.num_workers(),
@@ -719,7 +722,7 @@ fn instrument_metrics(state: &AdminState, w: &mut Writer) {
         w.family(
             name,
             "histogram",
-            "How late the gateway's heartbeat timer woke (waiting for a CPU): every latency it reports may be off by as much.",
+            "How late the gateway got to work that was due (waiting for a CPU): frames handed on after their read's kernel stamp, and the heartbeat timer while no frame flowed. Every latency it reports may be off by as much.",
         );
         w.histogram(
             name,

@@ -265,8 +265,9 @@ pub struct Limits {
     /// the gateway got to them, and read upstream sockets with stamps (forward lag, upstream
     /// TTFT without the gateway's wait); off: the gateway's own clock.
     pub kernel_clock: bool,
-    /// The heartbeat's wake-up lateness above which the gateway warns that its numbers are
-    /// suspect (it waits for a CPU).
+    /// The heartbeat's lateness (a frame handed on after its read's kernel stamp, or the timer
+    /// waking after its deadline) above which the gateway warns that its numbers are suspect (it
+    /// waits for a CPU).
     #[serde(with = "super::duration")]
     pub lateness_warning: Duration,
 }

@@ -69,6 +69,8 @@ pub struct Metering {
     in_flight: AtomicI64,
     /// The shutdown grace period has ended: requests dropped now were cut by the gateway.
     cutting: std::sync::atomic::AtomicBool,
+    /// Told when a request is in flight where none was, and given frames' forward lag as beats.
+    heartbeat: Option<Arc<crate::clock::Heartbeat>>,
 }
 
 impl std::fmt::Debug for Metering {
@@ -83,13 +85,30 @@ impl std::fmt::Debug for Metering {
 impl Metering {
     /// Records go to `sink`; ids come from `ids`.
     pub fn new(sink: impl RecordSink, ids: Arc<Ids>, settings: MeterSettings) -> Arc<Self> {
+        Self::with_heartbeat(sink, ids, settings, None)
+    }
+
+    /// `new`, with the gateway's heartbeat: it runs while requests are in flight and takes the
+    /// forward lag of frames as beats.
+    pub fn with_heartbeat(
+        sink: impl RecordSink,
+        ids: Arc<Ids>,
+        settings: MeterSettings,
+        heartbeat: Option<Arc<crate::clock::Heartbeat>>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             sink: Box::new(sink),
             ids,
             settings,
             in_flight: AtomicI64::new(0),
             cutting: std::sync::atomic::AtomicBool::new(false),
+            heartbeat,
         })
+    }
+
+    /// The heartbeat, when there is one.
+    pub fn heartbeat(&self) -> Option<&crate::clock::Heartbeat> {
+        self.heartbeat.as_deref()
     }
 
     /// From now on, requests that end without finishing were cut by the shutdown (the grace
@@ -173,7 +192,11 @@ impl Metering {
     /// Starts measuring a request the caller described itself (e.g. a shadow copy the gateway
     /// makes of a client's request).
     pub fn start_with(self: &Arc<Self>, meta: RequestMeta) -> Annotations {
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        if self.in_flight.fetch_add(1, Ordering::Relaxed) == 0 {
+            if let Some(h) = &self.heartbeat {
+                h.busy();
+            }
+        }
         Annotations(Arc::new(Cell {
             notes: Mutex::new(Some(Notes {
                 meta,

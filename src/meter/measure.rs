@@ -314,6 +314,9 @@ impl Meter {
         if let Some(rx) = rx {
             let lag = now.duration_since(rx);
             p.forward_lag = Some(p.forward_lag.map_or(lag, |l| l.max(lag)));
+            if let Some(h) = self.metering.heartbeat() {
+                h.frame(now.into_std(), lag);
+            }
         }
         let had_output = p.t_tok1.is_some();
         p.drop = None;
