@@ -10,7 +10,8 @@
 //!   ids): never panics, and cutting the stream changes nothing the record says;
 //! - the request inspector (`prepare_body`): never panics; an injected `include_usage` leaves a
 //!   JSON object with the client's fields unchanged;
-//! - the config loader: never panics; every error names a line inside the file.
+//! - the config loader: never panics; every error names a line inside the file;
+//! - the upstream HTTP/1.1 client: reads generated responses, cut anywhere, as hyper's does.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -697,6 +698,268 @@ fn config_loader_is_total_and_names_a_line() {
 /// Found by `ndjson_scanner_…` and `sse_scanner_…`: a line over the cap was measured when it
 /// arrived inside one chunk and skipped when it spanned two, so how TCP cut the stream changed
 /// what was measured.
+/// Status lines a generated response starts with (a 1xx head before a final one, bare LF line
+/// ends, a custom and an empty reason phrase, a status that is not three digits).
+const STATUS_LINES: &[&[u8]] = &[
+    b"HTTP/1.1 200 OK\r\n",
+    b"HTTP/1.0 200 OK\r\n",
+    b"HTTP/1.1 204 No Content\r\n",
+    b"HTTP/1.1 304 Not Modified\r\n",
+    b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n",
+    b"HTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\nHTTP/1.1 200 OK\r\n",
+    b"HTTP/1.1 429 Slow Down\r\n",
+    b"HTTP/1.1 500 \r\n",
+    b"HTTP/1.1 101 Switching Protocols\r\n",
+    b"HTTP/1.1 200 OK\n",
+    b"HTTP/1.1 99 Odd\r\n",
+    b"HTTP/1.1 200 OK\r\n",
+];
+
+/// Header lines of generated responses; the last few are broken (folded, no colon, DEL, a
+/// lone LF).
+const FIELDS: &[&[u8]] = &[
+    b"content-length: 5\r\n",
+    b"Content-Length: 0\r\n",
+    b"content-length: 5, 5\r\n",
+    b"content-length: 3,5\r\n",
+    b"content-length: +5\r\n",
+    b"content-length: 18446744073709551615\r\n",
+    b"transfer-encoding: chunked\r\n",
+    b"Transfer-Encoding: gzip, chunked\r\n",
+    b"transfer-encoding: chunked, gzip\r\n",
+    b"transfer-encoding: chunked\r\n",
+    b"connection: close\r\n",
+    b"connection: keep-alive\r\n",
+    b"Connection: Keep-Alive, Upgrade\r\n",
+    b"x-a: b\r\n",
+    b"x-a: \xff\x80\r\n",
+    b"content-type: text/event-stream\r\n",
+    b"x-b:c\r\n",
+    b"x-e:\r\n",
+    b"x:\tv \r\n",
+    b" folded\r\n",
+    b"bad header\r\n",
+    b"x-del: \x7f\r\n",
+    b"\n",
+];
+
+/// Bytes after the head: stray line ends, size lines, data, trailers, bytes that break them.
+const BODY: &[&[u8]] = &[
+    b"hello",
+    b"5\r\nhello\r\n",
+    b"0\r\n\r\n",
+    b"\r\n",
+    b"\r",
+    b"\n",
+    b"0",
+    b"data: {}\n\n",
+    b";",
+    b" ",
+    b"x-t: 2\r\n",
+    b"fffffffffffffffff\r\n",
+    b"\t",
+];
+
+/// What follows a generated chunked body's last data chunk.
+const CHUNKED_ENDS: &[&[u8]] = &[
+    b"0\r\n\r\n",
+    b"0\r\nx-t: 1\r\n\r\n",
+    b"0\r\nx-t: 1\r\nX-U: a b\r\n\r\n",
+    b"0;last\r\n\r\n",
+    b"000\r\n\r\n",
+    b"0\r\n",
+    b"",
+    b"0\r\nbad trailer\r\n\r\n",
+    b"0\r\nx-t: 1\r\n",
+    b"0\r\n\n",
+];
+
+/// A chunked body: chunks of `len % 40` bytes, their size lines and ends varied by the bits of
+/// `flavor` (extensions, whitespace, case, leading zeros; now and then a broken line end), then
+/// `end`.
+fn chunked_body(chunks: &[(u8, u8)], end: u8) -> Vec<u8> {
+    let mut out = Vec::new();
+    for &(len, flavor) in chunks {
+        let len = usize::from(len % 40);
+        let size = match flavor % 8 {
+            0 => format!("{len:x}"),
+            1 => format!("{len:x};a=b"),
+            2 => format!("{len:x} "),
+            3 => format!("{len:x}\t;q"),
+            4 => format!("{len:X}"),
+            5 => format!("00{len:x}"),
+            6 => format!("{len:x};{}", "e".repeat(usize::from(flavor))),
+            _ => format!("{len:x} x"),
+        };
+        out.extend_from_slice(size.as_bytes());
+        // One size line in eight ends with a bare LF; one chunk in four ends badly.
+        out.extend_from_slice(if (flavor >> 3) % 8 == 7 {
+            b"\n"
+        } else {
+            b"\r\n"
+        });
+        out.extend(std::iter::repeat_n(b'd', len));
+        out.extend_from_slice(match (flavor >> 6, len % 2) {
+            (3, 0) => b"\n",
+            (3, _) => b"\rX",
+            _ => b"\r\n",
+        });
+    }
+    out.extend_from_slice(CHUNKED_ENDS[usize::from(end) % CHUNKED_ENDS.len()]);
+    out
+}
+
+/// What a client made of a response: the head's status, version, fields and reason phrase, and
+/// the body's bytes and trailers — or that the head, or the body, failed.
+#[derive(Debug, PartialEq)]
+#[allow(clippy::large_enum_variant)]
+enum Reading {
+    HeadFailed,
+    Response {
+        status: u16,
+        version: http::Version,
+        headers: http::HeaderMap,
+        reason: Option<Vec<u8>>,
+        body: Result<(Vec<u8>, Option<http::HeaderMap>), ()>,
+    },
+}
+
+/// A backend on an in-memory pipe: reads the request, writes `wire` cut at `cuts` (a yield
+/// between pieces), then closes.
+fn backend(wire: &[u8], cuts: &[u16]) -> tokio::io::DuplexStream {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (client, mut server) = tokio::io::duplex(1 << 20);
+    let wire = wire.to_vec();
+    let mut at: Vec<usize> = cuts
+        .iter()
+        .map(|&c| usize::from(c).min(wire.len()))
+        .collect();
+    at.sort_unstable();
+    tokio::spawn(async move {
+        let mut req = [0u8; 4096];
+        let _ = server.read(&mut req).await;
+        let mut from = 0;
+        for c in at.into_iter().chain([wire.len()]) {
+            if c > from {
+                if server.write_all(&wire[from..c]).await.is_err() {
+                    return;
+                }
+                from = c;
+                tokio::task::yield_now().await;
+            }
+        }
+    });
+    client
+}
+
+async fn read_all<B>(parts: http::response::Parts, mut body: B) -> Reading
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+{
+    use http_body_util::BodyExt;
+    let (mut data, mut trailers) = (Vec::new(), None);
+    let mut failed = false;
+    while let Some(f) = body.frame().await {
+        match f {
+            Ok(f) => match f.into_data() {
+                Ok(d) => data.extend_from_slice(&d),
+                Err(f) => trailers = f.into_trailers().ok(),
+            },
+            Err(_) => {
+                failed = true;
+                break;
+            }
+        }
+    }
+    Reading::Response {
+        status: parts.status.as_u16(),
+        version: parts.version,
+        headers: parts.headers,
+        reason: parts
+            .extensions
+            .get::<hyper::ext::ReasonPhrase>()
+            .map(|r| r.as_bytes().to_vec()),
+        body: if failed {
+            Err(())
+        } else {
+            Ok((data, trailers))
+        },
+    }
+}
+
+fn request(head: bool) -> http::Request<inferscope::proxy::UpstreamRequestBody> {
+    let mut r = http::Request::new(http_body_util::Either::Left(http_body_util::Full::new(
+        Bytes::new(),
+    )));
+    if head {
+        *r.method_mut() = http::Method::HEAD;
+    }
+    *r.uri_mut() = http::Uri::from_static("/v1/models");
+    r.headers_mut()
+        .insert(http::header::HOST, http::HeaderValue::from_static("b"));
+    r
+}
+
+/// The gateway's HTTP/1.1 client reads every generated response as hyper's client does: the same
+/// head (status, version, fields, reason phrase) or a failure where hyper fails, the same body
+/// bytes and trailers or a failure where hyper fails — with the response cut anywhere.
+#[test]
+fn the_upstream_http1_client_reads_responses_as_hyper_does() {
+    use inferscope::proxy::h1;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    check!()
+        .with_type::<(u8, Vec<u8>, u8, Vec<(u8, u8)>, u8, Vec<u8>, Vec<u16>)>()
+        .for_each(|(status, fields, flags, chunks, end, noise, cuts)| {
+            let mut wire = STATUS_LINES[usize::from(*status) % STATUS_LINES.len()].to_vec();
+            // Mostly valid fields: a broken one in about one line of eight.
+            for &f in fields {
+                let i = usize::from(f) % FIELDS.len();
+                wire.extend_from_slice(
+                    FIELDS[if f % 8 == 0 {
+                        i
+                    } else {
+                        i % (FIELDS.len() - 4)
+                    }],
+                );
+            }
+            if flags % 16 != 0 {
+                wire.extend_from_slice(b"\r\n");
+            }
+            if flags % 4 != 1 {
+                wire.extend(chunked_body(chunks, *end));
+            }
+            wire.extend(expand(noise, BODY));
+            let head = flags % 32 == 7;
+            let (ours, hypers) = rt.block_on(async {
+                let ours = match h1::Conn::new(backend(&wire, cuts))
+                    .send(request(head))
+                    .await
+                {
+                    Ok(r) => {
+                        let (p, b) = r.into_parts();
+                        read_all(p, b).await
+                    }
+                    Err(_) => Reading::HeadFailed,
+                };
+                let io = hyper_util::rt::TokioIo::new(backend(&wire, cuts));
+                let (mut send, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+                let driver = tokio::spawn(conn);
+                let theirs = match send.send_request(request(head)).await {
+                    Ok(r) => {
+                        let (p, b) = r.into_parts();
+                        read_all(p, b).await
+                    }
+                    Err(_) => Reading::HeadFailed,
+                };
+                driver.abort();
+                (ours, theirs)
+            });
+            assert_eq!(ours, hypers, "{:?}", String::from_utf8_lossy(&wire));
+        });
+}
+
 #[test]
 fn regression_an_oversized_line_is_skipped_however_the_stream_is_cut() {
     let line = [b"data: ".as_slice(), &[b'x'; 100], b"\n\n"].concat();

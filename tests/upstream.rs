@@ -149,3 +149,289 @@ async fn a_client_leaving_mid_stream_closes_the_upstream_connection() {
         "{outcomes:?}"
     );
 }
+
+/// What a scripted backend received: the connection a request came on (numbered from 0), its
+/// head, and its body as decoded.
+#[derive(Debug, Clone)]
+struct Got {
+    conn: usize,
+    head: String,
+    body: Vec<u8>,
+}
+
+/// Reads up to and including the next CRLF CRLF (or CRLF) from `s` through `buf`.
+async fn read_until(s: &mut TcpStream, buf: &mut Vec<u8>, end: &[u8]) -> Option<Vec<u8>> {
+    loop {
+        if let Some(i) = buf.windows(end.len()).position(|w| w == end) {
+            let line = buf.drain(..i + end.len()).collect();
+            return Some(line);
+        }
+        let mut chunk = [0u8; 4096];
+        match s.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+async fn read_exact_buf(s: &mut TcpStream, buf: &mut Vec<u8>, n: usize) -> Option<Vec<u8>> {
+    while buf.len() < n {
+        let mut chunk = [0u8; 4096];
+        match s.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(k) => buf.extend_from_slice(&chunk[..k]),
+        }
+    }
+    Some(buf.drain(..n).collect())
+}
+
+/// A request body as its head frames it (Content-Length or chunked).
+async fn read_body(s: &mut TcpStream, buf: &mut Vec<u8>, head: &str) -> Option<Vec<u8>> {
+    let lower = head.to_ascii_lowercase();
+    if lower.contains("\r\ntransfer-encoding: chunked\r\n") {
+        let mut body = Vec::new();
+        loop {
+            let line = read_until(s, buf, b"\r\n").await?;
+            let size = String::from_utf8_lossy(&line);
+            let size = usize::from_str_radix(size.trim().split(';').next()?, 16).ok()?;
+            if size == 0 {
+                read_until(s, buf, b"\r\n").await?;
+                return Some(body);
+            }
+            body.extend(read_exact_buf(s, buf, size).await?);
+            read_exact_buf(s, buf, 2).await?;
+        }
+    }
+    let len = lower
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    read_exact_buf(s, buf, len).await
+}
+
+/// A backend that answers the n-th request it gets (over all its connections) with
+/// `answers[n % len]` — closing the connection after it when its flag says so — and records
+/// what it got. With `early`, it answers as soon as it has the head and reads the body after.
+async fn scripted(
+    answers: Vec<(Vec<u8>, bool)>,
+    early: bool,
+) -> (SocketAddr, Arc<std::sync::Mutex<Vec<Got>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let got = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = Arc::clone(&got);
+    let next = Arc::new(AtomicUsize::new(0));
+    tokio::spawn(async move {
+        let mut conns = 0;
+        while let Ok((mut s, _)) = listener.accept().await {
+            let (answers, seen, next) = (answers.clone(), Arc::clone(&seen), Arc::clone(&next));
+            let conn = conns;
+            conns += 1;
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    let Some(head) = read_until(&mut s, &mut buf, b"\r\n\r\n").await else {
+                        return;
+                    };
+                    let head = String::from_utf8_lossy(&head).into_owned();
+                    let (answer, close) =
+                        &answers[next.fetch_add(1, Ordering::SeqCst) % answers.len()];
+                    if early {
+                        // Recorded with the head: the body may never come.
+                        let _ = s.write_all(answer).await;
+                        seen.lock().unwrap().push(Got {
+                            conn,
+                            head: head.clone(),
+                            body: Vec::new(),
+                        });
+                    }
+                    let Some(body) = read_body(&mut s, &mut buf, &head).await else {
+                        return;
+                    };
+                    if !early {
+                        seen.lock().unwrap().push(Got { conn, head, body });
+                    }
+                    if !early && s.write_all(answer).await.is_err() {
+                        return;
+                    }
+                    if *close {
+                        let _ = s.shutdown().await;
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, got)
+}
+
+/// Writes a request head and its body in `pieces`, 20 ms apart, on a new connection; returns the
+/// response's status line and body (read to the connection's close).
+async fn upload(addr: SocketAddr, head: &str, pieces: &[&[u8]]) -> (String, String) {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(head.as_bytes()).await.unwrap();
+    for p in pieces {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        s.write_all(p).await.unwrap();
+    }
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    (
+        head.lines().next().unwrap_or("").to_owned(),
+        body.to_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_stream_through_with_their_framing_on_one_connection() {
+    let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok".to_vec();
+    let (backend, got) = scripted(vec![(ok, false)], false).await;
+    let dir = temp_dir();
+    let gw = start_gateway(&[("raw", backend)], &dir, "").await;
+    // Not an inference endpoint: bodies are streamed through as they come.
+    let (status, body) = upload(
+        gw.data_addr,
+        "POST /v1/files HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: 11\r\n\r\n",
+        &[b"hello", b" world"],
+    )
+    .await;
+    assert_eq!((status.as_str(), body.as_str()), ("HTTP/1.1 200 OK", "ok"));
+    let (status, body) = upload(
+        gw.data_addr,
+        "POST /v1/files HTTP/1.1\r\nhost: x\r\nconnection: close\r\ntransfer-encoding: chunked\r\n\r\n",
+        &[b"5\r\nhello\r\n", b"6\r\n world\r\n", b"0\r\n\r\n"],
+    )
+    .await;
+    assert_eq!((status.as_str(), body.as_str()), ("HTTP/1.1 200 OK", "ok"));
+    let got = got.lock().unwrap().clone();
+    assert_eq!(got.len(), 2);
+    assert!(
+        got[0].head.contains("\r\ncontent-length: 11\r\n"),
+        "{}",
+        got[0].head
+    );
+    assert!(
+        got[1].head.contains("\r\ntransfer-encoding: chunked\r\n")
+            && !got[1].head.contains("content-length"),
+        "{}",
+        got[1].head
+    );
+    for g in &got {
+        assert_eq!(g.body, b"hello world");
+        assert_eq!(g.conn, 0, "the second upload reused the first's connection");
+    }
+    let log = stop_and_read_log(gw, &dir).await;
+    assert!(log.iter().all(|l| l["outcome"] == "ok"), "{log:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_response_framing_is_relayed_and_its_connection_reused_where_it_can_be() {
+    let answers = vec![
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n\
+              5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nx-checksum: 1\r\n\r\n"
+                .to_vec(),
+            false,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok".to_vec(),
+            false,
+        ),
+        (b"HTTP/1.1 204 No Content\r\n\r\n".to_vec(), false),
+        (
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Made It\r\ncontent-length: 4\r\n\r\nmade"
+                .to_vec(),
+            false,
+        ),
+        (b"HTTP/1.0 200 OK\r\n\r\nto the close".to_vec(), true),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok".to_vec(),
+            false,
+        ),
+    ];
+    let (backend, got) = scripted(answers, false).await;
+    let dir = temp_dir();
+    let gw = start_gateway(&[("raw", backend)], &dir, "").await;
+    let mut client = Client::connect(gw.data_addr).await;
+    let mut seen = Vec::new();
+    for _ in 0..6 {
+        let r = client.send("GET", "/v1/models", "", &[]).await;
+        seen.push((r.status, String::from_utf8(r.body()).unwrap()));
+    }
+    assert_eq!(
+        seen,
+        [
+            (200, "hello world".to_owned()),
+            (200, "ok".to_owned()),
+            (204, String::new()),
+            (201, "made".to_owned()),
+            (200, "to the close".to_owned()),
+            (200, "ok".to_owned()),
+        ]
+    );
+    let conns: Vec<usize> = got.lock().unwrap().iter().map(|g| g.conn).collect();
+    // Everything on one connection until the body read to its close ended it.
+    assert_eq!(conns, [0, 0, 0, 0, 0, 1]);
+    let log = stop_and_read_log(gw, &dir).await;
+    assert!(log.iter().all(|l| l["outcome"] == "ok"), "{log:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_before_the_upload_ends_is_relayed_and_its_connection_not_reused() {
+    let refuse = b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 7\r\n\r\ntoo big".to_vec();
+    let (backend, got) = scripted(vec![(refuse, false)], true).await;
+    let dir = temp_dir();
+    let gw = start_gateway(&[("raw", backend)], &dir, "").await;
+    // The backend answers after the head; the rest of the body comes 300 ms later.
+    let mut s = TcpStream::connect(gw.data_addr).await.unwrap();
+    s.write_all(b"POST /v1/files HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\n01234")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    let head = tokio::time::timeout(
+        Duration::from_secs(5),
+        read_until(&mut s, &mut buf, b"\r\n\r\n"),
+    )
+    .await
+    .expect("the answer came before the body was complete")
+    .unwrap();
+    assert!(
+        head.starts_with(b"HTTP/1.1 413 "),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let _ = s.write_all(b"56789").await;
+    drop(s);
+    // The next request does not reuse that connection: the backend may still wait for the rest.
+    let (status, _) = upload(
+        gw.data_addr,
+        "POST /v1/files HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: 2\r\n\r\n",
+        &[b"ok"],
+    )
+    .await;
+    assert_eq!(status, "HTTP/1.1 413 Payload Too Large");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let conns: Vec<usize> = got.lock().unwrap().iter().map(|g| g.conn).collect();
+    assert_eq!(conns, [0, 1]);
+    let _ = stop_and_read_log(gw, &dir).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_head_past_its_limit_is_a_502() {
+    let mut head = b"HTTP/1.1 200 OK\r\n".to_vec();
+    for _ in 0..70 {
+        head.extend_from_slice(format!("x-filler: {}\r\n", "a".repeat(1000)).as_bytes());
+    }
+    head.extend_from_slice(b"content-length: 2\r\n\r\nok");
+    let (backend, _) = scripted(vec![(head, false)], false).await;
+    let dir = temp_dir();
+    let gw = start_gateway(&[("raw", backend)], &dir, "").await;
+    let r = post(gw.data_addr, "/v1/files", "", &[]).await;
+    assert_eq!(r.status, 502);
+    let log = stop_and_read_log(gw, &dir).await;
+    assert_eq!(log[0]["error"], "upstream_failed", "{log:?}");
+}

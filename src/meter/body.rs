@@ -48,6 +48,9 @@ pin_project! {
         // Deadlines (first token, idle, total): one timer, re-armed per frame, never reallocated.
         timer: Option<Pin<Box<Sleep>>>,
         last_frame: Instant,
+        // The upstream body's trailers: its end (a server writes them and drops the body), so
+        // they go last, after what is queued and after the record is written.
+        trailers: Option<http::HeaderMap>,
     }
 
     impl<B> PinnedDrop for MeteredBody<B> {
@@ -88,6 +91,7 @@ impl<B: Body> MeteredBody<B> {
             abort_yielded: false,
             timer: None,
             last_frame: Instant::now(),
+            trailers: None,
         }
     }
 
@@ -110,6 +114,7 @@ impl<B: Body> MeteredBody<B> {
             abort_yielded: false,
             timer,
             last_frame: now,
+            trailers: None,
         }
     }
 }
@@ -194,7 +199,7 @@ where
                     *this.abort = None;
                     return Poll::Ready(Some(Err(Box::new(StreamAborted(kind)))));
                 }
-                return Poll::Ready(None);
+                return Poll::Ready(this.trailers.take().map(|t| Ok(Frame::trailers(t))));
             }
             let polled = match this.inner.as_mut().poll_frame(cx) {
                 Poll::Ready(item) => item,
@@ -249,9 +254,18 @@ where
                     }
                 }
                 Some(Ok(frame)) => {
-                    let data = match frame.into_data() {
+                    let data = match frame.into_data().map_err(Frame::into_trailers) {
                         Ok(data) => data,
-                        Err(trailers) => return Poll::Ready(Some(Ok(trailers))),
+                        // Trailers end the body: what is held goes first, then the record is
+                        // written, then the trailers are handed on.
+                        Err(trailers) => {
+                            *this.trailers = trailers.ok();
+                            *this.upstream_done = true;
+                            if let Some(h) = this.held.take() {
+                                this.queue.push_back(h);
+                            }
+                            continue;
+                        }
                     };
                     let now = Instant::now();
                     let Some(m) = this.meter.as_mut() else {

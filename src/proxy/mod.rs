@@ -23,7 +23,9 @@ pub use request::{
     OWN_PREFIX,
 };
 pub use service::{Gateway, ProxyBody, ProxyFuture, ProxyService, TraceOptions, VARIANT_HEADER};
-pub use upstream::{UpstreamClient, UpstreamError, UpstreamRequestBody, UpstreamResponseBody};
+pub use upstream::{
+    h1, UpstreamBodyError, UpstreamClient, UpstreamError, UpstreamRequestBody, UpstreamResponseBody,
+};
 
 /// Header marking shadow copies to the backend.
 pub const SHADOW_HEADER: &str = "x-inferscope-shadow";

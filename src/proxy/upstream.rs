@@ -2,26 +2,24 @@
 //! driven by the task that uses it rather than by a task of its own; and, for backends with
 //! `http2: true`, multiplexed HTTP/2 connections (`h2`).
 //!
-//! Why not hyper-util's pooled client for HTTP/1: it runs every connection as a separate task that
-//! hands the response body over a one-slot channel, one decoded chunk at a time. The task
-//! forwarding to the client then wakes once per chunk and, finding the channel empty again,
-//! flushes after every chunk: when a backend writes chunks back to back (a burst after a stall,
-//! speculative decoding, a fast small model), one upstream read of 64 chunks became 64 downstream
-//! writes, twice the CPU per request of nginx (BENCHMARKS.md, "End-to-end"). Here the response
-//! body polls its own connection, so every chunk already in the read buffer is decoded and handed
-//! to the server connection in the same turn, and the server writes them together — without
-//! holding any chunk back: a chunk that arrives alone is written alone, at once. It also saves the
-//! task switch per chunk between the two tasks.
+//! HTTP/1.1 is spoken by a client of the gateway's own (`h1`): a connection is its socket and
+//! one small read buffer, and the response body decodes straight from that buffer, so every chunk
+//! already read is handed to the server connection in the same turn and written with the others
+//! — without holding any chunk back: a chunk that arrives alone is written alone, at once.
+//! (hyper-util's pooled client ran every connection as a task of its own that handed the body
+//! over a one-slot channel, one decoded chunk at a time: one upstream read of 64 chunks became
+//! 64 downstream writes, BENCHMARKS.md "End-to-end"; hyper's own client connection, driven
+//! inline, still kept three buffers of 8–12 KB per connection, BENCHMARKS.md change 5.)
 //!
 //! Pool behaviour: an idle connection is checked when it is taken (closed by the backend, expired,
-//! not ready: dropped) and by a sweep every few seconds, so connections closed by the backend do not
-//! linger. A request that the backend never saw because its pooled connection had just closed is
-//! sent again on a new connection. The same holds for HTTP/2 connections (`h2`), which a backend
-//! closes with GOAWAY.
+//! bytes nobody asked for: dropped) and by a sweep every few seconds, so connections closed by the
+//! backend do not linger. The same holds for HTTP/2 connections (`h2`), which a backend closes
+//! with GOAWAY; a request given back by a closing HTTP/2 connection is sent again on another.
 //!
 //! HTTP/2 is spoken with prior knowledge over `http://` (h2c) and offered by ALPN over `https://`;
 //! a TLS backend that picks HTTP/1.1 gets HTTP/1.1 from then on.
 
+pub mod h1;
 mod h2;
 
 use crate::tls::{ClientTls, Stream};
@@ -30,26 +28,19 @@ use http::uri::{Authority, PathAndQuery};
 use http::{header, HeaderValue, Request, Response, Uri, Version};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
-use hyper::client::conn::http1::{self, Connection, SendRequest};
-use hyper_util::rt::TokioIo;
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Weak};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// Body sent upstream. The streamed kind is boxed: hyper's HTTP/1.1 client queues requests in
-/// a channel whose first block (32 requests) every connection allocates when it opens, so each
-/// byte of this type costs 32 per upstream connection (with the streamed body inline: 11.8 KB a
-/// connection, the largest single allocation of an open stream).
+/// Body sent upstream: whole (inference requests, read for inspection) or streamed (uploads).
+/// The streamed kind is boxed, so the common whole kind stays small.
 pub type UpstreamRequestBody =
     http_body_util::Either<http_body_util::Full<Bytes>, Box<super::body::PacedBody<Incoming>>>;
-
-type Conn = Connection<TokioIo<Stream>, UpstreamRequestBody>;
 
 /// Connections are pooled per authority and TLS configuration (one backend's client
 /// certificate or CA is not another's).
@@ -65,9 +56,12 @@ pub enum UpstreamError {
     /// No connection could be made (refused, unreachable, DNS, connect timeout).
     #[error("connect: {0}")]
     Connect(std::io::Error),
-    /// The connection failed while sending the request or waiting for the response head.
+    /// An HTTP/2 connection failed while sending the request or waiting for the response head.
     #[error(transparent)]
     Http(#[from] hyper::Error),
+    /// An HTTP/1.1 connection failed while sending the request or waiting for the response head.
+    #[error("{0}")]
+    H1(#[source] h1::Error),
     /// The request URI has no authority, names a scheme other than `http` or `https`, or `https`
     /// without a TLS configuration.
     #[error("upstream URI needs http://host[:port] or https://host[:port] with TLS")]
@@ -81,33 +75,11 @@ impl UpstreamError {
     }
 }
 
+/// An idle HTTP/1.1 connection in the pool.
 struct Idle {
-    sender: SendRequest<UpstreamRequestBody>,
-    conn: Conn,
+    conn: h1::Conn<Stream>,
     since: Instant,
     rx: Arc<AtomicU64>,
-}
-
-/// A live connection checked out of the pool (or new).
-struct Driver {
-    sender: SendRequest<UpstreamRequestBody>,
-    /// `None` once the connection future finished (closed or failed).
-    conn: Option<Conn>,
-    key: Key,
-    pool: Weak<Pool>,
-    /// The socket's latest kernel receive stamp.
-    rx: Arc<AtomicU64>,
-}
-
-impl Driver {
-    /// Drives the connection's I/O; notes when it has finished.
-    fn poll_conn(&mut self, cx: &mut Context<'_>) {
-        if let Some(conn) = self.conn.as_mut() {
-            if Pin::new(conn).poll(cx).is_ready() {
-                self.conn = None;
-            }
-        }
-    }
 }
 
 #[derive(Default)]
@@ -124,17 +96,10 @@ impl Pool {
     }
 }
 
-/// Polls an idle connection once without a waker: lets it read a close from the backend and
-/// become ready for the next request. `false`: it is of no further use.
+/// An idle connection that expired, was closed by the backend or received bytes nobody asked for
+/// is of no further use.
 fn still_usable(idle: &mut Idle, idle_timeout: Duration) -> bool {
-    if idle.since.elapsed() >= idle_timeout {
-        return false;
-    }
-    let mut cx = Context::from_waker(Waker::noop());
-    if Pin::new(&mut idle.conn).poll(&mut cx).is_ready() {
-        return false;
-    }
-    !idle.sender.is_closed()
+    idle.since.elapsed() < idle_timeout && idle.conn.is_usable()
 }
 
 /// The pooled upstream client. Cheap to clone; clones share the pool.
@@ -215,34 +180,29 @@ impl UpstreamClient {
                 req.headers_mut().insert(header::HOST, v);
             }
         }
-        loop {
-            let (mut driver, reused) = match self.checkout(&key) {
-                Some(d) => (d, true),
-                None => (self.connect(&key, tls).await?, false),
-            };
-            let sent = driver.sender.try_send_request(req);
-            tokio::pin!(sent);
-            let head = std::future::poll_fn(|cx| {
-                driver.poll_conn(cx);
-                sent.as_mut().poll(cx)
-            })
-            .await;
-            match head {
-                Ok(resp) => {
-                    return Ok(resp.map(|incoming| UpstreamResponseBody {
-                        incoming,
-                        link: Some(Link::H1(driver)),
-                    }))
-                }
-                // A pooled connection that closed before it took the request: the backend never
-                // saw it, so it goes again on another connection (pooled or new).
-                Err(mut e) if reused => match e.take_message() {
-                    Some(back) => req = back,
-                    None => return Err(UpstreamError::Http(e.into_error())),
-                },
-                Err(e) => return Err(tls_refusal(e.into_error())),
-            }
-        }
+        let (conn, rx) = match self.checkout(&key) {
+            Some(c) => c,
+            None => self.connect(&key, tls).await?,
+        };
+        let resp = conn.send(req).await.map_err(h1_failure)?;
+        let (parts, body) = resp.into_parts();
+        let h1 = H1 {
+            body,
+            key,
+            pool: Arc::downgrade(&self.pool),
+        };
+        // No body to read (HEAD, 204, Content-Length: 0): nobody polls it, so the connection
+        // goes back now.
+        let link = if h1.body.is_end_stream() {
+            h1.release();
+            None
+        } else {
+            Some(Link::H1(h1))
+        };
+        Ok(Response::from_parts(
+            parts,
+            UpstreamResponseBody { link, rx: Some(rx) },
+        ))
     }
 
     /// `request` over HTTP/2; the request back when the backend chose HTTP/1.1 by ALPN.
@@ -281,10 +241,14 @@ impl UpstreamClient {
             };
             match slot.sender().try_send_request(req).await {
                 Ok(resp) => {
+                    let rx = Some(Arc::clone(slot.rx()));
                     return Ok(Ok(resp.map(|incoming| UpstreamResponseBody {
-                        incoming,
-                        link: Some(Link::H2(slot)),
-                    })))
+                        link: Some(Link::H2 {
+                            incoming,
+                            _slot: slot,
+                        }),
+                        rx,
+                    })));
                 }
                 Err(mut e) => match e.take_message() {
                     Some(back) if std::mem::take(&mut again) => {
@@ -310,51 +274,27 @@ impl UpstreamClient {
             let streams = self.pool.h2.known_limit(key);
             return h2::handshake(stream, key.clone(), streams).await.map(Some);
         }
-        let driver = self.handshake_h1(key, stream).await.map_err(|e| match e {
-            UpstreamError::Connect(e) => failed(e),
-            e => (std::io::ErrorKind::Other, e.to_string()),
-        })?;
         self.pool.h1_only.lock().insert(key.clone());
-        let Driver {
-            sender, conn, rx, ..
-        } = driver;
-        if let Some(conn) = conn {
-            self.pool.lock().entry(key.clone()).or_default().push(Idle {
-                sender,
-                conn,
-                since: Instant::now(),
-                rx,
-            });
-        }
+        let rx = stream.rx_cell();
+        self.pool.lock().entry(key.clone()).or_default().push(Idle {
+            conn: h1::Conn::new(stream),
+            since: Instant::now(),
+            rx,
+        });
         Ok(None)
     }
 
-    fn checkout(&self, key: &Key) -> Option<Driver> {
+    /// The most recently used idle connection that can carry a request (its socket and buffer
+    /// are the warmest); those that cannot are dropped on the way.
+    fn checkout(&self, key: &Key) -> Option<(h1::Conn<Stream>, Arc<AtomicU64>)> {
         let mut pool = self.pool.lock();
         let list = pool.get_mut(key)?;
-        // Alive but not yet asking for a request (the end of its last response is still being
-        // processed): kept, not closed; it goes back after the search.
-        let mut busy = Vec::new();
-        let mut found = None;
-        // Most recently used first: its socket and buffers are the warmest.
         while let Some(mut idle) = list.pop() {
-            if !still_usable(&mut idle, self.idle_timeout) {
-                continue;
+            if still_usable(&mut idle, self.idle_timeout) {
+                return Some((idle.conn, idle.rx));
             }
-            if idle.sender.is_ready() {
-                found = Some(Driver {
-                    sender: idle.sender,
-                    conn: Some(idle.conn),
-                    key: key.clone(),
-                    pool: Arc::downgrade(&self.pool),
-                    rx: idle.rx,
-                });
-                break;
-            }
-            busy.push(idle);
         }
-        list.extend(busy);
-        found
+        None
     }
 
     /// A TCP (and TLS) connection to the backend.
@@ -375,24 +315,10 @@ impl UpstreamClient {
         &self,
         key: &Key,
         tls: Option<&Arc<ClientTls>>,
-    ) -> Result<Driver, UpstreamError> {
+    ) -> Result<(h1::Conn<Stream>, Arc<AtomicU64>), UpstreamError> {
         let stream = self.open(key, tls).await.map_err(UpstreamError::Connect)?;
-        self.handshake_h1(key, stream).await
-    }
-
-    async fn handshake_h1(&self, key: &Key, stream: Stream) -> Result<Driver, UpstreamError> {
         let rx = stream.rx_cell();
-        let (sender, conn) = http1::Builder::new()
-            .handshake(TokioIo::new(stream))
-            .await
-            .map_err(UpstreamError::Http)?;
-        Ok(Driver {
-            sender,
-            conn: Some(conn),
-            key: key.clone(),
-            pool: Arc::downgrade(&self.pool),
-            rx,
-        })
+        Ok((h1::Conn::new(stream), rx))
     }
 }
 
@@ -400,13 +326,26 @@ impl UpstreamClient {
 /// client certificate after the client considers the handshake done): the request never reached
 /// it, so it is a connect failure (failover applies), not a failed request.
 fn tls_refusal(e: hyper::Error) -> UpstreamError {
-    match crate::util::errors::find::<rustls::Error>(&e) {
-        Some(tls) => UpstreamError::Connect(std::io::Error::new(
-            std::io::ErrorKind::ConnectionRefused,
-            format!("TLS: {tls}"),
-        )),
+    match refused_by_tls(&e) {
+        Some(c) => c,
         None => UpstreamError::Http(e),
     }
+}
+
+/// `tls_refusal` for an HTTP/1.1 connection's failure.
+fn h1_failure(e: h1::Error) -> UpstreamError {
+    match refused_by_tls(&e) {
+        Some(c) => c,
+        None => UpstreamError::H1(e),
+    }
+}
+
+fn refused_by_tls(e: &(dyn std::error::Error + 'static)) -> Option<UpstreamError> {
+    let tls = crate::util::errors::find::<rustls::Error>(e)?;
+    Some(UpstreamError::Connect(std::io::Error::new(
+        std::io::ErrorKind::ConnectionRefused,
+        format!("TLS: {tls}"),
+    )))
 }
 
 /// Every few seconds, drops idle connections that expired or that the backend closed.
@@ -424,23 +363,63 @@ async fn sweep(pool: Weak<Pool>, idle_timeout: Duration) {
     }
 }
 
-/// Whose connection a response came on. (The HTTP/1 driver stays inline: boxing it would cost an
-/// allocation per request on the common path, to shrink a value that is built once and moved
+/// A response body being read from a pooled HTTP/1.1 connection, and where the connection goes
+/// back.
+struct H1 {
+    body: h1::ResponseBody<Stream>,
+    key: Key,
+    pool: Weak<Pool>,
+}
+
+impl H1 {
+    /// The body has ended: the connection goes back to the pool when it can carry another
+    /// request.
+    fn release(self) {
+        let (Some(pool), Some(rx)) = (self.pool.upgrade(), self.body.io().map(Stream::rx_cell))
+        else {
+            return;
+        };
+        if let Some(conn) = self.body.into_idle() {
+            pool.lock().entry(self.key).or_default().push(Idle {
+                conn,
+                since: Instant::now(),
+                rx,
+            });
+        }
+    }
+}
+
+/// Whose connection a response came on. (The HTTP/1.1 body stays inline: boxing it would cost
+/// an allocation per request on the common path, to shrink a value that is built once and moved
 /// little.)
 #[allow(clippy::large_enum_variant)]
 enum Link {
-    /// An HTTP/1 connection, driven by the body.
-    H1(Driver),
-    /// A stream of a shared HTTP/2 connection.
-    H2(h2::Slot),
+    /// An HTTP/1.1 connection, read by the body.
+    H1(H1),
+    /// A stream of a shared HTTP/2 connection (the slot, held until the body ends, counts the
+    /// stream against the connection's limit).
+    H2 { incoming: Incoming, _slot: h2::Slot },
 }
 
-/// A response body. Over HTTP/1 it drives its own upstream connection; at its end the connection
-/// returns to the pool, dropped early it closes the connection (the backend stops generating).
-/// Over HTTP/2, dropped early it resets its stream (RST_STREAM, CANCEL: the same for the backend).
+/// Why a response body failed.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamBodyError {
+    /// Its HTTP/1.1 connection failed or the backend broke the message.
+    #[error("{0}")]
+    H1(#[source] h1::Error),
+    /// Its HTTP/2 stream or connection failed.
+    #[error("{0}")]
+    H2(#[source] hyper::Error),
+}
+
+/// A response body. Over HTTP/1.1 it reads its own upstream connection; at its end the
+/// connection returns to the pool, dropped early it closes the connection (the backend stops
+/// generating). Over HTTP/2, dropped early it resets its stream (RST_STREAM, CANCEL: the same for
+/// the backend).
 pub struct UpstreamResponseBody {
-    incoming: Incoming,
+    /// `None` once the body has ended (or failed).
     link: Option<Link>,
+    rx: Option<Arc<AtomicU64>>,
 }
 
 impl std::fmt::Debug for UpstreamResponseBody {
@@ -454,70 +433,66 @@ impl UpstreamResponseBody {
     /// The connection's latest kernel receive stamp (`clock::pack`), for the meter.
     /// Over HTTP/2 the latest read may have brought another stream's frames.
     pub fn rx_cell(&self) -> Option<Arc<AtomicU64>> {
-        match self.link.as_ref()? {
-            Link::H1(d) => Some(Arc::clone(&d.rx)),
-            Link::H2(s) => Some(Arc::clone(s.rx())),
-        }
+        self.rx.clone()
     }
 
     /// The HTTP version the response came over.
     pub fn is_h2(&self) -> bool {
-        matches!(self.link, Some(Link::H2(_)))
-    }
-
-    fn release(&mut self) {
-        let Some(Link::H1(mut d)) = self.link.take() else {
-            return;
-        };
-        let Some(mut conn) = d.conn.take() else {
-            return;
-        };
-        // Let the connection finish the message and ask for the next request.
-        let mut cx = Context::from_waker(Waker::noop());
-        if Pin::new(&mut conn).poll(&mut cx).is_ready() || d.sender.is_closed() {
-            return;
-        }
-        if let Some(pool) = d.pool.upgrade() {
-            pool.lock().entry(d.key).or_default().push(Idle {
-                sender: d.sender,
-                conn,
-                since: Instant::now(),
-                rx: d.rx,
-            });
-        }
+        matches!(self.link, Some(Link::H2 { .. }))
     }
 }
 
 impl Body for UpstreamResponseBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = UpstreamBodyError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, UpstreamBodyError>>> {
         let this = &mut *self;
-        if let Some(Link::H1(d)) = this.link.as_mut() {
-            d.poll_conn(cx);
-        }
-        let next = Pin::new(&mut this.incoming).poll_frame(cx);
-        match &next {
+        let next = match this.link.as_mut() {
+            None => return Poll::Ready(None),
+            Some(Link::H1(h1)) => Pin::new(&mut h1.body)
+                .poll_frame(cx)
+                .map_err(UpstreamBodyError::H1),
+            Some(Link::H2 { incoming, .. }) => Pin::new(incoming)
+                .poll_frame(cx)
+                .map_err(UpstreamBodyError::H2),
+        };
+        let ended = match &next {
             // The end; or the last bytes of a sized body, after which the server connection
             // stops polling (it asks `is_end_stream`).
-            Poll::Ready(None) => this.release(),
-            Poll::Ready(Some(Ok(_))) if this.incoming.is_end_stream() => this.release(),
+            Poll::Ready(None) => true,
+            Poll::Ready(Some(Ok(_))) => this.is_end_stream(),
             // A broken connection is not pooled (over HTTP/2 only the stream broke).
-            Poll::Ready(Some(Err(_))) => this.link = None,
-            _ => {}
+            Poll::Ready(Some(Err(_))) => {
+                this.link = None;
+                false
+            }
+            Poll::Pending => false,
+        };
+        if ended {
+            if let Some(Link::H1(h1)) = this.link.take() {
+                h1.release();
+            }
         }
         next
     }
 
     fn is_end_stream(&self) -> bool {
-        self.incoming.is_end_stream()
+        match &self.link {
+            None => true,
+            Some(Link::H1(h1)) => h1.body.is_end_stream(),
+            Some(Link::H2 { incoming, .. }) => incoming.is_end_stream(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.incoming.size_hint()
+        match &self.link {
+            None => SizeHint::with_exact(0),
+            Some(Link::H1(h1)) => h1.body.size_hint(),
+            Some(Link::H2 { incoming, .. }) => incoming.size_hint(),
+        }
     }
 }
