@@ -1,6 +1,8 @@
 //! The JSONL access log: one line per request — failed, rejected and cancelled ones too — written
-//! by one task fed through a bounded channel. The data path never waits on it: when the channel
-//! is full the record is dropped and counted (`inferscope_access_log_dropped_total`).
+//! by one task fed through a bounded queue. The data path never waits on it: when the queue is
+//! full the record is dropped and counted (`inferscope_access_log_dropped_total`). Nor does it
+//! wake the writer for each record: the first record of a batch does (its `FLUSH_EVERY` clock
+//! starts), and so does a queue `WAKE_AT` long; the writer takes the whole batch at once.
 //!
 //! Lines are gathered in a buffer and reach the file within `FLUSH_EVERY` (and at shutdown, on
 //! `flush`, and when 64 KiB are waiting), in one write on Tokio's blocking pool. The file only
@@ -28,6 +30,9 @@ pub const FLUSH_EVERY: Duration = Duration::from_millis(100);
 /// Buffered bytes that trigger a write before the tick.
 const WRITE_AT: usize = 64 << 10;
 
+/// Records waiting that wake the writer before its tick.
+const WAKE_AT: usize = 256;
+
 /// Most bytes kept while writes fail; beyond it the oldest lines are lost (and counted).
 pub const MAX_PENDING: usize = 8 << 20;
 
@@ -43,16 +48,28 @@ pub struct Rotation {
     pub keep: usize,
 }
 
+/// What the writer is asked besides writing records.
 enum Msg {
-    Record(Arc<RequestRecord>),
     Flush(oneshot::Sender<()>),
     Reopen,
     Close(oneshot::Sender<()>),
 }
 
+/// Records waiting for the writer: pushed under a short lock, taken by the writer a batch at
+/// a time.
+#[derive(Debug)]
+struct Queue {
+    records: parking_lot::Mutex<Vec<Arc<RequestRecord>>>,
+    capacity: usize,
+    /// Closed: records are dropped (and counted).
+    closed: std::sync::atomic::AtomicBool,
+    wake: tokio::sync::Notify,
+}
+
 /// Sending side of the access log. Cheap to call from the data path.
 #[derive(Debug)]
 pub struct AccessLog {
+    queue: Option<Arc<Queue>>,
     tx: Option<mpsc::Sender<Msg>>,
     counters: Arc<Counters>,
 }
@@ -76,6 +93,7 @@ impl AccessLog {
     /// A log that records nothing (no `access_log` configured).
     pub fn disabled() -> Self {
         Self {
+            queue: None,
             tx: None,
             counters: Arc::default(),
         }
@@ -107,10 +125,22 @@ impl AccessLog {
                 rotation,
             }
         };
-        let (tx, rx) = mpsc::channel(capacity.max(1));
+        let (tx, rx) = mpsc::channel(4);
         let counters = Arc::<Counters>::default();
-        tokio::spawn(write_loop(rx, sink, Arc::clone(&counters)));
+        let queue = Arc::new(Queue {
+            records: parking_lot::Mutex::new(Vec::new()),
+            capacity: capacity.max(1),
+            closed: std::sync::atomic::AtomicBool::new(false),
+            wake: tokio::sync::Notify::new(),
+        });
+        tokio::spawn(write_loop(
+            Arc::clone(&queue),
+            rx,
+            sink,
+            Arc::clone(&counters),
+        ));
         Ok(Self {
+            queue: Some(queue),
             tx: Some(tx),
             counters,
         })
@@ -118,10 +148,19 @@ impl AccessLog {
 
     /// Queues one record; never waits. A full queue drops it and counts the drop.
     pub fn send(&self, rec: Arc<RequestRecord>) {
-        if let Some(tx) = &self.tx {
-            if tx.try_send(Msg::Record(rec)).is_err() {
-                self.counters.dropped.fetch_add(1, Ordering::Relaxed);
-            }
+        let Some(q) = &self.queue else { return };
+        let mut records = q.records.lock();
+        if records.len() >= q.capacity || q.closed.load(Ordering::Relaxed) {
+            drop(records);
+            self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        records.push(rec);
+        let n = records.len();
+        drop(records);
+        // The first record starts the batch's clock; a long queue is taken before it.
+        if n == 1 || n == WAKE_AT.min(q.capacity) {
+            q.wake.notify_one();
         }
     }
 
@@ -367,67 +406,91 @@ fn rotate_files(path: &Path, keep: usize) -> std::io::Result<()> {
     std::fs::rename(path, numbered(1))
 }
 
-async fn write_loop(mut rx: mpsc::Receiver<Msg>, mut sink: Sink, counters: Arc<Counters>) {
+/// Serializes every queued record into `pending`.
+fn take_batch(
+    queue: &Queue,
+    batch: &mut Vec<Arc<RequestRecord>>,
+    line: &mut Vec<u8>,
+    pending: &mut Pending,
+) {
+    std::mem::swap(&mut *queue.records.lock(), batch);
+    for rec in batch.drain(..) {
+        line.clear();
+        if serde_json::to_writer(&mut *line, &LogLine::from(&*rec)).is_ok() {
+            line.push(b'\n');
+            pending.push_line(line);
+        }
+    }
+}
+
+async fn write_loop(
+    queue: Arc<Queue>,
+    mut rx: mpsc::Receiver<Msg>,
+    mut sink: Sink,
+    counters: Arc<Counters>,
+) {
     let mut line = Vec::with_capacity(1024);
+    let mut batch = Vec::new();
     let mut pending = Pending::default();
     let mut spare = Vec::with_capacity(WRITE_AT * 2);
     let mut errors = crate::util::errors::Sparse::every(Duration::from_secs(10));
-    // Lines reach the file when enough are waiting or `FLUSH_EVERY` after they were queued, not
-    // one write per request: at thousands of requests per second a write (and a hop through
-    // Tokio's blocking pool) per line cost more CPU than proxying the request.
-    let mut tick = tokio::time::interval(FLUSH_EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut write_now;
+    // Lines reach the file when enough are waiting or `FLUSH_EVERY` after the first of them was
+    // queued, not one write per request: at thousands of requests per second a write (and a
+    // hop through Tokio's blocking pool) per line cost more CPU than proxying the request.
+    let mut due: Option<tokio::time::Instant> = None;
     let mut closed = None;
     loop {
-        let msg = tokio::select! {
-            msg = rx.recv() => msg,
-            _ = tick.tick(), if !pending.ends.is_empty() => {
-                write_out(&mut sink, &mut pending, &mut spare, &counters, &mut errors).await;
-                continue;
+        let tick = async {
+            match due {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
             }
         };
-        write_now = false;
-        match msg {
-            None => break,
-            Some(Msg::Close(ack)) => {
-                closed = Some(ack);
-                break;
+        tokio::select! {
+            () = queue.wake.notified() => {
+                if queue.records.lock().len() >= WAKE_AT.min(queue.capacity) {
+                    take_batch(&queue, &mut batch, &mut line, &mut pending);
+                    if pending.bytes.len() >= WRITE_AT {
+                        write_out(&mut sink, &mut pending, &mut spare, &counters, &mut errors).await;
+                    }
+                }
+                due.get_or_insert_with(|| tokio::time::Instant::now() + FLUSH_EVERY);
             }
-            Some(Msg::Record(rec)) => {
-                line.clear();
-                if serde_json::to_writer(&mut line, &LogLine::from(&*rec)).is_ok() {
-                    line.push(b'\n');
-                    pending.push_line(&line);
-                    write_now = pending.bytes.len() >= WRITE_AT;
+            () = tick => {
+                take_batch(&queue, &mut batch, &mut line, &mut pending);
+                write_out(&mut sink, &mut pending, &mut spare, &counters, &mut errors).await;
+                // Lines a failed write kept are tried again a tick later.
+                due = (!pending.ends.is_empty()).then(|| tokio::time::Instant::now() + FLUSH_EVERY);
+            }
+            msg = rx.recv() => match msg {
+                None => break,
+                Some(Msg::Close(ack)) => {
+                    closed = Some(ack);
+                    break;
+                }
+                Some(Msg::Flush(ack)) => {
+                    take_batch(&queue, &mut batch, &mut line, &mut pending);
+                    write_out(&mut sink, &mut pending, &mut spare, &counters, &mut errors).await;
+                    let _ = ack.send(());
+                }
+                Some(Msg::Reopen) => {
+                    take_batch(&queue, &mut batch, &mut line, &mut pending);
+                    write_out(&mut sink, &mut pending, &mut spare, &counters, &mut errors).await;
+                    sink.reopen();
+                    counters.rotations.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!("access log reopened");
                 }
             }
-            Some(Msg::Flush(ack)) => {
-                write_out(&mut sink, &mut pending, &mut spare, &counters, &mut errors).await;
-                let _ = ack.send(());
-            }
-            Some(Msg::Reopen) => {
-                write_out(&mut sink, &mut pending, &mut spare, &counters, &mut errors).await;
-                sink.reopen();
-                counters.rotations.fetch_add(1, Ordering::Relaxed);
-                tracing::info!("access log reopened");
-            }
-        }
-        if write_now {
-            write_out(&mut sink, &mut pending, &mut spare, &counters, &mut errors).await;
         }
     }
-    // Closing: whatever is queued, then a last attempt.
+    // Closing: whatever is queued, then a last attempt; records sent from now on are dropped.
+    // Under the queue's lock: a record is either queued before (and taken below) or dropped.
+    {
+        let _records = queue.records.lock();
+        queue.closed.store(true, Ordering::Relaxed);
+    }
     rx.close();
-    while let Some(msg) = rx.recv().await {
-        if let Msg::Record(rec) = msg {
-            line.clear();
-            if serde_json::to_writer(&mut line, &LogLine::from(&*rec)).is_ok() {
-                line.push(b'\n');
-                pending.push_line(&line);
-            }
-        }
-    }
+    take_batch(&queue, &mut batch, &mut line, &mut pending);
     write_out(&mut sink, &mut pending, &mut spare, &counters, &mut errors).await;
     let left = pending.ends.len() as u64;
     if left > 0 {
