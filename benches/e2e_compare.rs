@@ -29,7 +29,10 @@
 //! (`pip install vllm-router smg tensorzero`, on `PATH`; `ROUTER_PYTHON` is the Python that has
 //! `tensorzero`), one Tokio worker each on the proxies' core), `PIN`
 //! (1), `PROXY_BIN` (another inferscope build as the proxy under test; the simulator and client
-//! stay this build's)). Writes the table to stdout and everything to `target/e2e_compare.json`.
+//! stay this build's), `PROXY_CORES` (`0`: the cores the proxies are pinned to, e.g. `0,1` to
+//! give them both while the client and simulator keep core 1) and `PROXY_WORKERS` (1: Tokio
+//! worker threads of inferscope and the routers, nginx worker processes)). Writes the table to
+//! stdout and everything to `target/e2e_compare.json`.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
 use serde_json::{json, Value};
@@ -63,15 +66,26 @@ fn wait_port(port: u16) {
     }
 }
 
-/// A command pinned to `core` (when pinning is on).
+/// A command pinned to `core` (when pinning is on); the proxies' core 0 stands for the cores
+/// `PROXY_CORES` names (default `0`).
 fn pinned(core: u32, program: &str) -> Command {
     if env_or("PIN", "1") == "1" {
+        let cores = if core == 0 {
+            env_or("PROXY_CORES", "0")
+        } else {
+            core.to_string()
+        };
         let mut c = Command::new("taskset");
-        c.args(["-c", &core.to_string(), program]);
+        c.args(["-c", &cores, program]);
         c
     } else {
         Command::new(program)
     }
+}
+
+/// Worker threads (Tokio) or processes (nginx) each proxy runs: `PROXY_WORKERS` (1).
+fn proxy_workers() -> String {
+    env_or("PROXY_WORKERS", "1")
 }
 
 struct Proc {
@@ -232,7 +246,7 @@ fn inferscope(dir: &Path, upstream: u16, t: Target) -> (Proc, u16) {
         .arg("--config")
         .arg(&cfg)
         // One core, one worker: the same share nginx gets with one worker process.
-        .env("TOKIO_WORKER_THREADS", "1")
+        .env("TOKIO_WORKER_THREADS", proxy_workers())
         .env("RUST_LOG", "warn");
     (start(cmd, port), port)
 }
@@ -246,7 +260,7 @@ fn router(dir: &Path, upstream: u16, t: Target) -> (Proc, u16) {
     let (port, metrics) = (free_port(), free_port());
     let worker = format!("http://127.0.0.1:{upstream}");
     let common = |c: &mut Command| {
-        c.env("TOKIO_WORKER_THREADS", "1")
+        c.env("TOKIO_WORKER_THREADS", proxy_workers())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
     };
@@ -372,7 +386,7 @@ fn nginx(dir: &Path, upstream: u16) -> (Proc, u16, u16) {
     let d = dir.join("nginx");
     std::fs::create_dir_all(d.join("tmp")).unwrap();
     let conf = format!(
-        r#"worker_processes 1;
+        r#"worker_processes {workers};
 daemon off;
 pid {d}/nginx.pid;
 error_log {d}/error.log warn;
@@ -407,7 +421,8 @@ http {{
     }}
 }}
 "#,
-        d = d.display()
+        d = d.display(),
+        workers = proxy_workers()
     );
     let path = d.join("nginx.conf");
     std::fs::write(&path, conf).unwrap();
