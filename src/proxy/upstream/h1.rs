@@ -174,6 +174,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Conn<T> {
         let (mut parts, body) = req.into_parts();
         let mut sender = Sender::new(&mut parts, body);
         let head_only = parts.method == Method::HEAD;
+        // A head is looked for in what the buffer holds, then again only after bytes are added.
+        let mut fresh = !self.read.data().is_empty();
         let parsed = std::future::poll_fn(|cx| loop {
             let mut moved = false;
             if !sender.done {
@@ -183,12 +185,17 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Conn<T> {
                     Poll::Pending => {}
                 }
             }
-            if let Some(head) = parse_head(&mut self.read, head_only)? {
-                return Poll::Ready(Ok(head));
+            if std::mem::take(&mut fresh) {
+                if let Some(head) = parse_head(&mut self.read, head_only)? {
+                    return Poll::Ready(Ok(head));
+                }
             }
             match self.read.poll_fill(&mut self.io, cx) {
                 Poll::Ready(Ok(0)) => return Poll::Ready(Err(Error::Closed)),
-                Poll::Ready(Ok(_)) => moved = true,
+                Poll::Ready(Ok(_)) => {
+                    fresh = true;
+                    moved = true;
+                }
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(Error::Io(e))),
                 Poll::Pending => {}
             }
@@ -475,80 +482,162 @@ struct Parsed {
     keep_alive: bool,
 }
 
-/// Parses a response head at the start of the buffer (skipping 1xx heads other than 101):
-/// `None` until it is complete.
-fn parse_head(read: &mut ReadBuffer, head_only: bool) -> Result<Option<Parsed>, Error> {
-    loop {
-        let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+/// Where a head's status line ends and its fields lie: httparse's reading, with room for `N`
+/// fields.
+struct Found<const N: usize> {
+    len: usize,
+    code: u16,
+    http10: bool,
+    reason: Option<hyper::ext::ReasonPhrase>,
+    /// Name start and end, value start and end, of each field.
+    at: [(usize, usize, usize, usize); N],
+    n: usize,
+}
+
+impl<const N: usize> Found<N> {
+    /// The head at the start of `data`: `None` while incomplete.
+    fn read(data: &[u8]) -> Result<Option<Self>, httparse::Error> {
+        let mut fields = [httparse::EMPTY_HEADER; N];
         let mut res = httparse::Response::new(&mut fields);
-        let data = read.data();
-        let len = match res.parse(data) {
-            Ok(httparse::Status::Complete(len)) => len,
-            Ok(httparse::Status::Partial) if data.len() > MAX_HEAD_BYTES => {
-                return Err(Error::HeadTooLarge)
-            }
-            Ok(httparse::Status::Partial) => return Ok(None),
-            Err(e) => return Err(Error::Parse(parse_error(e))),
+        let len = match res.parse(data)? {
+            httparse::Status::Complete(len) => len,
+            httparse::Status::Partial => return Ok(None),
         };
-        if len > MAX_HEAD_BYTES {
-            return Err(Error::HeadTooLarge);
-        }
         let code = res.code.unwrap_or(0);
-        let status = StatusCode::from_u16(code).map_err(|_| Error::Parse("invalid status"))?;
-        if matches!(code, 100 | 102..=199) {
-            read.consume(len);
-            continue;
-        }
-        let http10 = res.version == Some(0);
-        let reason = res.reason.filter(|r| Some(*r) != status.canonical_reason());
-        let reason = reason.and_then(|r| hyper::ext::ReasonPhrase::try_from(r.as_bytes()).ok());
-        // Where each field lies in the head, so its value can be a slice of it.
+        let canonical = StatusCode::from_u16(code)
+            .ok()
+            .and_then(|s| s.canonical_reason());
+        let reason = res
+            .reason
+            .filter(|r| Some(*r) != canonical)
+            .and_then(|r| hyper::ext::ReasonPhrase::try_from(r.as_bytes()).ok());
         let base = data.as_ptr() as usize;
-        let mut at = [(0usize, 0usize, 0usize, 0usize); MAX_HEADERS];
-        let n = res.headers.len();
+        let mut at = [(0, 0, 0, 0); N];
         for (slot, h) in at.iter_mut().zip(res.headers.iter()) {
             let name = h.name.as_ptr() as usize - base;
             let value = h.value.as_ptr() as usize - base;
             *slot = (name, name + h.name.len(), value, value + h.value.len());
         }
-        let head = read.take(len);
-        let mut headers = HeaderMap::with_capacity(n);
-        let mut keep_alive = !http10;
-        let mut close = false;
-        for &(n0, n1, v0, v1) in &at[..n] {
-            let name = HeaderName::from_bytes(&head[n0..n1])
-                .map_err(|_| Error::Parse("invalid header name"))?;
-            let value = HeaderValue::from_maybe_shared(head.slice(v0..v1))
-                .map_err(|_| Error::Parse("invalid header value"))?;
-            if name == header::CONNECTION {
-                if close || has_token(&value, "close") {
-                    close = true;
-                    keep_alive = false;
-                } else if !keep_alive && has_token(&value, "keep-alive") {
-                    keep_alive = true;
-                }
-            }
-            headers.append(name, value);
-        }
-        let framing = framing(code, head_only, http10, &headers)?;
-        let mut response = Response::new(());
-        *response.status_mut() = status;
-        *response.version_mut() = if http10 {
-            http::Version::HTTP_10
-        } else {
-            http::Version::HTTP_11
-        };
-        *response.headers_mut() = headers;
-        if let Some(r) = reason {
-            response.extensions_mut().insert(r);
-        }
-        return Ok(Some(Parsed {
-            head: response,
-            framing,
-            // 101: the connection has switched to another protocol.
-            keep_alive: keep_alive && code != 101,
-        }));
+        Ok(Some(Self {
+            len,
+            code,
+            http10: res.version == Some(0),
+            reason,
+            at,
+            n: res.headers.len(),
+        }))
     }
+}
+
+/// Room for the fields of a first reading: most response heads have a handful; one with more
+/// is read again with room for `MAX_HEADERS` (every reading fills its whole table first).
+const FIRST_FIELDS: usize = 16;
+
+/// Parses a response head at the start of the buffer (skipping 1xx heads other than 101):
+/// `None` until it is complete.
+fn parse_head(read: &mut ReadBuffer, head_only: bool) -> Result<Option<Parsed>, Error> {
+    loop {
+        let data = read.data();
+        let avail = data.len();
+        let read_as = match Found::<FIRST_FIELDS>::read(data) {
+            Err(httparse::Error::TooManyHeaders) => match Found::<MAX_HEADERS>::read(data) {
+                Ok(Some(f)) => build(
+                    read,
+                    head_only,
+                    f.len,
+                    f.code,
+                    f.http10,
+                    f.reason,
+                    &f.at[..f.n],
+                ),
+                Ok(None) => Ok(Head::Incomplete),
+                Err(e) => Err(Error::Parse(parse_error(e))),
+            },
+            Ok(Some(f)) => build(
+                read,
+                head_only,
+                f.len,
+                f.code,
+                f.http10,
+                f.reason,
+                &f.at[..f.n],
+            ),
+            Ok(None) => Ok(Head::Incomplete),
+            Err(e) => Err(Error::Parse(parse_error(e))),
+        };
+        match read_as? {
+            Head::Incomplete if avail > MAX_HEAD_BYTES => return Err(Error::HeadTooLarge),
+            Head::Incomplete => return Ok(None),
+            Head::Informational => continue,
+            Head::Final(p) => return Ok(Some(p)),
+        }
+    }
+}
+
+/// What a complete or incomplete head came to.
+enum Head {
+    Incomplete,
+    /// A 1xx head (not 101), consumed.
+    Informational,
+    Final(Parsed),
+}
+
+/// The response of a complete head of `len` bytes whose fields lie at `at`: consumed from the
+/// buffer, its fields slices of it.
+fn build(
+    read: &mut ReadBuffer,
+    head_only: bool,
+    len: usize,
+    code: u16,
+    http10: bool,
+    reason: Option<hyper::ext::ReasonPhrase>,
+    at: &[(usize, usize, usize, usize)],
+) -> Result<Head, Error> {
+    if len > MAX_HEAD_BYTES {
+        return Err(Error::HeadTooLarge);
+    }
+    let status = StatusCode::from_u16(code).map_err(|_| Error::Parse("invalid status"))?;
+    if matches!(code, 100 | 102..=199) {
+        read.consume(len);
+        return Ok(Head::Informational);
+    }
+    let head = read.take(len);
+    let mut headers = HeaderMap::with_capacity(at.len());
+    let mut keep_alive = !http10;
+    let mut close = false;
+    for &(n0, n1, v0, v1) in at {
+        let name = HeaderName::from_bytes(&head[n0..n1])
+            .map_err(|_| Error::Parse("invalid header name"))?;
+        let value = HeaderValue::from_maybe_shared(head.slice(v0..v1))
+            .map_err(|_| Error::Parse("invalid header value"))?;
+        if name == header::CONNECTION {
+            if close || has_token(&value, "close") {
+                close = true;
+                keep_alive = false;
+            } else if !keep_alive && has_token(&value, "keep-alive") {
+                keep_alive = true;
+            }
+        }
+        headers.append(name, value);
+    }
+    let framing = framing(code, head_only, http10, &headers)?;
+    let mut response = Response::new(());
+    *response.status_mut() = status;
+    *response.version_mut() = if http10 {
+        http::Version::HTTP_10
+    } else {
+        http::Version::HTTP_11
+    };
+    *response.headers_mut() = headers;
+    if let Some(r) = reason {
+        response.extensions_mut().insert(r);
+    }
+    Ok(Head::Final(Parsed {
+        head: response,
+        framing,
+        // 101: the connection has switched to another protocol.
+        keep_alive: keep_alive && code != 101,
+    }))
 }
 
 fn parse_error(e: httparse::Error) -> &'static str {
@@ -1207,6 +1296,40 @@ mod tests {
         wire.extend_from_slice(b"content-length: 2\r\n\r\nok");
         let (seen, _) = exchange(get(Method::GET), &wire, &[100, 5000, 9000]).await;
         assert_eq!(ok(&seen), (&b"ok"[..], true));
+    }
+
+    #[tokio::test]
+    async fn heads_with_many_fields_are_read_whole_up_to_the_limit() {
+        // Around the first reading's room and the limit; the last field is the framing, so a
+        // head read with fields missing would lose the body.
+        for n in [
+            FIRST_FIELDS - 1,
+            FIRST_FIELDS,
+            FIRST_FIELDS + 1,
+            MAX_HEADERS,
+        ] {
+            let mut wire = b"HTTP/1.1 200 OK\r\n".to_vec();
+            for i in 0..n - 1 {
+                wire.extend_from_slice(format!("x-field-{i}: {i}\r\n").as_bytes());
+            }
+            wire.extend_from_slice(b"content-length: 2\r\n\r\nok");
+            for cut in [0, 30, wire.len() / 2, wire.len() - 3] {
+                let (seen, _) = exchange(get(Method::GET), &wire, &[cut]).await;
+                let Seen::Response { headers, body, .. } = &seen else {
+                    panic!("{n} fields, cut at {cut}: {seen:?}")
+                };
+                assert_eq!(headers.len(), n, "{n} fields, cut at {cut}");
+                assert_eq!(headers[format!("x-field-{}", n - 2)], (n - 2).to_string());
+                assert_eq!(body, b"ok");
+            }
+        }
+        let mut wire = b"HTTP/1.1 200 OK\r\n".to_vec();
+        for i in 0..=MAX_HEADERS {
+            wire.extend_from_slice(format!("x-field-{i}: {i}\r\n").as_bytes());
+        }
+        wire.extend_from_slice(b"\r\n");
+        let (seen, _) = exchange(get(Method::GET), &wire, &[]).await;
+        assert!(matches!(seen, Seen::HeadFailed(_)), "{seen:?}");
     }
 
     #[tokio::test]
