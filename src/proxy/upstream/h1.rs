@@ -1164,59 +1164,78 @@ mod tests {
 
     #[tokio::test]
     async fn sized_empty_and_close_delimited_bodies() {
-        let (seen, _) = exchange(
-            get(Method::GET),
-            b"HTTP/1.1 200 OK\r\ncontent-length: 5, 5\r\n\r\nhelloEXTRA",
-            &[20],
-        )
-        .await;
-        // Bytes past the message: the body is right, the connection is not reused.
-        assert_eq!(ok(&seen), (&b"hello"[..], false));
-        let (seen, _) = exchange(
-            get(Method::GET),
-            b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello",
-            &[],
-        )
-        .await;
-        assert_eq!(ok(&seen), (&b"hello"[..], true));
-        let (seen, _) = exchange(
-            get(Method::HEAD),
-            b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n",
-            &[],
-        )
-        .await;
-        assert_eq!(ok(&seen), (&b""[..], true));
-        let (seen, _) = exchange(get(Method::GET), b"HTTP/1.1 204 No Content\r\n\r\n", &[]).await;
-        assert_eq!(ok(&seen), (&b""[..], true));
-        let (seen, _) = exchange(
-            get(Method::GET),
-            b"HTTP/1.1 200 OK\r\n\r\nuntil the end",
-            &[19],
-        )
-        .await;
-        assert_eq!(ok(&seen), (&b"until the end"[..], false));
-        // Any other transfer coding last: to the close.
-        let (seen, _) = exchange(
-            get(Method::GET),
-            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked, gzip\r\n\r\n5\r\nhello",
-            &[],
-        )
-        .await;
-        assert_eq!(ok(&seen), (&b"5\r\nhello"[..], false));
-        let (seen, _) = exchange(
-            get(Method::GET),
-            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
-            &[],
-        )
-        .await;
-        assert_eq!(ok(&seen), (&b"ok"[..], false));
-        let (seen, _) = exchange(
-            get(Method::GET),
-            b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\nconnection: keep-alive\r\n\r\nok",
-            &[],
-        )
-        .await;
-        assert_eq!(ok(&seen), (&b"ok"[..], true));
+        /// Request method, response, where it is cut, the body read, whether the connection is
+        /// kept.
+        type Case = (Method, &'static [u8], &'static [usize], &'static [u8], bool);
+        let cases: [Case; 8] = [
+            // Bytes past the message: the body is right, the connection is not reused.
+            (
+                Method::GET,
+                b"HTTP/1.1 200 OK\r\ncontent-length: 5, 5\r\n\r\nhelloEXTRA",
+                &[20],
+                b"hello",
+                false,
+            ),
+            (
+                Method::GET,
+                b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello",
+                &[],
+                b"hello",
+                true,
+            ),
+            (
+                Method::HEAD,
+                b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n",
+                &[],
+                b"",
+                true,
+            ),
+            (
+                Method::GET,
+                b"HTTP/1.1 204 No Content\r\n\r\n",
+                &[],
+                b"",
+                true,
+            ),
+            (
+                Method::GET,
+                b"HTTP/1.1 200 OK\r\n\r\nuntil the end",
+                &[19],
+                b"until the end",
+                false,
+            ),
+            // Any other transfer coding last: to the close.
+            (
+                Method::GET,
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked, gzip\r\n\r\n5\r\nhello",
+                &[],
+                b"5\r\nhello",
+                false,
+            ),
+            (
+                Method::GET,
+                b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
+                &[],
+                b"ok",
+                false,
+            ),
+            (
+                Method::GET,
+                b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\nconnection: keep-alive\r\n\r\nok",
+                &[],
+                b"ok",
+                true,
+            ),
+        ];
+        for (method, wire, cuts, body, reused) in cases {
+            let (seen, _) = exchange(get(method), wire, cuts).await;
+            assert_eq!(
+                ok(&seen),
+                (body, reused),
+                "{:?}",
+                String::from_utf8_lossy(wire)
+            );
+        }
     }
 
     #[tokio::test]
