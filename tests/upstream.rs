@@ -435,3 +435,62 @@ async fn a_response_head_past_its_limit_is_a_502() {
     let log = stop_and_read_log(gw, &dir).await;
     assert_eq!(log[0]["error"], "upstream_failed", "{log:?}");
 }
+
+/// Sends `GET /v1/models` through `gw` after each pause in `pauses` (the first before any
+/// pause) and returns which backend connection each request came on.
+async fn conns_after(
+    gw: &inferscope::app::Running,
+    got: &std::sync::Mutex<Vec<Got>>,
+    pauses: &[Duration],
+) -> Vec<usize> {
+    let mut client = Client::connect(gw.data_addr).await;
+    assert_eq!(client.send("GET", "/v1/models", "", &[]).await.status, 200);
+    for pause in pauses {
+        tokio::time::sleep(*pause).await;
+        assert_eq!(client.send("GET", "/v1/models", "", &[]).await.status, 200);
+    }
+    got.lock().unwrap().iter().map(|g| g.conn).collect()
+}
+
+/// One backend `raw` at `addr` with `fields` added to its entry.
+fn one_backend(dir: &std::path::Path, addr: SocketAddr, fields: &str) -> String {
+    format!(
+        "access_log: {{ path: {:?} }}\nbackends:\n  - {{ name: raw, url: \"http://{addr}\"{fields} }}\n\
+         routes:\n  - name: main\n    backends: [raw]\n",
+        dir.join("access.jsonl")
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_are_let_go_before_the_backend_would_close_them() {
+    let (short, long) = (Duration::from_millis(50), Duration::from_millis(1500));
+    let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok".to_vec();
+    // The backend's `idle_timeout`: reused within it, a new connection after it.
+    let (backend, got) = scripted(vec![(ok.clone(), false)], false).await;
+    let dir = temp_dir();
+    let gw = start_yaml(&one_backend(&dir, backend, ", idle_timeout: 1s")).await;
+    assert_eq!(
+        conns_after(&gw, &got, &[short, long, short]).await,
+        [0, 0, 1, 1]
+    );
+    let log = stop_and_read_log(gw, &dir).await;
+    assert!(log.iter().all(|l| l["outcome"] == "ok"), "{log:?}");
+
+    // A backend that says `Keep-Alive: timeout=1` is left after half a second, under a longer
+    // `idle_timeout` (the default, 4 s).
+    let hinted =
+        b"HTTP/1.1 200 OK\r\nkeep-alive: timeout=1\r\ncontent-length: 2\r\n\r\nok".to_vec();
+    let (backend, got) = scripted(vec![(hinted, false)], false).await;
+    let dir = temp_dir();
+    let gw = start_yaml(&one_backend(&dir, backend, "")).await;
+    let pauses = [short, Duration::from_millis(1200), short];
+    assert_eq!(conns_after(&gw, &got, &pauses).await, [0, 0, 1, 1]);
+    gw.shutdown();
+
+    // `0s`: no connection is reused.
+    let (backend, got) = scripted(vec![(ok, false)], false).await;
+    let dir = temp_dir();
+    let gw = start_yaml(&one_backend(&dir, backend, ", idle_timeout: 0s")).await;
+    assert_eq!(conns_after(&gw, &got, &[short, short]).await, [0, 1, 2]);
+    gw.shutdown();
+}

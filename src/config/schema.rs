@@ -76,6 +76,9 @@ mod defaults {
     pub fn queue_timeout() -> Duration {
         Duration::from_secs(2)
     }
+    pub fn idle_timeout() -> Duration {
+        Duration::from_secs(4)
+    }
     pub fn allow_override() -> bool {
         true
     }
@@ -315,6 +318,15 @@ pub struct BackendConfig {
     /// picks it). Requests share multiplexed connections; WebSocket upgrades stay on HTTP/1.1.
     #[serde(default)]
     pub http2: bool,
+    /// How long an idle HTTP/1.1 connection to it stays pooled for the next request. Below the
+    /// backend's own keep-alive timeout, so the backend never closes a connection just as the
+    /// gateway sends on it (a request lost to that race fails: it cannot be known whether the
+    /// backend read it). The default, 4 s, is under uvicorn's 5 s (vLLM, SGLang, llama.cpp's
+    /// server are 5 s too); raise it for backends that keep connections longer (hosted APIs over
+    /// TLS, where a new connection costs a handshake). A shorter `Keep-Alive: timeout=N` from
+    /// the backend wins. `0s`: no connection is reused.
+    #[serde(default = "defaults::idle_timeout", with = "super::duration")]
+    pub idle_timeout: Duration,
     /// Run a simulated backend in-process instead of `url`.
     #[serde(default)]
     pub sim: Option<SimBackend>,

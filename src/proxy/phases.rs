@@ -535,7 +535,12 @@ async fn attempt_once(
     *up.headers_mut() = headers;
     let t_sent = Instant::now();
     notes.update(|m| m.t_sent = Some(t_sent));
-    let sent = gw.client.request(up, backend.request_tls(), backend.http2);
+    let sent = gw.client.request(
+        up,
+        backend.request_tls(),
+        backend.http2,
+        backend.idle_timeout,
+    );
     let result = match deadline {
         Some(at) => match tokio::time::timeout_at(at, sent).await {
             Ok(r) => r.map_err(upstream_error),

@@ -28,7 +28,8 @@ pub type ProxyFuture =
 /// Response header naming the experiment variant that served the request.
 pub use crate::experiment::VARIANT_HEADER;
 
-/// How long an idle upstream connection stays pooled.
+/// How long an idle upstream HTTP/2 connection stays pooled (HTTP/1.1: each backend's
+/// `idle_timeout`).
 const UPSTREAM_IDLE: Duration = Duration::from_secs(90);
 
 /// What the data path does for tracing.

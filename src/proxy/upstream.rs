@@ -11,9 +11,13 @@
 //! 64 downstream writes, BENCHMARKS.md "End-to-end"; hyper's own client connection, driven
 //! inline, still kept three buffers of 8–12 KB per connection, BENCHMARKS.md change 5.)
 //!
-//! Pool behaviour: an idle connection is checked when it is taken (closed by the backend, expired,
-//! bytes nobody asked for: dropped) and by a sweep every few seconds, so connections closed by the
-//! backend do not linger. The same holds for HTTP/2 connections (`h2`), which a backend closes
+//! Pool behaviour: an idle HTTP/1.1 connection stays pooled for its backend's `idle_timeout`, or
+//! less when the backend's `Keep-Alive: timeout=N` says it closes sooner: the gateway lets go of a
+//! connection before the backend does, because a request sent just as the backend closes the
+//! connection is lost (nothing tells whether the backend read it, so it cannot be sent again). An
+//! idle connection is checked when it is taken (closed by the backend, expired, bytes nobody
+//! asked for: dropped) and by a sweep every second, so connections closed by the backend do not
+//! linger. The same holds for HTTP/2 connections (`h2`), which a backend closes
 //! with GOAWAY; a request given back by a closing HTTP/2 connection is sent again on another.
 //!
 //! HTTP/2 is spoken with prior knowledge over `http://` (h2c) and offered by ALPN over `https://`;
@@ -78,7 +82,8 @@ impl UpstreamError {
 /// An idle HTTP/1.1 connection in the pool.
 struct Idle {
     conn: h1::Conn<Stream>,
-    since: Instant,
+    /// It is let go at this instant.
+    until: Instant,
     rx: Arc<AtomicU64>,
 }
 
@@ -98,8 +103,36 @@ impl Pool {
 
 /// An idle connection that expired, was closed by the backend or received bytes nobody asked for
 /// is of no further use.
-fn still_usable(idle: &mut Idle, idle_timeout: Duration) -> bool {
-    idle.since.elapsed() < idle_timeout && idle.conn.is_usable()
+fn still_usable(idle: &mut Idle, now: Instant) -> bool {
+    now < idle.until && idle.conn.is_usable()
+}
+
+/// How long a connection whose response carried `headers` may stay pooled: `idle`, or less when
+/// a `Keep-Alive: timeout=N` field says the backend closes it after N seconds (then a second less,
+/// or half a second when N is 1; zero when N is 0).
+fn keep_for(headers: &http::HeaderMap, idle: Duration) -> Duration {
+    const KEEP_ALIVE: http::HeaderName = http::HeaderName::from_static("keep-alive");
+    let Some(v) = headers.get(KEEP_ALIVE) else {
+        return idle;
+    };
+    let said = v.as_bytes().split(|&b| b == b',').find_map(|p| {
+        let p = p.trim_ascii();
+        let (name, value) = p.split_at(p.iter().position(|&b| b == b'=')?);
+        if !name.trim_ascii().eq_ignore_ascii_case(b"timeout") {
+            return None;
+        }
+        std::str::from_utf8(&value[1..])
+            .ok()?
+            .trim()
+            .parse::<u64>()
+            .ok()
+    });
+    match said {
+        None => idle,
+        Some(0) => Duration::ZERO,
+        Some(1) => idle.min(Duration::from_millis(500)),
+        Some(n) => idle.min(Duration::from_secs(n - 1)),
+    }
 }
 
 /// The pooled upstream client. Cheap to clone; clones share the pool.
@@ -107,7 +140,6 @@ fn still_usable(idle: &mut Idle, idle_timeout: Duration) -> bool {
 pub struct UpstreamClient {
     pool: Arc<Pool>,
     connect_timeout: Duration,
-    idle_timeout: Duration,
     /// Read with kernel receive stamps (forward lag, upstream TTFT without the gateway's wait).
     stamps: bool,
 }
@@ -124,15 +156,14 @@ impl std::fmt::Debug for UpstreamClient {
 }
 
 impl UpstreamClient {
-    /// A client; idle connections are closed after `idle_timeout`. Must be created inside a Tokio
-    /// runtime (it starts the idle sweep).
-    pub fn new(connect_timeout: Duration, idle_timeout: Duration) -> Self {
+    /// A client; idle HTTP/2 connections are closed after `h2_idle_timeout` (HTTP/1.1 ones after
+    /// what each request says). Must be created inside a Tokio runtime (it starts the idle sweep).
+    pub fn new(connect_timeout: Duration, h2_idle_timeout: Duration) -> Self {
         let pool = Arc::new(Pool::default());
-        tokio::spawn(sweep(Arc::downgrade(&pool), idle_timeout));
+        tokio::spawn(sweep(Arc::downgrade(&pool), h2_idle_timeout));
         Self {
             pool,
             connect_timeout,
-            idle_timeout,
             stamps: true,
         }
     }
@@ -145,12 +176,14 @@ impl UpstreamClient {
 
     /// Sends `req` (absolute `http://` URI, or `https://` with `tls`) and waits for the response
     /// head, over HTTP/2 when `http2` (see the module's notes), else HTTP/1.1. The response body
-    /// drives an HTTP/1 connection; read to its end, the connection goes back to the pool.
+    /// drives an HTTP/1 connection; read to its end, the connection goes back to the pool for
+    /// `idle` at most (see the module's notes).
     pub async fn request(
         &self,
         mut req: Request<UpstreamRequestBody>,
         tls: Option<&Arc<ClientTls>>,
         http2: bool,
+        idle: Duration,
     ) -> Result<Response<UpstreamResponseBody>, UpstreamError> {
         let uri = req.uri().clone();
         match (uri.scheme_str(), tls) {
@@ -163,7 +196,7 @@ impl UpstreamClient {
             authority,
         };
         if http2 && !self.pool.h1_only.lock().contains(&key) {
-            req = match self.request_h2(req, &key, tls).await {
+            req = match self.request_h2(req, &key, tls, idle).await {
                 Ok(resp) => return resp,
                 Err(back) => back,
             };
@@ -190,6 +223,7 @@ impl UpstreamClient {
             body,
             key,
             pool: Arc::downgrade(&self.pool),
+            keep: keep_for(&parts.headers, idle),
         };
         // No body to read (HEAD, 204, Content-Length: 0): nobody polls it, so the connection
         // goes back now.
@@ -211,6 +245,7 @@ impl UpstreamClient {
         mut req: Request<UpstreamRequestBody>,
         key: &Key,
         tls: Option<&Arc<ClientTls>>,
+        idle: Duration,
     ) -> Result<Result<Response<UpstreamResponseBody>, UpstreamError>, Request<UpstreamRequestBody>>
     {
         // The absolute URI gives `:scheme` and `:authority`; no Host header beside them.
@@ -221,7 +256,7 @@ impl UpstreamClient {
         loop {
             let slot = match self.pool.h2.take(key) {
                 Some(s) => s,
-                None => match self.pool.h2.dial(key, self.open_h2(key, tls)).await {
+                None => match self.pool.h2.dial(key, self.open_h2(key, tls, idle)).await {
                     // Room, unless other requests took it all (then another connection), or the
                     // backend closes new connections or allows no stream on them (then this is a
                     // failure to connect, not a reason to dial forever).
@@ -262,11 +297,12 @@ impl UpstreamClient {
     }
 
     /// Opens a connection for a backend asked for HTTP/2: an HTTP/2 connection, or — over TLS
-    /// when the backend picks HTTP/1.1 — an HTTP/1 one, pooled as such (`Ok(None)`).
+    /// when the backend picks HTTP/1.1 — an HTTP/1 one, pooled as such for `idle` (`Ok(None)`).
     async fn open_h2(
         &self,
         key: &Key,
         tls: Option<&Arc<ClientTls>>,
+        idle: Duration,
     ) -> Result<Option<h2::Conn>, h2::DialError> {
         let failed = |e: std::io::Error| (e.kind(), e.to_string());
         let stream = self.open(key, tls).await.map_err(failed)?;
@@ -278,7 +314,7 @@ impl UpstreamClient {
         let rx = stream.rx_cell();
         self.pool.lock().entry(key.clone()).or_default().push(Idle {
             conn: h1::Conn::new(stream),
-            since: Instant::now(),
+            until: Instant::now() + idle,
             rx,
         });
         Ok(None)
@@ -287,10 +323,11 @@ impl UpstreamClient {
     /// The most recently used idle connection that can carry a request (its socket and buffer
     /// are the warmest); those that cannot are dropped on the way.
     fn checkout(&self, key: &Key) -> Option<(h1::Conn<Stream>, Arc<AtomicU64>)> {
+        let now = Instant::now();
         let mut pool = self.pool.lock();
         let list = pool.get_mut(key)?;
         while let Some(mut idle) = list.pop() {
-            if still_usable(&mut idle, self.idle_timeout) {
+            if still_usable(&mut idle, now) {
                 return Some((idle.conn, idle.rx));
             }
         }
@@ -348,16 +385,16 @@ fn refused_by_tls(e: &(dyn std::error::Error + 'static)) -> Option<UpstreamError
     )))
 }
 
-/// Every few seconds, drops idle connections that expired or that the backend closed.
-async fn sweep(pool: Weak<Pool>, idle_timeout: Duration) {
-    let every = (idle_timeout / 4).clamp(Duration::from_millis(500), Duration::from_secs(5));
+/// Every second, drops idle connections that expired or that the backend closed.
+async fn sweep(pool: Weak<Pool>, h2_idle_timeout: Duration) {
     loop {
-        tokio::time::sleep(every).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
         let Some(pool) = pool.upgrade() else { return };
-        pool.h2.sweep(idle_timeout);
+        pool.h2.sweep(h2_idle_timeout);
+        let now = Instant::now();
         let mut idle = pool.lock();
         for list in idle.values_mut() {
-            list.retain_mut(|c| still_usable(c, idle_timeout));
+            list.retain_mut(|c| still_usable(c, now));
         }
         idle.retain(|_, list| !list.is_empty());
     }
@@ -369,6 +406,8 @@ struct H1 {
     body: h1::ResponseBody<Stream>,
     key: Key,
     pool: Weak<Pool>,
+    /// How long the connection may stay pooled after the body's end (`keep_for`).
+    keep: Duration,
 }
 
 impl H1 {
@@ -379,10 +418,13 @@ impl H1 {
         else {
             return;
         };
+        if self.keep.is_zero() {
+            return;
+        }
         if let Some(conn) = self.body.into_idle() {
             pool.lock().entry(self.key).or_default().push(Idle {
                 conn,
-                since: Instant::now(),
+                until: Instant::now() + self.keep,
                 rx,
             });
         }
@@ -493,6 +535,35 @@ impl Body for UpstreamResponseBody {
             None => SizeHint::with_exact(0),
             Some(Link::H1(h1)) => h1.body.size_hint(),
             Some(Link::H2 { incoming, .. }) => incoming.size_hint(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_keep_alive_timeout_shortens_how_long_a_connection_stays_pooled() {
+        let idle = Duration::from_secs(4);
+        let cases: &[(Option<&str>, Duration)] = &[
+            (None, idle),
+            (Some("timeout=5"), Duration::from_secs(4)),
+            (Some("timeout=3"), Duration::from_secs(2)),
+            (Some("timeout=60, max=1000"), idle),
+            (Some("max=100, Timeout = 2"), Duration::from_secs(1)),
+            (Some("timeout=1"), Duration::from_millis(500)),
+            (Some("timeout=0"), Duration::ZERO),
+            (Some("max=5"), idle),
+            (Some("timeout=soon"), idle),
+            (Some("timeout"), idle),
+        ];
+        for (value, want) in cases {
+            let mut headers = http::HeaderMap::new();
+            if let Some(v) = value {
+                headers.insert("keep-alive", HeaderValue::from_static(v));
+            }
+            assert_eq!(keep_for(&headers, idle), *want, "{value:?}");
         }
     }
 }

@@ -53,6 +53,8 @@ pub struct Backend {
     pub tls: Option<Arc<crate::tls::ClientTls>>,
     /// Requests go over HTTP/2 (`http2: true`).
     pub http2: bool,
+    /// How long an idle HTTP/1.1 connection to it stays pooled (`idle_timeout`).
+    pub idle_timeout: Duration,
     /// With `http2` over TLS: the same settings offering `h2` first, then `http/1.1`.
     tls_h2: Option<Arc<crate::tls::ClientTls>>,
     /// Provider label.
@@ -165,6 +167,12 @@ impl Backend {
         self
     }
 
+    /// Pools idle HTTP/1.1 connections to it this long (`idle_timeout`).
+    pub fn with_idle_timeout(mut self, idle_timeout: Duration) -> Self {
+        self.idle_timeout = idle_timeout;
+        self
+    }
+
     /// The TLS settings requests use (offering `h2` when `http2`).
     pub fn request_tls(&self) -> Option<&Arc<crate::tls::ClientTls>> {
         self.tls_h2.as_ref().or(self.tls.as_ref())
@@ -247,6 +255,7 @@ impl Backend {
             base,
             tls: None,
             http2: false,
+            idle_timeout: Duration::from_secs(4),
             tls_h2: None,
             provider,
             authorization,
