@@ -16,7 +16,6 @@
 //! keeping `keep`) itself.
 
 use crate::meter::RequestRecord;
-use serde::Serialize;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -416,10 +415,9 @@ fn take_batch(
     std::mem::swap(&mut *queue.records.lock(), batch);
     for rec in batch.drain(..) {
         line.clear();
-        if serde_json::to_writer(&mut *line, &LogLine::from(&*rec)).is_ok() {
-            line.push(b'\n');
-            pending.push_line(line);
-        }
+        write_line(&rec, line);
+        line.push(b'\n');
+        pending.push_line(line);
     }
 }
 
@@ -547,104 +545,130 @@ async fn write_out(
     }
 }
 
+use crate::util::json::Object;
 use crate::util::quantile::{duration_ms as ms, us_to_ms};
 
-#[derive(Serialize)]
-struct RetryLine<'a> {
-    backend: &'a str,
-    status: Option<u16>,
-    error: &'static str,
-}
-
-#[derive(Serialize)]
-struct ItlSummary {
-    p50: f64,
-    p99: f64,
-    max: f64,
-    count: u64,
-}
-
-/// Every inter-token gap of the request, in order, in whole microseconds: what `/stats` records,
-/// so offline reports compute ITL from the same samples.
-struct ItlGaps<'a>(&'a [crate::meter::ItlSample]);
-
-impl Serialize for ItlGaps<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.0.iter().map(crate::meter::ItlSample::gap_us))
+/// Writes a record's access-log line (one JSON object, no newline) at the end of `out`. The
+/// field names are a contract (docs/ARCHITECTURE.md §5, `tests/golden/access-log-fields.txt`).
+pub fn write_line(r: &RequestRecord, out: &mut Vec<u8>) {
+    let m = &r.meta;
+    let mut o = Object::open(out);
+    let ts = o.key("ts");
+    ts.push(b'"');
+    crate::util::time::write_rfc3339(ts, m.ts);
+    ts.push(b'"');
+    o.str("request_id", &m.request_id);
+    o.str("trace_id", &m.trace_id);
+    o.str("route", &m.route);
+    o.str("model", &m.model);
+    o.str("backend", &m.backend);
+    o.str("variant", &m.variant);
+    o.str("method", m.method.as_str());
+    o.str("path", &m.path);
+    o.str("protocol", protocol(m.version));
+    match m.client {
+        // Digits, dots, colons and brackets: nothing to escape.
+        Some(addr) => {
+            let out = o.key("client");
+            let _ = write!(out, "\"{addr}\"");
+        }
+        None => o.null("client"),
     }
-}
-
-/// The client's address as `ip:port`, written without an intermediate string.
-struct Client(std::net::SocketAddr);
-
-impl Serialize for Client {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(&self.0)
+    if let Some(key) = m.key.as_deref() {
+        o.str("key", key);
     }
-}
-
-/// The access-log line: field names are a contract (docs/ARCHITECTURE.md §5).
-#[derive(Serialize)]
-struct LogLine<'a> {
-    ts: String,
-    request_id: &'a str,
-    trace_id: &'a str,
-    route: &'a str,
-    model: &'a str,
-    backend: &'a str,
-    variant: &'a str,
-    method: &'a str,
-    path: &'a str,
-    protocol: &'static str,
-    client: Option<Client>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    key: Option<&'a str>,
-    status: u16,
-    stream: bool,
-    outcome: &'static str,
-    ttft_ms: Option<f64>,
-    ttfc_ms: Option<f64>,
-    tpot_ms: Option<f64>,
-    e2e_ms: f64,
-    upstream_ttft_ms: Option<f64>,
-    overhead_ms: Option<f64>,
-    clock: &'static str,
-    accept_delay_ms: Option<f64>,
-    forward_lag_ms: Option<f64>,
-    itl_ms: Option<ItlSummary>,
-    itl_us: ItlGaps<'a>,
-    input_tokens: Option<u64>,
-    output_tokens: Option<u64>,
-    tokens_source: Option<&'static str>,
-    event_tokens: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    engine_prefill_ms: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    engine_decode_ms: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    backend_running: Option<f32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    backend_queue_depth: Option<f32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    backend_kv_cache_usage: Option<f32>,
-    finish_reason: Option<&'a str>,
-    response_id: Option<&'a str>,
-    bytes_in: u64,
-    bytes_out: u64,
-    malformed_events: u32,
-    error: Option<&'static str>,
-    attempts: usize,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    retries: Vec<RetryLine<'a>>,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    shadow: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    slo_met: Option<bool>,
+    o.u64("status", u64::from(r.status));
+    o.bool("stream", m.stream);
+    o.str("outcome", r.outcome.as_str());
+    o.f64("ttft_ms", r.ttft.map(ms));
+    o.f64("ttfc_ms", r.ttfc.map(ms));
+    o.f64("tpot_ms", r.tpot.map(ms));
+    o.f64("e2e_ms", Some(ms(r.e2e)));
+    o.f64("upstream_ttft_ms", r.upstream_ttft.map(ms));
+    o.f64("overhead_ms", r.overhead.map(ms));
+    o.str("clock", m.clock.as_str());
+    o.f64("accept_delay_ms", m.accept_delay.map(ms));
+    o.f64("forward_lag_ms", r.forward_lag.map(ms));
+    match r.itl_summary() {
+        Some(s) => {
+            let mut itl = Object::open(o.key("itl_ms"));
+            itl.f64("p50", Some(us_to_ms(s.p50_us)));
+            itl.f64("p99", Some(us_to_ms(s.p99_us)));
+            itl.f64("max", Some(us_to_ms(s.max_us)));
+            itl.u64("count", s.count);
+            itl.close();
+        }
+        None => o.null("itl_ms"),
+    }
+    // Every inter-token gap of the request, in order, in whole microseconds: what `/stats`
+    // records, so offline reports compute ITL from the same samples.
+    let gaps = o.key("itl_us");
+    gaps.push(b'[');
+    for (i, g) in r.itl.samples().iter().enumerate() {
+        if i > 0 {
+            gaps.push(b',');
+        }
+        crate::util::json::uint(gaps, g.gap_us());
+    }
+    gaps.push(b']');
+    o.opt_u64("input_tokens", r.input_tokens);
+    o.opt_u64("output_tokens", r.output_tokens);
+    o.opt_str("tokens_source", r.tokens_source.map(|t| t.as_str()));
+    o.opt_str("event_tokens", r.event_tokens.map(|t| t.as_str()));
+    let engine = r.response.engine;
+    if let Some(v) = engine.and_then(|e| e.prefill) {
+        o.f64("engine_prefill_ms", Some(ms(v)));
+    }
+    if let Some(v) = engine.and_then(|e| e.decode) {
+        o.f64("engine_decode_ms", Some(ms(v)));
+    }
+    let load = m.engine;
+    for (key, v) in [
+        ("backend_running", load.and_then(|e| e.running)),
+        ("backend_queue_depth", load.and_then(|e| e.waiting)),
+        ("backend_kv_cache_usage", load.and_then(|e| e.kv_cache_usage)),
+    ] {
+        if v.is_some() {
+            o.f32(key, v);
+        }
+    }
+    o.opt_str("finish_reason", r.finish_reason.as_ref().map(|f| f.as_str()));
+    o.opt_str("response_id", r.response.id.as_deref());
+    o.u64("bytes_in", m.bytes_in);
+    o.u64("bytes_out", r.bytes_out);
+    o.u64("malformed_events", u64::from(r.malformed_events));
+    o.opt_str("error", r.error);
+    let attempts = m.attempts.len() + usize::from(m.t_sent.is_some());
+    o.u64("attempts", attempts as u64);
+    if !m.attempts.is_empty() {
+        let list = o.key("retries");
+        list.push(b'[');
+        for (i, a) in m.attempts.iter().enumerate() {
+            if i > 0 {
+                list.push(b',');
+            }
+            let mut retry = Object::open(list);
+            retry.str("backend", &a.backend);
+            retry.opt_u64("status", a.status.map(u64::from));
+            retry.str("error", a.error);
+            retry.close();
+        }
+        list.push(b']');
+    }
+    if m.is_shadow {
+        o.bool("shadow", true);
+    }
+    if let Some(met) = r.slo_met() {
+        o.bool("slo_met", met);
+    }
+    o.close();
 }
 
 /// A record's access-log line as a JSON object (the fields other sinks carry too).
 pub fn line_json(rec: &RequestRecord) -> serde_json::Value {
-    serde_json::to_value(LogLine::from(rec)).unwrap_or(serde_json::Value::Null)
+    let mut line = Vec::with_capacity(1024);
+    write_line(rec, &mut line);
+    serde_json::from_slice(&line).unwrap_or(serde_json::Value::Null)
 }
 
 /// The client's protocol, spelled like nginx's `$server_protocol`.
@@ -655,73 +679,6 @@ fn protocol(v: http::Version) -> &'static str {
         http::Version::HTTP_2 => "HTTP/2.0",
         http::Version::HTTP_3 => "HTTP/3.0",
         _ => "HTTP/1.1",
-    }
-}
-
-impl<'a> From<&'a RequestRecord> for LogLine<'a> {
-    fn from(r: &'a RequestRecord) -> Self {
-        let m = &r.meta;
-        let itl = r.itl_summary().map(|s| ItlSummary {
-            p50: us_to_ms(s.p50_us),
-            p99: us_to_ms(s.p99_us),
-            max: us_to_ms(s.max_us),
-            count: s.count,
-        });
-        LogLine {
-            ts: crate::util::time::rfc3339(m.ts),
-            request_id: &m.request_id,
-            trace_id: &m.trace_id,
-            route: &m.route,
-            model: &m.model,
-            backend: &m.backend,
-            variant: &m.variant,
-            method: m.method.as_str(),
-            path: &m.path,
-            protocol: protocol(m.version),
-            client: m.client.map(Client),
-            key: m.key.as_deref(),
-            status: r.status,
-            stream: m.stream,
-            outcome: r.outcome.as_str(),
-            ttft_ms: r.ttft.map(ms),
-            ttfc_ms: r.ttfc.map(ms),
-            tpot_ms: r.tpot.map(ms),
-            e2e_ms: ms(r.e2e),
-            upstream_ttft_ms: r.upstream_ttft.map(ms),
-            overhead_ms: r.overhead.map(ms),
-            clock: m.clock.as_str(),
-            accept_delay_ms: m.accept_delay.map(ms),
-            forward_lag_ms: r.forward_lag.map(ms),
-            itl_ms: itl,
-            itl_us: ItlGaps(r.itl.samples()),
-            input_tokens: r.input_tokens,
-            output_tokens: r.output_tokens,
-            tokens_source: r.tokens_source.map(|t| t.as_str()),
-            event_tokens: r.event_tokens.map(|t| t.as_str()),
-            engine_prefill_ms: r.response.engine.and_then(|e| e.prefill).map(ms),
-            engine_decode_ms: r.response.engine.and_then(|e| e.decode).map(ms),
-            backend_running: m.engine.and_then(|e| e.running),
-            backend_queue_depth: m.engine.and_then(|e| e.waiting),
-            backend_kv_cache_usage: m.engine.and_then(|e| e.kv_cache_usage),
-            finish_reason: r.finish_reason.as_ref().map(|f| f.as_str()),
-            response_id: r.response.id.as_deref(),
-            bytes_in: m.bytes_in,
-            bytes_out: r.bytes_out,
-            malformed_events: r.malformed_events,
-            error: r.error,
-            attempts: m.attempts.len() + usize::from(m.t_sent.is_some()),
-            retries: m
-                .attempts
-                .iter()
-                .map(|a| RetryLine {
-                    backend: &a.backend,
-                    status: a.status,
-                    error: a.error,
-                })
-                .collect(),
-            shadow: m.is_shadow,
-            slo_met: r.slo_met(),
-        }
     }
 }
 

@@ -4,6 +4,14 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 /// RFC 3339 UTC timestamp with milliseconds, from the system clock.
 pub fn rfc3339(t: SystemTime) -> String {
+    let mut out = Vec::with_capacity(24);
+    write_rfc3339(&mut out, t);
+    // Digits and ASCII punctuation only.
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// `rfc3339`, appended to `out` (the access log writes it in place).
+pub fn write_rfc3339(out: &mut Vec<u8>, t: SystemTime) {
     let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
     let secs = d.as_secs();
     let (days, rem) = (secs / 86_400, secs % 86_400);
@@ -19,28 +27,26 @@ pub fn rfc3339(t: SystemTime) -> String {
     let year = yoe + era * 400 + i64::from(month <= 2);
     // Fixed width, digit by digit: this runs for every access-log line, where `format!`'s
     // machinery cost more than the rest of the date.
-    let mut out = String::with_capacity(24);
     let fields = [
-        (year.clamp(0, 9999) as u64, 4, '-'),
-        (month as u64, 2, '-'),
-        (day as u64, 2, 'T'),
-        (rem / 3600, 2, ':'),
-        (rem % 3600 / 60, 2, ':'),
-        (rem % 60, 2, '.'),
+        (year.clamp(0, 9999) as u64, 4, b'-'),
+        (month as u64, 2, b'-'),
+        (day as u64, 2, b'T'),
+        (rem / 3600, 2, b':'),
+        (rem % 3600 / 60, 2, b':'),
+        (rem % 60, 2, b'.'),
     ];
     for (v, n, then) in fields {
-        push_digits(&mut out, v, n);
+        push_digits(out, v, n);
         out.push(then);
     }
-    push_digits(&mut out, u64::from(d.subsec_millis()), 3);
-    out.push('Z');
-    out
+    push_digits(out, u64::from(d.subsec_millis()), 3);
+    out.push(b'Z');
 }
 
 /// The last `n` decimal digits of `v`, zero-padded.
-fn push_digits(out: &mut String, v: u64, n: u32) {
+fn push_digits(out: &mut Vec<u8>, v: u64, n: u32) {
     for i in (0..n).rev() {
-        out.push(char::from(b'0' + (v / 10u64.pow(i) % 10) as u8));
+        out.push(b'0' + (v / 10u64.pow(i) % 10) as u8);
     }
 }
 
