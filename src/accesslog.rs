@@ -545,6 +545,7 @@ async fn write_out(
     }
 }
 
+use crate::key;
 use crate::util::json::Object;
 use crate::util::quantile::{duration_ms as ms, us_to_ms};
 
@@ -553,56 +554,72 @@ use crate::util::quantile::{duration_ms as ms, us_to_ms};
 pub fn write_line(r: &RequestRecord, out: &mut Vec<u8>) {
     let m = &r.meta;
     let mut o = Object::open(out);
-    let ts = o.key("ts");
+    let ts = o.key(key!("ts"));
     ts.push(b'"');
     crate::util::time::write_rfc3339(ts, m.ts);
     ts.push(b'"');
-    o.str("request_id", &m.request_id);
-    o.str("trace_id", &m.trace_id);
-    o.str("route", &m.route);
-    o.str("model", &m.model);
-    o.str("backend", &m.backend);
-    o.str("variant", &m.variant);
-    o.str("method", m.method.as_str());
-    o.str("path", &m.path);
-    o.str("protocol", protocol(m.version));
+    o.str(key!("request_id"), &m.request_id);
+    o.str(key!("trace_id"), &m.trace_id);
+    o.str(key!("route"), &m.route);
+    o.str(key!("model"), &m.model);
+    o.str(key!("backend"), &m.backend);
+    o.str(key!("variant"), &m.variant);
+    o.str(key!("method"), m.method.as_str());
+    o.str(key!("path"), &m.path);
+    o.str(key!("protocol"), protocol(m.version));
     match m.client {
         // Digits, dots, colons and brackets: nothing to escape.
         Some(addr) => {
-            let out = o.key("client");
-            let _ = write!(out, "\"{addr}\"");
+            let out = o.key(key!("client"));
+            out.push(b'"');
+            match addr {
+                std::net::SocketAddr::V4(a) => {
+                    for (i, b) in a.ip().octets().into_iter().enumerate() {
+                        if i > 0 {
+                            out.push(b'.');
+                        }
+                        crate::util::json::uint(out, u64::from(b));
+                    }
+                    out.push(b':');
+                    crate::util::json::uint(out, u64::from(a.port()));
+                }
+                a => {
+                    let _ = write!(out, "{a}");
+                }
+            }
+            out.push(b'"');
         }
-        None => o.null("client"),
+        None => o.null(key!("client")),
     }
     if let Some(key) = m.key.as_deref() {
-        o.str("key", key);
+        o.str(key!("key"), key);
     }
-    o.u64("status", u64::from(r.status));
-    o.bool("stream", m.stream);
-    o.str("outcome", r.outcome.as_str());
-    o.f64("ttft_ms", r.ttft.map(ms));
-    o.f64("ttfc_ms", r.ttfc.map(ms));
-    o.f64("tpot_ms", r.tpot.map(ms));
-    o.f64("e2e_ms", Some(ms(r.e2e)));
-    o.f64("upstream_ttft_ms", r.upstream_ttft.map(ms));
-    o.f64("overhead_ms", r.overhead.map(ms));
-    o.str("clock", m.clock.as_str());
-    o.f64("accept_delay_ms", m.accept_delay.map(ms));
-    o.f64("forward_lag_ms", r.forward_lag.map(ms));
+    o.u64(key!("status"), u64::from(r.status));
+    o.bool(key!("stream"), m.stream);
+    o.str(key!("outcome"), r.outcome.as_str());
+    o.f64(key!("ttft_ms"), r.ttft.map(ms));
+    o.f64(key!("ttfc_ms"), r.ttfc.map(ms));
+    o.f64(key!("tpot_ms"), r.tpot.map(ms));
+    o.f64(key!("e2e_ms"), Some(ms(r.e2e)));
+    o.f64(key!("upstream_ttft_ms"), r.upstream_ttft.map(ms));
+    o.f64(key!("overhead_ms"), r.overhead.map(ms));
+    o.str(key!("clock"), m.clock.as_str());
+    o.f64(key!("accept_delay_ms"), m.accept_delay.map(ms));
+    o.f64(key!("forward_lag_ms"), r.forward_lag.map(ms));
     match r.itl_summary() {
         Some(s) => {
-            let mut itl = Object::open(o.key("itl_ms"));
-            itl.f64("p50", Some(us_to_ms(s.p50_us)));
-            itl.f64("p99", Some(us_to_ms(s.p99_us)));
-            itl.f64("max", Some(us_to_ms(s.max_us)));
-            itl.u64("count", s.count);
+            let mut itl = Object::open(o.key(key!("itl_ms")));
+            itl.f64(key!("p50"), Some(us_to_ms(s.p50_us)));
+            itl.f64(key!("p99"), Some(us_to_ms(s.p99_us)));
+            itl.f64(key!("max"), Some(us_to_ms(s.max_us)));
+            itl.u64(key!("count"), s.count);
             itl.close();
         }
-        None => o.null("itl_ms"),
+        None => o.null(key!("itl_ms")),
     }
     // Every inter-token gap of the request, in order, in whole microseconds: what `/stats`
     // records, so offline reports compute ITL from the same samples.
-    let gaps = o.key("itl_us");
+    let gaps = o.key(key!("itl_us"));
     gaps.push(b'[');
     for (i, g) in r.itl.samples().iter().enumerate() {
         if i > 0 {
@@ -611,55 +628,61 @@ pub fn write_line(r: &RequestRecord, out: &mut Vec<u8>) {
         crate::util::json::uint(gaps, g.gap_us());
     }
     gaps.push(b']');
-    o.opt_u64("input_tokens", r.input_tokens);
-    o.opt_u64("output_tokens", r.output_tokens);
-    o.opt_str("tokens_source", r.tokens_source.map(|t| t.as_str()));
-    o.opt_str("event_tokens", r.event_tokens.map(|t| t.as_str()));
+    o.opt_u64(key!("input_tokens"), r.input_tokens);
+    o.opt_u64(key!("output_tokens"), r.output_tokens);
+    o.opt_str(key!("tokens_source"), r.tokens_source.map(|t| t.as_str()));
+    o.opt_str(key!("event_tokens"), r.event_tokens.map(|t| t.as_str()));
     let engine = r.response.engine;
     if let Some(v) = engine.and_then(|e| e.prefill) {
-        o.f64("engine_prefill_ms", Some(ms(v)));
+        o.f64(key!("engine_prefill_ms"), Some(ms(v)));
     }
     if let Some(v) = engine.and_then(|e| e.decode) {
-        o.f64("engine_decode_ms", Some(ms(v)));
+        o.f64(key!("engine_decode_ms"), Some(ms(v)));
     }
     let load = m.engine;
     for (key, v) in [
-        ("backend_running", load.and_then(|e| e.running)),
-        ("backend_queue_depth", load.and_then(|e| e.waiting)),
-        ("backend_kv_cache_usage", load.and_then(|e| e.kv_cache_usage)),
+        (key!("backend_running"), load.and_then(|e| e.running)),
+        (key!("backend_queue_depth"), load.and_then(|e| e.waiting)),
+        (
+            key!("backend_kv_cache_usage"),
+            load.and_then(|e| e.kv_cache_usage),
+        ),
     ] {
         if v.is_some() {
             o.f32(key, v);
         }
     }
-    o.opt_str("finish_reason", r.finish_reason.as_ref().map(|f| f.as_str()));
-    o.opt_str("response_id", r.response.id.as_deref());
-    o.u64("bytes_in", m.bytes_in);
-    o.u64("bytes_out", r.bytes_out);
-    o.u64("malformed_events", u64::from(r.malformed_events));
-    o.opt_str("error", r.error);
+    o.opt_str(
+        key!("finish_reason"),
+        r.finish_reason.as_ref().map(|f| f.as_str()),
+    );
+    o.opt_str(key!("response_id"), r.response.id.as_deref());
+    o.u64(key!("bytes_in"), m.bytes_in);
+    o.u64(key!("bytes_out"), r.bytes_out);
+    o.u64(key!("malformed_events"), u64::from(r.malformed_events));
+    o.opt_str(key!("error"), r.error);
     let attempts = m.attempts.len() + usize::from(m.t_sent.is_some());
-    o.u64("attempts", attempts as u64);
+    o.u64(key!("attempts"), attempts as u64);
     if !m.attempts.is_empty() {
-        let list = o.key("retries");
+        let list = o.key(key!("retries"));
         list.push(b'[');
         for (i, a) in m.attempts.iter().enumerate() {
             if i > 0 {
                 list.push(b',');
             }
             let mut retry = Object::open(list);
-            retry.str("backend", &a.backend);
-            retry.opt_u64("status", a.status.map(u64::from));
-            retry.str("error", a.error);
+            retry.str(key!("backend"), &a.backend);
+            retry.opt_u64(key!("status"), a.status.map(u64::from));
+            retry.str(key!("error"), a.error);
             retry.close();
         }
         list.push(b']');
     }
     if m.is_shadow {
-        o.bool("shadow", true);
+        o.bool(key!("shadow"), true);
     }
     if let Some(met) = r.slo_met() {
-        o.bool("slo_met", met);
+        o.bool(key!("slo_met"), met);
     }
     o.close();
 }
@@ -714,5 +737,29 @@ mod queue_tests {
             serde_json::from_str(text.lines().next().unwrap_or("")).unwrap_or_default();
         assert_eq!(line["outcome"], "ok");
         let _ = std::fs::remove_file(&path);
+    }
+    #[test]
+    fn a_line_is_one_json_object_with_the_client_as_written_by_display() {
+        for client in [
+            None,
+            Some("127.0.0.1:80"),
+            Some("10.200.3.45:65535"),
+            Some("0.0.0.0:0"),
+            Some("[::1]:8080"),
+            Some("[fe80::1%2]:443"),
+        ] {
+            let mut r = rec();
+            r.meta.client = client.map(|c| c.parse().unwrap_or_else(|e| panic!("{c}: {e}")));
+            r.meta.path = "/v1/\"odd\"\npath".into();
+            let mut out = b"keep".to_vec();
+            write_line(&r, &mut out);
+            assert!(out.starts_with(b"keep{\"ts\":\""));
+            let line: serde_json::Value = serde_json::from_slice(&out[4..]).unwrap_or_default();
+            let want = r.meta.client.map(|c| c.to_string());
+            assert_eq!(line["client"].as_str(), want.as_deref(), "{client:?}");
+            assert_eq!(line["path"], "/v1/\"odd\"\npath");
+            assert_eq!(line["status"], 200);
+            assert_eq!(line, line_json(&r));
+        }
     }
 }

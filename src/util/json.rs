@@ -4,7 +4,16 @@
 //! `serde_json` spells them (escapes, `zmij` floats, non-finite floats as `null`), which the tests
 //! check against it.
 
-/// An object being written into `out`; `close` ends it.
+/// A field's key as `Object` takes it: `key!("name")` is `,"name":` (the comma is left out
+/// before the first field), one copy per field.
+#[macro_export]
+macro_rules! key {
+    ($name:literal) => {
+        concat!(",\"", $name, "\":")
+    };
+}
+
+/// An object being written into `out`; `close` ends it. Keys are spelled by `key!`.
 pub struct Object<'a> {
     out: &'a mut Vec<u8>,
     first: bool,
@@ -17,14 +26,16 @@ impl<'a> Object<'a> {
         Self { out, first: true }
     }
 
-    /// Writes `"key":` (`key` must need no escaping: the field names are ours).
+    /// Writes a key spelled by `key!` (the field names are ours: nothing to escape) and returns
+    /// the buffer for its value.
     pub fn key(&mut self, key: &str) -> &mut Vec<u8> {
-        if !std::mem::take(&mut self.first) {
-            self.out.push(b',');
-        }
-        self.out.push(b'"');
-        self.out.extend_from_slice(key.as_bytes());
-        self.out.extend_from_slice(b"\":");
+        let key = key.as_bytes();
+        let key = if std::mem::take(&mut self.first) {
+            key.get(1..).unwrap_or_default()
+        } else {
+            key
+        };
+        self.out.extend_from_slice(key);
         self.out
     }
 
@@ -197,7 +208,7 @@ mod tests {
             let v32 = v as f32;
             let mut out = Vec::new();
             let mut obj = Object::open(&mut out);
-            obj.f32("x", Some(v32));
+            obj.f32(key!("x"), Some(v32));
             obj.close();
             let want = format!("{{\"x\":{}}}", serde_json::to_string(&v32).unwrap());
             assert_eq!(String::from_utf8(out).unwrap(), want, "{v32}");
@@ -212,12 +223,12 @@ mod tests {
     fn an_object_is_valid_json_with_its_fields_in_order() {
         let mut out = b"x".to_vec();
         let mut obj = Object::open(&mut out);
-        obj.str("s", "a\"b");
-        obj.opt_str("none", None);
-        obj.bool("t", true);
-        obj.u64("n", 3);
-        obj.opt_u64("m", None);
-        obj.f64("f", Some(2.5));
+        obj.str(key!("s"), "a\"b");
+        obj.opt_str(key!("none"), None);
+        obj.bool(key!("t"), true);
+        obj.u64(key!("n"), 3);
+        obj.opt_u64(key!("m"), None);
+        obj.f64(key!("f"), Some(2.5));
         obj.close();
         assert_eq!(
             String::from_utf8(out).unwrap(),
