@@ -286,18 +286,40 @@ const CREATED: &[&str] = &[
 ];
 const FINISH: &[&str] = &["null", "\"length\"", "\"stop\"", "\"weird\""];
 
-/// The fast path (a stream's learned chunk shape) says of every event what the full OpenAI
-/// classifier says: over generated streams of the shapes servers send, with texts, timestamps
-/// and finish reasons at the edges of what it accepts, and with bytes overwritten anywhere.
+/// Ids the streams give their chunks: plain, UTF-8, and escaped ones the fast path refuses.
+const IDS: &[&str] = &[
+    "c",
+    "chatcmpl-9f2",
+    "caf\u{e9}",
+    "a\\u0041",
+    "q\\\"",
+    "",
+    "\t",
+];
+
+/// The fast path (learned chunk shapes, a stream's own and those its backend's streams share)
+/// says of every event what the full OpenAI classifier says: over generated streams of the shapes
+/// servers send, with ids, texts, timestamps and finish reasons at the edges of what it accepts,
+/// with bytes overwritten anywhere, and with new streams starting from the shapes the earlier
+/// ones learned.
 #[test]
 fn fast_path_agrees_with_the_full_classifier() {
+    use inferscope::dialect::{Shapes, StreamClassifier};
     check!()
         .with_type::<Vec<(u8, u8, u8, u8, u16, u8)>>()
         .for_each(|events| {
-            let mut fast = inferscope::dialect::StreamClassifier::new(Dialect::OpenAi);
+            let shapes = std::sync::Arc::new(Shapes::default());
+            let new_stream = || StreamClassifier::sharing(Dialect::OpenAi, shapes.clone());
+            let mut fast = new_stream();
             for &(shape, text, created, finish, at, byte) in events {
+                // One event in eight starts a new stream (with another id).
+                if at % 8 == 1 {
+                    fast = new_stream();
+                }
+                let id = IDS[usize::from(at / 8) % IDS.len()];
                 let text = TEXTS[usize::from(text) % TEXTS.len()];
                 let mut data = SHAPES[usize::from(shape) % SHAPES.len()]
+                    .replace("\"id\":\"c", &format!("\"id\":\"{id}c"))
                     .replace("{t}", text)
                     .replace("{c}", CREATED[usize::from(created) % CREATED.len()])
                     .replace("{f}", FINISH[usize::from(finish) % FINISH.len()])
@@ -339,25 +361,33 @@ fn fast_path_agrees_on_fixtures_and_takes_ordinary_streams() {
         }
     }
     for (i, shape) in SHAPES[..7].iter().enumerate() {
-        let mut fast = inferscope::dialect::StreamClassifier::new(Dialect::OpenAi);
-        for (n, text) in ["", " the", " cat", "\\n", " sat", " on"]
-            .iter()
-            .enumerate()
-        {
-            let data = shape
-                .replace("{t}", text)
-                .replace("{c}", &format!("{}", 1764500000 + n))
-                .replace("{f}", "null");
-            assert_eq!(
-                fast.classify(data.as_bytes()),
-                Dialect::OpenAi.classify(data.as_bytes())
-            );
+        // Two streams of one backend: the second reads through what the first learned.
+        let shapes = std::sync::Arc::new(inferscope::dialect::Shapes::default());
+        let mut hits = [0; 2];
+        for (stream, id) in ["c", "chatcmpl-2b"].into_iter().enumerate() {
+            let mut fast =
+                inferscope::dialect::StreamClassifier::sharing(Dialect::OpenAi, shapes.clone());
+            for (n, text) in ["", " the", " cat", "\\n", " sat", " on"]
+                .iter()
+                .enumerate()
+            {
+                let data = shape
+                    .replace("\"id\":\"c", &format!("\"id\":\"{id}"))
+                    .replace("{t}", text)
+                    .replace("{c}", &format!("{}", 1764500000 + n))
+                    .replace("{f}", "null");
+                assert_eq!(
+                    fast.classify(data.as_bytes()),
+                    Dialect::OpenAi.classify(data.as_bytes())
+                );
+            }
+            hits[stream] = fast.fast_hits();
         }
-        assert!(
-            fast.fast_hits() >= 4,
-            "shape {i}: {} hits",
-            fast.fast_hits()
-        );
+        assert!(hits[0] >= 4, "shape {i}: {hits:?} hits");
+        // A shape that says usage is not shared.
+        if !shape.contains("usage") {
+            assert_eq!(hits[1], 6, "shape {i}: {hits:?} hits");
+        }
     }
 }
 

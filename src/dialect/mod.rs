@@ -18,7 +18,7 @@ mod shape;
 mod tgi;
 
 pub use openai::{append_content, classify};
-pub use shape::StreamClassifier;
+pub use shape::{Shapes, StreamClassifier};
 
 use std::time::Duration;
 

@@ -18,9 +18,16 @@
 //! anything else (`\u` escapes, invalid UTF-8, a number with a fraction) is a miss and goes to
 //! the full classifier. A miss never changes an answer, only its cost. `tests/fuzz.rs` checks
 //! the two paths against each other on generated streams and every fixture.
+//!
+//! The `id` is a hole too (an unescaped string, read as the event's `id`), so a shape learned
+//! on one stream matches the chunks of the next: a backend's shapes (`Shapes`: its role chunk,
+//! content chunk, finish chunk…) are learned by its first streams and shared by the streams
+//! after them, which then read even their first chunks without the full classifier. Shapes
+//! that say usage are not shared (their token counts are literal, so they fit one stream).
 
 use super::{openai, Dialect, EngineTimes, FinishReason, Observation, Usage};
 use std::borrow::Cow;
+use std::sync::Arc;
 
 /// Most holes a shape keeps (a chunk with more is not learned).
 const MAX_HOLES: usize = 8;
@@ -28,6 +35,8 @@ const MAX_HOLES: usize = 8;
 const MAX_SHAPE_LEN: usize = 2048;
 /// Learning attempts in a row without a match before the stream stops learning.
 const MAX_LEARN_MISSES: u8 = 4;
+/// Most shapes a backend shares among its streams.
+const MAX_SHARED: usize = 8;
 /// Longest integer a hole takes (`created` and the like); longer ones are misses.
 const MAX_INT_DIGITS: usize = 18;
 
@@ -35,6 +44,8 @@ const MAX_INT_DIGITS: usize = 18;
 enum HoleKind {
     /// A string whose emptiness is the event's output.
     Text,
+    /// The top-level `id`: a string without escapes, the event's `id`.
+    Id,
     /// A string the classifier ignores.
     IgnoredStr,
     /// An integer the classifier ignores.
@@ -55,7 +66,7 @@ const NO_HOLE: Hole = Hole {
     kind: HoleKind::IgnoredStr,
 };
 
-/// Where a borrowed string value (`id`, `model`) sits: in literal run `run`, `off` bytes in.
+/// Where the borrowed `model` sits: in literal run `run`, `off` bytes in.
 #[derive(Debug, Clone, Copy)]
 struct Place {
     run: u8,
@@ -80,43 +91,81 @@ struct Shape {
     doc: Vec<u8>,
     holes: [Hole; MAX_HOLES],
     n_holes: usize,
-    id: Option<Place>,
     model: Option<Place>,
     said: Said,
 }
 
-impl Default for Shape {
-    fn default() -> Self {
-        Self {
-            doc: Vec::new(),
-            holes: [NO_HOLE; MAX_HOLES],
-            n_holes: 0,
-            id: None,
-            model: None,
-            said: Said::default(),
-        }
+/// The shapes a backend's streams share: learned by its first streams, read by all (see the
+/// module's notes). Cheap to read: a stream takes the list once, when it starts.
+#[derive(Debug, Default)]
+pub struct Shapes(arc_swap::ArcSwap<Vec<Arc<Shape>>>);
+
+impl Shapes {
+    /// Offers `shape`, learned on `doc`: kept unless the list is full or a shape in it reads
+    /// `doc` already. Returns the list as it is now.
+    fn offer(&self, shape: &Arc<Shape>, doc: &[u8]) -> Arc<Vec<Arc<Shape>>> {
+        self.0.rcu(|list| {
+            if list.len() >= MAX_SHARED || list.iter().any(|s| s.read(doc).is_some()) {
+                return Arc::clone(list);
+            }
+            let mut more = Vec::with_capacity(list.len() + 1);
+            more.extend(list.iter().cloned());
+            more.push(Arc::clone(shape));
+            Arc::new(more)
+        });
+        self.0.load_full()
+    }
+
+    /// How many shapes are shared.
+    pub fn len(&self) -> usize {
+        self.0.load().len()
+    }
+
+    /// No shape is shared yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
-/// Classifies the events of one stream in `dialect`, through the learned shape where one
+/// Classifies the events of one stream in `dialect`, through a learned shape where one
 /// matches (OpenAI chat and completions), else through the dialect's full classifier. Its
 /// answers are the full classifier's, event for event.
 #[derive(Debug)]
 pub struct StreamClassifier {
     dialect: Dialect,
-    shape: Option<Shape>,
+    /// Where shapes this stream learns are offered to the streams after it.
+    shared: Option<Arc<Shapes>>,
+    /// The shared shapes as this stream knows them.
+    known: Arc<Vec<Arc<Shape>>>,
+    /// The shape learned by this stream and not shared (a shape saying usage, or a full list).
+    own: Option<Shape>,
+    /// Which shape matched last, tried first: `known`'s index, or `known.len()` for `own`.
+    last: usize,
     learn_misses: u8,
     hits: u64,
 }
 
 impl StreamClassifier {
-    /// A classifier for one stream of `dialect` events.
+    /// A classifier for one stream of `dialect` events, learning on its own.
     pub fn new(dialect: Dialect) -> Self {
         Self {
             dialect,
-            shape: None,
+            shared: None,
+            known: Arc::default(),
+            own: None,
+            last: 0,
             learn_misses: 0,
             hits: 0,
+        }
+    }
+
+    /// A classifier for one stream of `dialect` events that reads through `shapes` and offers
+    /// them what it learns.
+    pub fn sharing(dialect: Dialect, shapes: Arc<Shapes>) -> Self {
+        Self {
+            known: shapes.0.load_full(),
+            shared: Some(shapes),
+            ..Self::new(dialect)
         }
     }
 
@@ -136,7 +185,7 @@ impl StreamClassifier {
             return self.dialect.classify(data);
         }
         let doc = data.trim_ascii();
-        if let Some(o) = self.shape.as_ref().and_then(|s| s.read(doc)) {
+        if let Some(o) = self.read(doc) {
             self.hits += 1;
             self.learn_misses = 0;
             return o;
@@ -144,10 +193,49 @@ impl StreamClassifier {
         let o = openai::classify(data);
         if !o.malformed && !o.done && self.learn_misses < MAX_LEARN_MISSES {
             self.learn_misses += 1;
-            // A shape that fails to learn stays as it was.
-            self.shape.get_or_insert_with(Shape::default).learn(doc, &o);
+            self.learn(doc, &o);
         }
         o
+    }
+
+    /// `doc` through the shape that matched last, then through the others.
+    fn read<'d>(&mut self, doc: &'d [u8]) -> Option<Observation<'d>> {
+        let n = self.known.len();
+        let shape = |i: usize| -> Option<&Shape> {
+            match self.known.get(i) {
+                Some(s) => Some(s),
+                None => self.own.as_ref(),
+            }
+        };
+        if let Some(o) = shape(self.last).and_then(|s| s.read(doc)) {
+            return Some(o);
+        }
+        let (i, o) = (0..=n)
+            .filter(|&i| i != self.last)
+            .find_map(|i| Some((i, shape(i)?.read(doc)?)))?;
+        self.last = i;
+        Some(o)
+    }
+
+    /// Learns the shape of `doc`, which the full classifier read as `o`: shared when it can be,
+    /// else this stream's own. A shape that fails to learn changes nothing.
+    fn learn(&mut self, doc: &[u8], o: &Observation<'_>) {
+        let Some(shape) = Shape::learn(doc, o) else {
+            return;
+        };
+        if let Some(shared) = self.shared.as_ref().filter(|_| shape.said.usage.is_none()) {
+            let shape = Arc::new(shape);
+            self.known = shared.offer(&shape, doc);
+            if let Some(i) = self.known.iter().position(|s| s.read(doc).is_some()) {
+                self.last = i;
+                return;
+            }
+            // The list is full: this stream keeps it.
+            self.own = Arc::try_unwrap(shape).ok();
+        } else {
+            self.own = Some(shape);
+        }
+        self.last = self.known.len();
     }
 }
 
@@ -167,13 +255,23 @@ impl Shape {
             if doc.get(at..at + lit.len())? != lit {
                 return None;
             }
-            self.place(run, at, doc, &mut id, &mut model)?;
+            self.place(run, at, doc, &mut model)?;
             at += lit.len();
             let rest = &doc[at..];
             let n = match hole.kind {
                 HoleKind::Text => {
                     let n = string_len(rest)?;
                     output |= n > 2;
+                    n
+                }
+                HoleKind::Id => {
+                    let n = string_len(rest)?;
+                    let text = &rest[1..n - 1];
+                    if text.contains(&b'\\') {
+                        return None;
+                    }
+                    // `string_len` checked it is UTF-8.
+                    id = Some(Cow::Borrowed(std::str::from_utf8(text).ok()?));
                     n
                 }
                 HoleKind::IgnoredStr => string_len(rest)?,
@@ -186,7 +284,7 @@ impl Shape {
         if &doc[at..] != tail {
             return None;
         }
-        self.place(self.n_holes, at, doc, &mut id, &mut model)?;
+        self.place(self.n_holes, at, doc, &mut model)?;
         let said = &self.said;
         Some(Observation {
             id,
@@ -203,42 +301,38 @@ impl Shape {
         })
     }
 
-    /// Sets `id` and `model` when they sit in literal run `run`, which starts at `at` in `doc`.
+    /// Sets `model` when it sits in literal run `run`, which starts at `at` in `doc`.
     fn place<'d>(
         &self,
         run: usize,
         at: usize,
         doc: &'d [u8],
-        id: &mut Option<Cow<'d, str>>,
         model: &mut Option<Cow<'d, str>>,
     ) -> Option<()> {
-        for (place, out) in [(self.id, id), (self.model, model)] {
-            if let Some(p) = place.filter(|p| usize::from(p.run) == run) {
-                let s = at + p.off as usize;
-                // The bytes equal the learned chunk's, which the parser read as UTF-8.
-                let text = std::str::from_utf8(&doc[s..s + p.len as usize]).ok()?;
-                *out = Some(Cow::Borrowed(text));
-            }
+        if let Some(p) = self.model.filter(|p| usize::from(p.run) == run) {
+            let s = at + p.off as usize;
+            // The bytes equal the learned chunk's, which the parser read as UTF-8.
+            let text = std::str::from_utf8(&doc[s..s + p.len as usize]).ok()?;
+            *model = Some(Cow::Borrowed(text));
         }
         Some(())
     }
 
-    /// Learns the shape of `doc` (trimmed), which the full classifier read as `o`. True when
-    /// it is a shape worth matching; when false, `self` is unchanged.
-    fn learn(&mut self, doc: &[u8], o: &Observation<'_>) -> bool {
+    /// The shape of `doc` (trimmed), which the full classifier read as `o`, when it is one
+    /// worth matching.
+    fn learn(doc: &[u8], o: &Observation<'_>) -> Option<Shape> {
         if doc.len() > MAX_SHAPE_LEN || matches!(o.finish, Some(FinishReason::Other(_))) {
-            return false;
+            return None;
         }
         let mut w = Walk {
             d: doc,
             p: 0,
             holes: [NO_HOLE; MAX_HOLES],
             n: 0,
-            id: None,
             model: None,
         };
         if w.top().is_none() || w.n == 0 {
-            return false;
+            return None;
         }
         // The rule `output = a text hole is non-empty` must give the full classifier's answer
         // on the learned chunk itself.
@@ -246,7 +340,7 @@ impl Shape {
             .iter()
             .any(|h| h.kind == HoleKind::Text && h.end - h.start > 2);
         if text_output != o.output {
-            return false;
+            return None;
         }
         // Places are absolute offsets until here: make them relative to their literal run.
         let locate = |range: Option<(usize, usize)>| -> Option<Option<Place>> {
@@ -270,29 +364,27 @@ impl Shape {
                 len: u32::try_from(e - s).ok()?,
             }))
         };
-        let (Some(id), Some(model)) = (locate(w.id), locate(w.model)) else {
-            return false;
-        };
-        // `id` and `model` are borrowed by the full classifier only when unescaped; a place
-        // exists only for an unescaped string, and then both agree.
-        if o.id.is_some() != id.is_some() || o.model.is_some() != model.is_some() {
-            return false;
+        let model = locate(w.model)?;
+        // `id` and `model` are borrowed by the full classifier only when unescaped; a hole or
+        // a place exists only for an unescaped string, and then both agree.
+        let id_hole = w.holes[..w.n].iter().any(|h| h.kind == HoleKind::Id);
+        if o.id.is_some() != id_hole || o.model.is_some() != model.is_some() {
+            return None;
         }
-        self.doc.clear();
-        self.doc.extend_from_slice(doc);
-        self.holes = w.holes;
-        self.n_holes = w.n;
-        self.id = id;
-        self.model = model;
-        self.said = Said {
-            tokens: o.tokens,
-            usage: o.usage,
-            usage_only: o.usage_only,
-            finish: o.finish.clone(),
-            engine: o.engine,
-            error: o.error,
-        };
-        true
+        Some(Shape {
+            doc: doc.to_vec(),
+            holes: w.holes,
+            n_holes: w.n,
+            model,
+            said: Said {
+                tokens: o.tokens,
+                usage: o.usage,
+                usage_only: o.usage_only,
+                finish: o.finish.clone(),
+                engine: o.engine,
+                error: o.error,
+            },
+        })
     }
 }
 
@@ -342,8 +434,8 @@ fn int_len(s: &[u8]) -> Option<usize> {
     Some(sign + digits)
 }
 
-/// A walk over a chunk the full classifier accepted, finding its holes and the places of its
-/// `id` and `model`. It declines (returns `None`) on anything outside the shapes it knows:
+/// A walk over a chunk the full classifier accepted, finding its holes (its `id` among them)
+/// and the place of its `model`. It declines (returns `None`) on anything outside the shapes it knows:
 /// escaped keys, tool calls, content given as parts, both `delta` and `message`, more holes
 /// than it keeps.
 struct Walk<'a> {
@@ -351,7 +443,6 @@ struct Walk<'a> {
     p: usize,
     holes: [Hole; MAX_HOLES],
     n: usize,
-    id: Option<(usize, usize)>,
     model: Option<(usize, usize)>,
 }
 
@@ -509,13 +600,12 @@ impl Walk<'_> {
                 if w.d[s..e].contains(&b'\\') {
                     return None;
                 }
-                let range = Some((s + 1, e - 1));
                 if key == b"id" {
-                    w.id = range;
+                    w.hole(s, HoleKind::Id)
                 } else {
-                    w.model = range;
+                    w.model = Some((s + 1, e - 1));
+                    Some(())
                 }
-                Some(())
             }
             b"usage" | b"error" | b"object" | b"timings" => w.skip(),
             _ => {
@@ -622,6 +712,57 @@ mod tests {
             let data = with(created, "", "x");
             assert_eq!(c.classify(&data), openai::classify(&data), "{created}");
         }
+    }
+
+    #[test]
+    fn later_streams_read_even_their_first_chunks_through_the_shapes_earlier_ones_learned() {
+        let stream = |id: &str| -> Vec<Vec<u8>> {
+            let head = format!("{{\"id\":\"{id}\",\"object\":\"chat.completion.chunk\",\"created\":1764500000,\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":");
+            [
+                r#"{"role":"assistant","content":""},"finish_reason":null}]}"#.to_owned(),
+                r#"{"content":"Hi"},"finish_reason":null}]}"#.to_owned(),
+                r#"{"content":" there"},"finish_reason":null}]}"#.to_owned(),
+                r#"{},"finish_reason":"length"}]}"#.to_owned(),
+                format!(
+                    r#"{{}},"finish_reason":null}}],"usage":{{"prompt_tokens":5,"completion_tokens":{}}}}}"#,
+                    id.len()
+                ),
+            ]
+            .iter()
+            .map(|rest| format!("{head}{rest}").into_bytes())
+            .collect()
+        };
+        let shapes = Arc::new(Shapes::default());
+        let mut hits = Vec::new();
+        for id in [
+            "chatcmpl-a1",
+            "chatcmpl-b22",
+            "chatcmpl-c333",
+            "caf\u{e9}-\u{1f600}",
+        ] {
+            let mut c = StreamClassifier::sharing(Dialect::OpenAi, Arc::clone(&shapes));
+            for data in stream(id) {
+                let o = c.classify(&data);
+                assert_eq!(
+                    o,
+                    openai::classify(&data),
+                    "{}",
+                    String::from_utf8_lossy(&data)
+                );
+                assert_eq!(o.id.as_deref(), Some(id));
+            }
+            hits.push(c.fast_hits());
+        }
+        // The first stream learns the role, content and finish chunks (and reads its second
+        // content chunk); the next read all but their usage chunk, which no stream shares.
+        assert_eq!(hits, [1, 4, 4, 4]);
+        assert_eq!(shapes.len(), 3);
+        // An escaped id is read by the full classifier.
+        let mut c = StreamClassifier::sharing(Dialect::OpenAi, Arc::clone(&shapes));
+        for data in stream("a\\u0041") {
+            assert_eq!(c.classify(&data), openai::classify(&data));
+        }
+        assert_eq!(c.fast_hits(), 0);
     }
 
     #[test]

@@ -5,7 +5,7 @@ use super::layer::{Held, Metering};
 use super::record::{
     EventTokens, Gaps, ItlSample, Outcome, RequestMeta, RequestRecord, ResponseInfo, TokensSource,
 };
-use crate::dialect::{Dialect, FinishReason, StreamClassifier, Usage};
+use crate::dialect::{Dialect, FinishReason, Shapes, StreamClassifier, Usage};
 use crate::sse::{Event, NdjsonScanner, OpenBlock, SseScanner};
 use bytes::Bytes;
 use std::sync::Arc;
@@ -190,10 +190,12 @@ pub struct StripPlan {
 }
 
 /// How a response is measured.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct MeasureOptions {
     /// Read events in this dialect (`None`: every event counts as output, timing only).
     pub dialect: Option<Dialect>,
+    /// The backend's shared chunk shapes (`dialect::Shapes`), read through and learned into.
+    pub shapes: Option<Arc<Shapes>>,
     /// Remove the usage-only chunk the gateway asked for on the client's behalf.
     pub strip_usage: bool,
     /// Capture output text up to this many bytes (content capture opted in, shadow comparison).
@@ -247,6 +249,7 @@ impl Meter {
     ) -> Self {
         let MeasureOptions {
             dialect,
+            shapes,
             strip_usage,
             capture_output,
             deadlines,
@@ -256,7 +259,10 @@ impl Meter {
             status,
             framing,
             progress: Progress {
-                classifier: dialect.map(StreamClassifier::new),
+                classifier: dialect.map(|d| match shapes {
+                    Some(shapes) => StreamClassifier::sharing(d, shapes),
+                    None => StreamClassifier::new(d),
+                }),
                 strip_usage,
                 capture: capture_output,
                 itl: Gaps::with_capacity(64),

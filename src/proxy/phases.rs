@@ -484,6 +484,7 @@ impl Ctx {
         }
         self.notes.measure(MeasureOptions {
             dialect,
+            shapes: Some(Arc::clone(&guard.backend().shapes)),
             strip_usage: strip,
             capture_output: self.capture_output,
             deadlines: deadlines(route, self.t0),
@@ -601,6 +602,7 @@ impl ShadowCopy {
             Ok((resp, guard)) => {
                 notes.measure(MeasureOptions {
                     dialect: self.endpoint.dialect(),
+                    shapes: Some(Arc::clone(&guard.backend().shapes)),
                     strip_usage: false,
                     capture_output: Some(MAX_COMPARED),
                     deadlines: deadlines(&route, t0),

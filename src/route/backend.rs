@@ -55,6 +55,8 @@ pub struct Backend {
     pub http2: bool,
     /// How long an idle HTTP/1.1 connection to it stays pooled (`idle_timeout`).
     pub idle_timeout: Duration,
+    /// The chunk shapes its streams share (`dialect::Shapes`).
+    pub shapes: Arc<crate::dialect::Shapes>,
     /// With `http2` over TLS: the same settings offering `h2` first, then `http/1.1`.
     tls_h2: Option<Arc<crate::tls::ClientTls>>,
     /// Provider label.
@@ -94,6 +96,13 @@ pub struct Backend {
 pub struct BackendGuard {
     backend: Arc<Backend>,
     _permit: Option<OwnedSemaphorePermit>,
+}
+
+impl BackendGuard {
+    /// The backend it counts against.
+    pub fn backend(&self) -> &Arc<Backend> {
+        &self.backend
+    }
 }
 
 impl Drop for BackendGuard {
@@ -256,6 +265,7 @@ impl Backend {
             tls: None,
             http2: false,
             idle_timeout: Duration::from_secs(4),
+            shapes: Arc::default(),
             tls_h2: None,
             provider,
             authorization,
