@@ -545,8 +545,7 @@ async fn write_out(
     }
 }
 
-use crate::key;
-use crate::util::json::Object;
+use crate::util::json::{key, Object};
 use crate::util::quantile::{duration_ms as ms, us_to_ms};
 
 /// Writes a record's access-log line (one JSON object, no newline) at the end of `out`. The

@@ -220,10 +220,21 @@ impl StreamClassifier {
     /// Learns the shape of `doc`, which the full classifier read as `o`: shared when it can be,
     /// else this stream's own. A shape that fails to learn changes nothing.
     fn learn(&mut self, doc: &[u8], o: &Observation<'_>) {
-        let Some(shape) = Shape::learn(doc, o) else {
+        // A shape to share needs a buffer of its own; one this stream keeps takes over the
+        // buffer of the shape it replaces (no allocation once a stream has learned).
+        let share = self.shared.is_some() && o.usage.is_none();
+        let own = &mut self.own;
+        let recycle = || match (share, own.take()) {
+            (false, Some(old)) => old.doc,
+            (_, old) => {
+                *own = old;
+                Vec::new()
+            }
+        };
+        let Some(shape) = Shape::learn(doc, o, recycle) else {
             return;
         };
-        if let Some(shared) = self.shared.as_ref().filter(|_| shape.said.usage.is_none()) {
+        if let Some(shared) = self.shared.as_ref().filter(|_| share) {
             let shape = Arc::new(shape);
             self.known = shared.offer(&shape, doc);
             if let Some(i) = self.known.iter().position(|s| s.read(doc).is_some()) {
@@ -319,8 +330,9 @@ impl Shape {
     }
 
     /// The shape of `doc` (trimmed), which the full classifier read as `o`, when it is one
-    /// worth matching.
-    fn learn(doc: &[u8], o: &Observation<'_>) -> Option<Shape> {
+    /// worth matching; its copy of `doc` goes in `buf` (cleared first), so a stream that learns
+    /// again reuses its allocation.
+    fn learn(doc: &[u8], o: &Observation<'_>, buf: impl FnOnce() -> Vec<u8>) -> Option<Shape> {
         if doc.len() > MAX_SHAPE_LEN || matches!(o.finish, Some(FinishReason::Other(_))) {
             return None;
         }
@@ -371,8 +383,11 @@ impl Shape {
         if o.id.is_some() != id_hole || o.model.is_some() != model.is_some() {
             return None;
         }
+        let mut copy = buf();
+        copy.clear();
+        copy.extend_from_slice(doc);
         Some(Shape {
-            doc: doc.to_vec(),
+            doc: copy,
             holes: w.holes,
             n_holes: w.n,
             model,

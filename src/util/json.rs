@@ -6,12 +6,12 @@
 
 /// A field's key as `Object` takes it: `key!("name")` is `,"name":` (the comma is left out
 /// before the first field), one copy per field.
-#[macro_export]
 macro_rules! key {
     ($name:literal) => {
         concat!(",\"", $name, "\":")
     };
 }
+pub(crate) use key;
 
 /// An object being written into `out`; `close` ends it. Keys are spelled by `key!`.
 pub struct Object<'a> {
