@@ -412,6 +412,16 @@ fn string_len(s: &[u8]) -> Option<usize> {
     let mut i = 1;
     let mut ascii = true;
     loop {
+        // Eight plain bytes at a time (printable ASCII, neither quote nor backslash); the byte
+        // loop below takes any word with something else in it.
+        while let Some(w) = s.get(i..i + 8) {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(w);
+            if !plain(u64::from_le_bytes(word)) {
+                break;
+            }
+            i += 8;
+        }
         let b = *s.get(i)?;
         match b {
             b'"' => break,
@@ -436,6 +446,19 @@ fn string_len(s: &[u8]) -> Option<usize> {
         std::str::from_utf8(&s[1..i]).ok()?;
     }
     Some(i + 1)
+}
+
+/// All eight bytes of `w` are printable ASCII other than `"` and `\` (exact: the zero-byte and
+/// less-than tests below have no false negatives, and a false positive only sends the word to
+/// the byte loop).
+fn plain(w: u64) -> bool {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
+    let has_zero = |v: u64| v.wrapping_sub(ONES) & !v & HIGH;
+    let below_space = w.wrapping_sub(ONES * 0x20) & !w & HIGH;
+    let quote = has_zero(w ^ (ONES * u64::from(b'"')));
+    let backslash = has_zero(w ^ (ONES * u64::from(b'\\')));
+    ((w & HIGH) | below_space | quote | backslash) == 0
 }
 
 /// Length of the plain integer at the start of `s` (`-?(0|[1-9][0-9]*)`, at most 18 digits).
@@ -778,6 +801,40 @@ mod tests {
             assert_eq!(c.classify(&data), openai::classify(&data));
         }
         assert_eq!(c.fast_hits(), 0);
+    }
+
+    #[test]
+    fn the_word_test_agrees_with_the_byte_test() {
+        let plain_byte = |b: u8| (0x20..0x80).contains(&b) && b != b'"' && b != b'\\';
+        let mut rng = crate::util::Rng::new(7);
+        let mut words: Vec<[u8; 8]> = Vec::new();
+        for pos in 0..8 {
+            for b in 0..=255u8 {
+                for fill in [b'a', b' ', b'~', b'0'] {
+                    let mut w = [fill; 8];
+                    w[pos] = b;
+                    words.push(w);
+                }
+            }
+        }
+        for _ in 0..100_000 {
+            let r = rng.next_u64();
+            // Mostly plain bytes, some of anything.
+            let mut w = r.to_le_bytes();
+            for (i, b) in w.iter_mut().enumerate() {
+                if (r >> (i * 3)) & 7 != 0 {
+                    *b = 0x20 + *b % 0x60;
+                }
+            }
+            words.push(w);
+        }
+        for w in words {
+            assert_eq!(
+                plain(u64::from_le_bytes(w)),
+                w.iter().all(|&b| plain_byte(b)),
+                "{w:?}"
+            );
+        }
     }
 
     #[test]
