@@ -1,10 +1,11 @@
 //! The per-chunk path allocates nothing in the common case: a counting allocator watches
-//! `Meter::observe` over a stream of ordinary content chunks.
+//! `Meter::observe` over a stream of ordinary content chunks, read through the stream's own
+//! learned shape and through the shapes a backend's earlier stream shared.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use bytes::Bytes;
 use inferscope::accesslog::AccessLog;
-use inferscope::dialect::Dialect;
+use inferscope::dialect::{Dialect, Shapes};
 use inferscope::meter::{
     Framing, Held, MeasureOptions, Meter, MeterSettings, Metering, RequestMeta,
 };
@@ -32,38 +33,52 @@ fn observing_content_chunks_does_not_allocate() {
         }
     };
     let frames: Vec<Bytes> = (0..60).map(|i| chunk(i, false)).collect();
-    let meta = {
-        let mut m = RequestMeta::new(http::Method::POST, "/");
-        m.stream = true;
-        m
-    };
     let recorder = Arc::new(Recorder::new(Stats::new(4), AccessLog::disabled(), None));
     let metering = Metering::new(recorder, Arc::new(Ids::default()), MeterSettings::default());
-    let mut m = Meter::new(
-        meta,
-        200,
-        Framing::Sse(SseScanner::default()),
-        MeasureOptions {
-            dialect: Some(Dialect::OpenAi),
-            ..MeasureOptions::default()
-        },
-        metering,
-        Held::default(),
-    );
-    // Warm-up: the scanner's carry buffer reaches its working size once.
-    m.observe(&chunk(0, true), Instant::now());
-    m.observe(
-        &Bytes::from_static(b":\"c1\",\"choices\":[]}\n\n"),
-        Instant::now(),
-    );
-
-    let info = allocation_counter::measure(|| {
-        for f in &frames {
-            m.observe(f, Instant::now());
-        }
-    });
+    let meter = |shapes: Option<Arc<Shapes>>| {
+        let mut meta = RequestMeta::new(http::Method::POST, "/");
+        meta.stream = true;
+        Meter::new(
+            meta,
+            200,
+            Framing::Sse(SseScanner::default()),
+            MeasureOptions {
+                dialect: Some(Dialect::OpenAi),
+                shapes,
+                ..MeasureOptions::default()
+            },
+            Arc::clone(&metering),
+            Held::default(),
+        )
+    };
+    // A stream learning on its own, and the second stream of a backend whose first stream
+    // learned the shapes (how the gateway runs).
+    let shapes = Arc::new(Shapes::default());
+    let mut first = meter(Some(Arc::clone(&shapes)));
+    for f in &frames {
+        first.observe(f, Instant::now());
+    }
     assert_eq!(
-        info.count_total, 0,
-        "allocations while observing 60 content chunks"
+        shapes.len(),
+        1,
+        "the first stream shared its content chunk's shape"
     );
+    for (kind, shapes) in [("own", None), ("shared", Some(shapes))] {
+        let mut m = meter(shapes);
+        // Warm-up: the scanner's carry buffer reaches its working size once.
+        m.observe(&chunk(0, true), Instant::now());
+        m.observe(
+            &Bytes::from_static(b":\"c1\",\"choices\":[]}\n\n"),
+            Instant::now(),
+        );
+        let info = allocation_counter::measure(|| {
+            for f in &frames {
+                m.observe(f, Instant::now());
+            }
+        });
+        assert_eq!(
+            info.count_total, 0,
+            "allocations while observing 60 content chunks ({kind} shapes)"
+        );
+    }
 }
