@@ -590,8 +590,8 @@ pub fn write_line(r: &RequestRecord, out: &mut Vec<u8>) {
         }
         None => o.null(key!("client")),
     }
-    if let Some(key) = m.key.as_deref() {
-        o.str(key!("key"), key);
+    if let Some(name) = m.key.as_deref() {
+        o.str(key!("key"), name);
     }
     o.u64(key!("status"), u64::from(r.status));
     o.bool(key!("stream"), m.stream);
@@ -639,7 +639,7 @@ pub fn write_line(r: &RequestRecord, out: &mut Vec<u8>) {
         o.f64(key!("engine_decode_ms"), Some(ms(v)));
     }
     let load = m.engine;
-    for (key, v) in [
+    for (field, v) in [
         (key!("backend_running"), load.and_then(|e| e.running)),
         (key!("backend_queue_depth"), load.and_then(|e| e.waiting)),
         (
@@ -648,7 +648,7 @@ pub fn write_line(r: &RequestRecord, out: &mut Vec<u8>) {
         ),
     ] {
         if v.is_some() {
-            o.f32(key, v);
+            o.f32(field, v);
         }
     }
     o.opt_str(
