@@ -113,7 +113,8 @@ impl Ctx {
 
     async fn run(&mut self, body: Incoming) -> Result<Response<ProxyBody>, ProxyError> {
         if self.upgrade.is_some() {
-            return self.tunnel().await;
+            // Boxed: an upgrade is rare, and every request's future would otherwise be its size.
+            return Box::pin(self.tunnel()).await;
         }
         self.authenticate()?;
         self.read_body(body).await?;

@@ -196,7 +196,9 @@ impl UpstreamClient {
             authority,
         };
         if http2 && !self.pool.h1_only.lock().contains(&key) {
-            req = match self.request_h2(req, &key, tls, idle).await {
+            // Boxed: the HTTP/2 dial is most of this future's size, and the HTTP/1.1 path (each
+            // request's future is moved into its own allocation) should not carry it.
+            req = match Box::pin(self.request_h2(req, &key, tls, idle)).await {
                 Ok(resp) => return resp,
                 Err(back) => back,
             };
@@ -215,7 +217,8 @@ impl UpstreamClient {
         }
         let (conn, rx) = match self.checkout(&key) {
             Some(c) => c,
-            None => self.connect(&key, tls).await?,
+            // Boxed for the same reason: a new connection is the exception on a pooled path.
+            None => Box::pin(self.connect(&key, tls)).await?,
         };
         let resp = conn.send(req).await.map_err(h1_failure)?;
         let (parts, body) = resp.into_parts();
