@@ -187,6 +187,36 @@ async fn a_stalled_stream_hits_the_idle_timeout_and_the_upstream_is_closed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_never_pauses_for_the_idle_timeout_outlives_it_many_times() {
+    // Chunks every 60 ms for ~1.2 s under a 250 ms idle timeout: the idle deadline moves on with
+    // every chunk (the timer is re-armed when it fires, not on every chunk), so the stream ends
+    // whole.
+    let sim = start_sim(exact(60.0, 60.0), 1).await;
+    let dir = temp_dir();
+    let backends = format!("  - {{ name: s, url: \"http://{}\" }}\n", sim.addr);
+    let gw = start_yaml(&yaml(
+        &dir,
+        &backends,
+        "    backends: [s]\n    timeouts: { idle: 250ms }\n",
+    ))
+    .await;
+    let r = post(
+        gw.data_addr,
+        "/v1/chat/completions",
+        &chat(true, 20, ""),
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let body = String::from_utf8(r.body()).unwrap();
+    assert!(body.contains("[DONE]"), "{body}");
+    assert!(!r.aborted);
+    let log = stop_and_read_log(gw, &dir).await;
+    assert_eq!(log[0]["outcome"], "ok");
+    assert!(log[0]["e2e_ms"].as_f64().unwrap() > 1000.0, "{}", log[0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_token_timeout_ends_streams_and_answers_504_before_a_head() {
     let slow = start_sim(
         faulty(Faults {

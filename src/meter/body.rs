@@ -274,8 +274,14 @@ where
                     *this.last_frame = now;
                     let stripping = m.stripping();
                     let mut plan = m.observe(&data, now);
+                    // Only a deadline earlier than the armed one re-arms the timer here. A later
+                    // one (the idle deadline moving on with every frame) waits for the armed
+                    // timer to fire, which re-arms it from the last frame (the pending arm
+                    // above): no timer-wheel update per frame.
                     if let (Some(timer), Some(at)) = (this.timer.as_mut(), next_deadline(m, now)) {
-                        timer.as_mut().reset(at);
+                        if at < timer.deadline() {
+                            timer.as_mut().reset(at);
+                        }
                     }
                     // A body of known length ends with its last byte: hyper may never poll again.
                     let last = this.inner.is_end_stream();
