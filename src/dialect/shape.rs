@@ -105,7 +105,7 @@ impl Shapes {
     /// `doc` already. Returns the list as it is now.
     fn offer(&self, shape: &Arc<Shape>, doc: &[u8]) -> Arc<Vec<Arc<Shape>>> {
         self.0.rcu(|list| {
-            if list.len() >= MAX_SHARED || list.iter().any(|s| s.read(doc).is_some()) {
+            if list.len() >= MAX_SHARED || list.iter().any(|s| s.read(doc, false).is_some()) {
                 return Arc::clone(list);
             }
             let mut more = Vec::with_capacity(list.len() + 1);
@@ -143,6 +143,9 @@ pub struct StreamClassifier {
     last: usize,
     learn_misses: u8,
     hits: u64,
+    /// The caller still wants `id` and `model` from chunks read through a shape (each is one
+    /// more UTF-8 check per chunk); the full classifier gives them regardless.
+    names: bool,
 }
 
 impl StreamClassifier {
@@ -156,6 +159,7 @@ impl StreamClassifier {
             last: 0,
             learn_misses: 0,
             hits: 0,
+            names: true,
         }
     }
 
@@ -172,6 +176,11 @@ impl StreamClassifier {
     /// The dialect it reads.
     pub fn dialect(&self) -> Dialect {
         self.dialect
+    }
+
+    /// Stops reading `id` and `model` from chunks a shape answers (the caller has them).
+    pub fn names_known(&mut self) {
+        self.names = false;
     }
 
     /// Events answered by the learned shape so far.
@@ -207,12 +216,13 @@ impl StreamClassifier {
                 None => self.own.as_ref(),
             }
         };
-        if let Some(o) = shape(self.last).and_then(|s| s.read(doc)) {
+        let names = self.names;
+        if let Some(o) = shape(self.last).and_then(|s| s.read(doc, names)) {
             return Some(o);
         }
         let (i, o) = (0..=n)
             .filter(|&i| i != self.last)
-            .find_map(|i| Some((i, shape(i)?.read(doc)?)))?;
+            .find_map(|i| Some((i, shape(i)?.read(doc, names)?)))?;
         self.last = i;
         Some(o)
     }
@@ -237,7 +247,7 @@ impl StreamClassifier {
         if let Some(shared) = self.shared.as_ref().filter(|_| share) {
             let shape = Arc::new(shape);
             self.known = shared.offer(&shape, doc);
-            if let Some(i) = self.known.iter().position(|s| s.read(doc).is_some()) {
+            if let Some(i) = self.known.iter().position(|s| s.read(doc, false).is_some()) {
                 self.last = i;
                 return;
             }
@@ -251,8 +261,9 @@ impl StreamClassifier {
 }
 
 impl Shape {
-    /// Reads `doc` (trimmed) through this shape; `None` when it does not match.
-    fn read<'d>(&self, doc: &'d [u8]) -> Option<Observation<'d>> {
+    /// Reads `doc` (trimmed) through this shape; `None` when it does not match. `id` and
+    /// `model` are read only when `names`.
+    fn read<'d>(&self, doc: &'d [u8], names: bool) -> Option<Observation<'d>> {
         if self.n_holes == 0 {
             return None;
         }
@@ -266,7 +277,9 @@ impl Shape {
             if doc.get(at..at + lit.len())? != lit {
                 return None;
             }
-            self.place(run, at, doc, &mut model)?;
+            if names {
+                self.place(run, at, doc, &mut model)?;
+            }
             at += lit.len();
             let rest = &doc[at..];
             let n = match hole.kind {
@@ -281,8 +294,10 @@ impl Shape {
                     if text.contains(&b'\\') {
                         return None;
                     }
-                    // `string_len` checked it is UTF-8.
-                    id = Some(Cow::Borrowed(std::str::from_utf8(text).ok()?));
+                    if names {
+                        // `string_len` checked it is UTF-8.
+                        id = Some(Cow::Borrowed(std::str::from_utf8(text).ok()?));
+                    }
                     n
                 }
                 HoleKind::IgnoredStr => string_len(rest)?,
@@ -295,7 +310,9 @@ impl Shape {
         if &doc[at..] != tail {
             return None;
         }
-        self.place(self.n_holes, at, doc, &mut model)?;
+        if names {
+            self.place(self.n_holes, at, doc, &mut model)?;
+        }
         let said = &self.said;
         Some(Observation {
             id,

@@ -126,6 +126,9 @@ impl Progress {
         if self.response.model.is_none() {
             self.response.model = o.model.map(|c| c.into_owned());
         }
+        if self.response.id.is_some() && self.response.model.is_some() {
+            classifier.names_known();
+        }
         if let Some(u) = o.usage {
             self.usage.input = u.input.or(self.usage.input);
             self.usage.output = u.output.or(self.usage.output);
