@@ -507,35 +507,56 @@ pub const OWN_PREFIX: &str = "x-inferscope-";
 /// where a route allows it), and the client's address appended to `X-Forwarded-For` and
 /// `Forwarded` (RFC 7239) with `X-Forwarded-Proto`.
 pub fn upstream_headers(h: &mut HeaderMap, client: Option<std::net::IpAddr>) {
-    remove_hop_headers(h);
-    h.remove(header::HOST);
-    let own: Vec<HeaderName> = h
-        .keys()
-        .filter(|k| k.as_str().starts_with(OWN_PREFIX))
-        .cloned()
-        .collect();
-    for k in own {
-        h.remove(k);
+    // One look at the names first: most requests carry nothing to remove but `Host`, and each
+    // removal is a lookup.
+    if h.keys()
+        .any(|k| HOP_HEADERS.contains(k) || k.as_str().starts_with(OWN_PREFIX))
+    {
+        remove_hop_headers(h);
+        let own: Vec<HeaderName> = h
+            .keys()
+            .filter(|k| k.as_str().starts_with(OWN_PREFIX))
+            .cloned()
+            .collect();
+        for k in own {
+            h.remove(k);
+        }
     }
+    h.remove(header::HOST);
     let Some(ip) = client else {
         return;
     };
     let xff = HeaderName::from_static("x-forwarded-for");
-    let joined = match h.get(&xff).and_then(|v| v.to_str().ok()) {
-        Some(prior) if !prior.trim().is_empty() => format!("{prior}, {ip}"),
-        _ => ip.to_string(),
-    };
+    let mut joined = String::with_capacity(64);
+    if let Some(prior) = h.get(&xff).and_then(|v| v.to_str().ok()) {
+        if !prior.trim().is_empty() {
+            joined.push_str(prior);
+            joined.push_str(", ");
+        }
+    }
+    push_ip(&mut joined, ip);
     if let Ok(v) = HeaderValue::try_from(joined) {
         h.insert(xff, v);
     }
-    let node = match ip {
-        std::net::IpAddr::V4(v4) => format!("for={v4};proto=http"),
-        std::net::IpAddr::V6(v6) => format!("for=\"[{v6}]\";proto=http"),
-    };
-    let forwarded = match h.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
-        Some(prior) if !prior.trim().is_empty() => format!("{prior}, {node}"),
-        _ => node,
-    };
+    let mut forwarded = String::with_capacity(64);
+    if let Some(prior) = h.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
+        if !prior.trim().is_empty() {
+            forwarded.push_str(prior);
+            forwarded.push_str(", ");
+        }
+    }
+    match ip {
+        std::net::IpAddr::V4(_) => {
+            forwarded.push_str("for=");
+            push_ip(&mut forwarded, ip);
+        }
+        std::net::IpAddr::V6(_) => {
+            forwarded.push_str("for=\"[");
+            push_ip(&mut forwarded, ip);
+            forwarded.push_str("]\"");
+        }
+    }
+    forwarded.push_str(";proto=http");
     if let Ok(v) = HeaderValue::try_from(forwarded) {
         h.insert(header::FORWARDED, v);
     }
@@ -543,6 +564,37 @@ pub fn upstream_headers(h: &mut HeaderMap, client: Option<std::net::IpAddr>) {
         h.insert("x-forwarded-proto", HeaderValue::from_static("http"));
     }
 }
+
+/// `ip` as `Display` writes it; an IPv4 address without the formatter.
+fn push_ip(out: &mut String, ip: std::net::IpAddr) {
+    match ip {
+        std::net::IpAddr::V4(v4) => {
+            let mut digits = itoa::Buffer::new();
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push('.');
+                }
+                out.push_str(digits.format(octet));
+            }
+        }
+        std::net::IpAddr::V6(v6) => {
+            use std::fmt::Write as _;
+            let _ = write!(out, "{v6}");
+        }
+    }
+}
+
+/// Hop-by-hop headers (RFC 9110 §7.6.1), and those of the same kind HTTP/1.0 peers send.
+static HOP_HEADERS: [HeaderName; 8] = [
+    header::CONNECTION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::PROXY_AUTHORIZATION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+];
 
 /// Removes hop-by-hop headers (RFC 9110 §7.6.1), including those the `Connection` header names.
 pub fn remove_hop_headers(h: &mut HeaderMap) {
@@ -556,16 +608,7 @@ pub fn remove_hop_headers(h: &mut HeaderMap) {
     for n in named {
         h.remove(n);
     }
-    for n in [
-        header::CONNECTION,
-        header::TE,
-        header::TRAILER,
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-        header::PROXY_AUTHORIZATION,
-        HeaderName::from_static("keep-alive"),
-        HeaderName::from_static("proxy-connection"),
-    ] {
+    for n in &HOP_HEADERS {
         h.remove(n);
     }
 }
@@ -574,6 +617,64 @@ pub fn remove_hop_headers(h: &mut HeaderMap) {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        pairs
+            .iter()
+            .map(|(k, v)| (HeaderName::from_static(k), HeaderValue::from_static(v)))
+            .collect()
+    }
+
+    #[test]
+    fn upstream_headers_drop_hop_and_own_headers_and_name_the_client() {
+        // Nothing to remove but Host: only the forwarding headers are added.
+        let mut h = headers(&[("host", "gw"), ("content-type", "application/json")]);
+        upstream_headers(&mut h, Some("10.1.2.3".parse().unwrap()));
+        assert_eq!(h.len(), 4, "{h:?}");
+        assert_eq!(h["x-forwarded-for"], "10.1.2.3");
+        assert_eq!(h["forwarded"], "for=10.1.2.3;proto=http");
+        assert_eq!(h["x-forwarded-proto"], "http");
+        assert!(h.get("host").is_none());
+        // Hop-by-hop, the ones Connection names, the gateway's own; prior forwarding kept.
+        let mut h = headers(&[
+            ("connection", "keep-alive, x-trace-hop"),
+            ("x-trace-hop", "1"),
+            ("keep-alive", "timeout=5"),
+            ("x-inferscope-shadow", "1"),
+            ("x-forwarded-for", "203.0.113.7"),
+            ("forwarded", "for=203.0.113.7"),
+            ("x-forwarded-proto", "https"),
+            ("accept", "*/*"),
+        ]);
+        upstream_headers(&mut h, Some("2001:db8::1".parse().unwrap()));
+        let mut names: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(
+            names,
+            [
+                "accept",
+                "forwarded",
+                "x-forwarded-for",
+                "x-forwarded-proto"
+            ]
+        );
+        assert_eq!(h["x-forwarded-for"], "203.0.113.7, 2001:db8::1");
+        assert_eq!(
+            h["forwarded"],
+            "for=203.0.113.7, for=\"[2001:db8::1]\";proto=http"
+        );
+        assert_eq!(h["x-forwarded-proto"], "https");
+        // Every IPv4 address as `Display` writes it.
+        for ip in ["0.0.0.0", "255.255.255.255", "127.0.0.1", "10.200.3.45"] {
+            let mut s = String::new();
+            push_ip(&mut s, ip.parse().unwrap());
+            assert_eq!(s, ip);
+        }
+        // No client address: nothing added.
+        let mut h = headers(&[("host", "gw")]);
+        upstream_headers(&mut h, None);
+        assert!(h.is_empty());
+    }
 
     #[test]
     fn the_slot_tables_name_the_dialects_parameters() {
