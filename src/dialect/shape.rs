@@ -105,7 +105,11 @@ impl Shapes {
     /// `doc` already. Returns the list as it is now.
     fn offer(&self, shape: &Arc<Shape>, doc: &[u8]) -> Arc<Vec<Arc<Shape>>> {
         self.0.rcu(|list| {
-            if list.len() >= MAX_SHARED || list.iter().any(|s| s.read(doc, false).is_some()) {
+            if list.len() >= MAX_SHARED
+                || list
+                    .iter()
+                    .any(|s| s.read(doc, Reader::CHECK, &mut None).is_some())
+            {
                 return Arc::clone(list);
             }
             let mut more = Vec::with_capacity(list.len() + 1);
@@ -146,6 +150,30 @@ pub struct StreamClassifier {
     /// The caller still wants `id` and `model` from chunks read through a shape (each is one
     /// more UTF-8 check per chunk); the full classifier gives them regardless.
     names: bool,
+    /// The id of the last chunk a shape read (`id_len` 0: none, or longer than the buffer): a
+    /// stream repeats its id in every chunk, and equal bytes need no scan.
+    id: [u8; MAX_KEPT_ID],
+    id_len: u8,
+}
+
+/// Longest id kept for the comparison (vLLM's and OpenAI's are 38–41 bytes).
+const MAX_KEPT_ID: usize = 64;
+
+/// What a stream brings to a shape read.
+#[derive(Debug, Clone, Copy)]
+struct Reader<'a> {
+    /// Read `id` and `model`.
+    names: bool,
+    /// The id of the stream's last chunk, when known.
+    last_id: &'a [u8],
+}
+
+impl Reader<'_> {
+    /// Only whether a shape reads a chunk.
+    const CHECK: Reader<'static> = Reader {
+        names: false,
+        last_id: &[],
+    };
 }
 
 impl StreamClassifier {
@@ -160,6 +188,8 @@ impl StreamClassifier {
             learn_misses: 0,
             hits: 0,
             names: true,
+            id: [0; MAX_KEPT_ID],
+            id_len: 0,
         }
     }
 
@@ -216,14 +246,29 @@ impl StreamClassifier {
                 None => self.own.as_ref(),
             }
         };
-        let names = self.names;
-        if let Some(o) = shape(self.last).and_then(|s| s.read(doc, names)) {
-            return Some(o);
-        }
-        let (i, o) = (0..=n)
-            .filter(|&i| i != self.last)
-            .find_map(|i| Some((i, shape(i)?.read(doc, names)?)))?;
+        let r = Reader {
+            names: self.names,
+            last_id: &self.id[..usize::from(self.id_len)],
+        };
+        let mut id_at = None;
+        let (i, o) = match shape(self.last).and_then(|s| s.read(doc, r, &mut id_at)) {
+            Some(o) => (self.last, o),
+            None => (0..=n)
+                .filter(|&i| i != self.last)
+                .find_map(|i| Some((i, shape(i)?.read(doc, r, &mut id_at)?)))?,
+        };
         self.last = i;
+        // An id other than the last one: kept for the next chunk (when it fits).
+        if let Some((start, end)) = id_at {
+            let id = &doc[start..end];
+            match (self.id.get_mut(..id.len()), u8::try_from(id.len())) {
+                (Some(buf), Ok(len)) => {
+                    buf.copy_from_slice(id);
+                    self.id_len = len;
+                }
+                _ => self.id_len = 0,
+            }
+        }
         Some(o)
     }
 
@@ -247,7 +292,11 @@ impl StreamClassifier {
         if let Some(shared) = self.shared.as_ref().filter(|_| share) {
             let shape = Arc::new(shape);
             self.known = shared.offer(&shape, doc);
-            if let Some(i) = self.known.iter().position(|s| s.read(doc, false).is_some()) {
+            if let Some(i) = self
+                .known
+                .iter()
+                .position(|s| s.read(doc, Reader::CHECK, &mut None).is_some())
+            {
                 self.last = i;
                 return;
             }
@@ -262,11 +311,19 @@ impl StreamClassifier {
 
 impl Shape {
     /// Reads `doc` (trimmed) through this shape; `None` when it does not match. `id` and
-    /// `model` are read only when `names`.
-    fn read<'d>(&self, doc: &'d [u8], names: bool) -> Option<Observation<'d>> {
+    /// `model` are read only when `r.names`; where in `doc` an id other than `r.last_id` is goes
+    /// in `id_at`.
+    fn read<'d>(
+        &self,
+        doc: &'d [u8],
+        r: Reader<'_>,
+        id_at: &mut Option<(usize, usize)>,
+    ) -> Option<Observation<'d>> {
+        *id_at = None;
         if self.n_holes == 0 {
             return None;
         }
+        let names = r.names;
         let mut at = 0usize; // in `doc`
         let mut from = 0usize; // in `self.doc`
         let mut output = false;
@@ -289,14 +346,26 @@ impl Shape {
                     n
                 }
                 HoleKind::Id => {
-                    let n = string_len(rest)?;
-                    let text = &rest[1..n - 1];
-                    if text.contains(&b'\\') {
-                        return None;
-                    }
+                    // The last chunk's id again (it passed the checks below), quoted: the same
+                    // length `string_len` would find, as it holds no quote or backslash.
+                    let k = r.last_id.len();
+                    let n = if k > 0
+                        && rest.first() == Some(&b'"')
+                        && rest.get(k + 1) == Some(&b'"')
+                        && &rest[1..=k] == r.last_id
+                    {
+                        k + 2
+                    } else {
+                        let n = string_len(rest)?;
+                        if rest[1..n - 1].contains(&b'\\') {
+                            return None;
+                        }
+                        *id_at = Some((at + 1, at + n - 1));
+                        n
+                    };
                     if names {
                         // `string_len` checked it is UTF-8.
-                        id = Some(Cow::Borrowed(std::str::from_utf8(text).ok()?));
+                        id = Some(Cow::Borrowed(std::str::from_utf8(&rest[1..n - 1]).ok()?));
                     }
                     n
                 }
