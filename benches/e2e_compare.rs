@@ -8,7 +8,8 @@
 //! figure is the median over rounds of the per-round value):
 //! 1. latency: closed loop at concurrency 1, 64 and 512, streams of 64 chunks 20 ms apart; added
 //!    TTFT and added inter-chunk gap (p50, p99) = proxied minus direct in the same round; proxy CPU
-//!    time per request and RSS;
+//!    time per request (in every phase also the user-space share of it, `cpu_user_share`, from
+//!    the utime and stime ticks) and RSS;
 //! 2. open loop at 1,000 req/s (Poisson), streams of 16 chunks 20 ms apart: added TTFT p50/p99;
 //! 3. throughput: closed loop at concurrency 64 against a simulator that does not wait (64 chunks
 //!    written back to back): requests/s and proxy CPU per request;
@@ -127,6 +128,25 @@ impl Proc {
             }
         }
         ns as f64 / 1e9
+    }
+    /// User and system CPU ticks of the process tree (`/proc/PID/stat` utime, stime): the split
+    /// of `cpu_s` between the program and the kernel working for it.
+    fn ticks(&self) -> (u64, u64) {
+        let (mut user, mut sys) = (0, 0);
+        for pid in self.pids() {
+            let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            let Some(end) = s.rfind(')') else {
+                continue;
+            };
+            // After the parenthesised command name, from field 3 (state): utime is field 14,
+            // stime field 15.
+            let mut f = s[end + 2..].split_whitespace().skip(11);
+            user += f.next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            sys += f.next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        }
+        (user, sys)
     }
     /// (current RSS, peak RSS) of the process tree, MiB.
     fn rss_mib(&self) -> (f64, f64) {
@@ -614,6 +634,8 @@ impl Stage {
 struct Run {
     report: Value,
     cpu_s: f64,
+    /// The user-space share of `cpu_s` (NaN when no tick was counted).
+    user_share: f64,
     rss_mib: f64,
     peak_rss_mib: f64,
     /// inferscope only: p99 of its own `overhead_ms` (time from accepting the request to handing
@@ -637,10 +659,17 @@ fn run(stage: &Stage, dir: &Path, t: Target, a: &[String], warmup: usize) -> Run
     std::thread::sleep(Duration::from_millis(300));
     let logged = access_lines(dir, t).len() + if t.is_inferscope() { warmup } else { 0 };
     let cpu0 = stage.proxy(t).map_or(0.0, Proc::cpu_s);
+    let ticks0 = stage.proxy(t).map_or((0, 0), Proc::ticks);
     let mut a = a.to_vec();
     a.extend(args(&["--warmup", &warmup.to_string()]));
     let report = client(dir, t, stage.port(t, false), &a);
     let cpu_s = stage.proxy(t).map_or(0.0, Proc::cpu_s) - cpu0;
+    let ticks1 = stage.proxy(t).map_or((0, 0), Proc::ticks);
+    let (user, sys) = (
+        ticks1.0.saturating_sub(ticks0.0),
+        ticks1.1.saturating_sub(ticks0.1),
+    );
+    let user_share = user as f64 / (user + sys) as f64;
     let (rss_mib, peak_rss_mib) = stage.proxy(t).map_or((0.0, 0.0), Proc::rss_mib);
     let overhead_p99_ms = t.is_inferscope().then(|| {
         std::thread::sleep(Duration::from_millis(300));
@@ -656,6 +685,7 @@ fn run(stage: &Stage, dir: &Path, t: Target, a: &[String], warmup: usize) -> Run
     Run {
         report,
         cpu_s,
+        user_share,
         rss_mib,
         peak_rss_mib,
         overhead_p99_ms,
@@ -758,6 +788,7 @@ fn latency_rows(label: &str, rounds: &[Vec<(Target, Run)>], out: &mut Vec<Value>
             "failed": rounds.iter().map(|r| f(&get(r, t).report["failed"])).sum::<f64>(),
             "cpu_us_per_request": median(rounds.iter().map(|r| get(r, t).cpu_s * 1e6 / requests(get(r, t))).collect()),
             "cpu_util": median(rounds.iter().map(|r| get(r, t).cpu_s / f(&get(r, t).report["duration_s"])).collect()),
+            "cpu_user_share": median(rounds.iter().map(|r| get(r, t).user_share).collect()),
             "rss_mib": median(rounds.iter().map(|r| get(r, t).rss_mib).collect()),
             "peak_rss_mib": rounds.iter().map(|r| get(r, t).peak_rss_mib).fold(0.0, f64::max),
         });
