@@ -115,13 +115,7 @@ async fn no_retry_once_streaming_has_begun() {
         "    backends: [dying, good]\n    retry: { attempts: 2 }\n",
     ))
     .await;
-    let r = post(
-        gw.data_addr,
-        "/v1/chat/completions",
-        &chat(true, 20, ""),
-        &[],
-    )
-    .await;
+    let r = stream_chat(&gw).await;
     assert_eq!(r.status, 200);
     let body = String::from_utf8(r.body()).unwrap();
     assert_eq!(
@@ -145,6 +139,31 @@ async fn no_retry_once_streaming_has_begun() {
     );
 }
 
+/// One streamed 20-token chat through `gw`.
+async fn stream_chat(gw: &inferscope::app::Running) -> Received {
+    post(
+        gw.data_addr,
+        "/v1/chat/completions",
+        &chat(true, 20, ""),
+        &[],
+    )
+    .await
+}
+
+/// A gateway in front of the backend at `addr` with the route's idle timeout `idle`, and one
+/// streamed 20-token chat through it: the response, the gateway and its log's directory.
+async fn stream_under_idle_timeout(
+    addr: std::net::SocketAddr,
+    idle: &str,
+) -> (Received, inferscope::app::Running, std::path::PathBuf) {
+    let dir = temp_dir();
+    let backends = format!("  - {{ name: s, url: \"http://{addr}\" }}\n");
+    let route = format!("    backends: [s]\n    timeouts: {{ idle: {idle} }}\n");
+    let gw = start_yaml(&yaml(&dir, &backends, &route)).await;
+    let r = stream_chat(&gw).await;
+    (r, gw, dir)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_stream_hits_the_idle_timeout_and_the_upstream_is_closed() {
     let stalling = start_sim(
@@ -155,21 +174,7 @@ async fn a_stalled_stream_hits_the_idle_timeout_and_the_upstream_is_closed() {
         1,
     )
     .await;
-    let dir = temp_dir();
-    let backends = format!("  - {{ name: s, url: \"http://{}\" }}\n", stalling.addr);
-    let gw = start_yaml(&yaml(
-        &dir,
-        &backends,
-        "    backends: [s]\n    timeouts: { idle: 300ms }\n",
-    ))
-    .await;
-    let r = post(
-        gw.data_addr,
-        "/v1/chat/completions",
-        &chat(true, 20, ""),
-        &[],
-    )
-    .await;
+    let (r, gw, dir) = stream_under_idle_timeout(stalling.addr, "300ms").await;
     assert_eq!(r.status, 200);
     let body = String::from_utf8(r.body()).unwrap();
     assert_eq!(body.matches("data: ").count(), 3);
@@ -192,21 +197,7 @@ async fn a_stream_that_never_pauses_for_the_idle_timeout_outlives_it_many_times(
     // every chunk (the timer is re-armed when it fires, not on every chunk), so the stream ends
     // whole.
     let sim = start_sim(exact(60.0, 60.0), 1).await;
-    let dir = temp_dir();
-    let backends = format!("  - {{ name: s, url: \"http://{}\" }}\n", sim.addr);
-    let gw = start_yaml(&yaml(
-        &dir,
-        &backends,
-        "    backends: [s]\n    timeouts: { idle: 250ms }\n",
-    ))
-    .await;
-    let r = post(
-        gw.data_addr,
-        "/v1/chat/completions",
-        &chat(true, 20, ""),
-        &[],
-    )
-    .await;
+    let (r, gw, dir) = stream_under_idle_timeout(sim.addr, "250ms").await;
     assert_eq!(r.status, 200);
     let body = String::from_utf8(r.body()).unwrap();
     assert!(body.contains("[DONE]"), "{body}");
