@@ -8,7 +8,7 @@
 //! figure is the median over rounds of the per-round value):
 //! 1. latency: closed loop at concurrency 1, 64 and 512, streams of 64 chunks 20 ms apart; added
 //!    TTFT and added inter-chunk gap (p50, p99) = proxied minus direct in the same round; proxy CPU
-//!    time per request (in every phase also the user-space share of it, `cpu_user_share`, from
+//!    time per request (in phases 1–4 also the user-space share of it, `cpu_user_share`, from
 //!    the utime and stime ticks) and RSS;
 //! 2. open loop at 1,000 req/s (Poisson), streams of 16 chunks 20 ms apart: added TTFT p50/p99;
 //! 3. throughput: closed loop at concurrency 64 against a simulator that does not wait (64 chunks
