@@ -22,15 +22,20 @@
 //! The `id` is a hole too (an unescaped string, read as the event's `id`), so a shape learned
 //! on one stream matches the chunks of the next: a backend's shapes (`Shapes`: its role chunk,
 //! content chunk, finish chunk…) are learned by its first streams and shared by the streams
-//! after them, which then read even their first chunks without the full classifier. Shapes
-//! that say usage are not shared (their token counts are literal, so they fit one stream).
+//! after them, which then read even their first chunks without the full classifier.
+//!
+//! The counts of a `usage` object (`prompt_tokens`, `completion_tokens`, the cached and
+//! reasoning counts of their details) are holes as well, read as the event's usage when they
+//! hold a plain unsigned integer, so a stream's closing usage chunk reads through the shape an
+//! earlier stream learned. A shape whose usage has a count that is not a hole (a count sent as
+//! `7.0`, say) fits one stream only and is not shared.
 
 use super::{openai, Dialect, EngineTimes, FinishReason, Observation, Usage};
 use std::borrow::Cow;
 use std::sync::Arc;
 
 /// Most holes a shape keeps (a chunk with more is not learned).
-const MAX_HOLES: usize = 8;
+const MAX_HOLES: usize = 12;
 /// Longest chunk learned, in bytes.
 const MAX_SHAPE_LEN: usize = 2048;
 /// Learning attempts in a row without a match before the stream stops learning.
@@ -50,6 +55,28 @@ enum HoleKind {
     IgnoredStr,
     /// An integer the classifier ignores.
     IgnoredInt,
+    /// A token count of the `usage` object: a plain unsigned integer.
+    Count(Count),
+}
+
+/// Which count of `Usage` a hole holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Count {
+    Input,
+    Output,
+    CachedInput,
+    Reasoning,
+}
+
+impl Count {
+    fn of(self, u: &mut Usage) -> &mut Option<u64> {
+        match self {
+            Self::Input => &mut u.input,
+            Self::Output => &mut u.output,
+            Self::CachedInput => &mut u.cached_input,
+            Self::Reasoning => &mut u.reasoning,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -93,6 +120,8 @@ struct Shape {
     n_holes: usize,
     model: Option<Place>,
     said: Said,
+    /// Fits the chunks of any stream: every count its usage says is a hole.
+    shareable: bool,
 }
 
 /// The shapes a backend's streams share: learned by its first streams, read by all (see the
@@ -277,9 +306,9 @@ impl StreamClassifier {
     fn learn(&mut self, doc: &[u8], o: &Observation<'_>) {
         // A shape to share needs a buffer of its own; one this stream keeps takes over the
         // buffer of the shape it replaces (no allocation once a stream has learned).
-        let share = self.shared.is_some() && o.usage.is_none();
+        let sharing = self.shared.is_some();
         let own = &mut self.own;
-        let recycle = || match (share, own.take()) {
+        let recycle = |shareable: bool| match (sharing && shareable, own.take()) {
             (false, Some(old)) => old.doc,
             (_, old) => {
                 *own = old;
@@ -289,7 +318,7 @@ impl StreamClassifier {
         let Some(shape) = Shape::learn(doc, o, recycle) else {
             return;
         };
-        if let Some(shared) = self.shared.as_ref().filter(|_| share) {
+        if let Some(shared) = self.shared.as_ref().filter(|_| shape.shareable) {
             let shape = Arc::new(shape);
             self.known = shared.offer(&shape, doc);
             if let Some(i) = self
@@ -329,6 +358,7 @@ impl Shape {
         let mut output = false;
         let mut id = None;
         let mut model = None;
+        let mut usage = self.said.usage;
         for (run, hole) in self.holes[..self.n_holes].iter().enumerate() {
             let lit = &self.doc[from..hole.start as usize];
             if doc.get(at..at + lit.len())? != lit {
@@ -371,6 +401,13 @@ impl Shape {
                 }
                 HoleKind::IgnoredStr => string_len(rest)?,
                 HoleKind::IgnoredInt => int_len(rest)?,
+                HoleKind::Count(c) => {
+                    let (n, v) = count(rest)?;
+                    if let Some(u) = usage.as_mut() {
+                        *c.of(u) = Some(v);
+                    }
+                    n
+                }
             };
             at += n;
             from = hole.end as usize;
@@ -388,7 +425,7 @@ impl Shape {
             model,
             output,
             tokens: said.tokens,
-            usage: said.usage,
+            usage,
             usage_only: said.usage_only,
             finish: said.finish.clone(),
             engine: said.engine,
@@ -418,7 +455,7 @@ impl Shape {
     /// The shape of `doc` (trimmed), which the full classifier read as `o`, when it is one
     /// worth matching; its copy of `doc` goes in `buf` (cleared first), so a stream that learns
     /// again reuses its allocation.
-    fn learn(doc: &[u8], o: &Observation<'_>, buf: impl FnOnce() -> Vec<u8>) -> Option<Shape> {
+    fn learn(doc: &[u8], o: &Observation<'_>, buf: impl FnOnce(bool) -> Vec<u8>) -> Option<Shape> {
         if doc.len() > MAX_SHAPE_LEN || matches!(o.finish, Some(FinishReason::Other(_))) {
             return None;
         }
@@ -440,6 +477,19 @@ impl Shape {
         if text_output != o.output {
             return None;
         }
+        // Every count hole holds what the full classifier read there; the shape fits any
+        // stream when its holes give every count the usage has.
+        let mut holed = Usage::default();
+        for h in &w.holes[..w.n] {
+            if let HoleKind::Count(c) = h.kind {
+                let (_, v) = count(&doc[h.start as usize..h.end as usize])?;
+                let mut said = o.usage?;
+                if *c.of(&mut said) != Some(v) || c.of(&mut holed).replace(v).is_some() {
+                    return None;
+                }
+            }
+        }
+        let shareable = o.usage.is_none_or(|u| u == holed);
         // Places are absolute offsets until here: make them relative to their literal run.
         let locate = |range: Option<(usize, usize)>| -> Option<Option<Place>> {
             let Some((s, e)) = range else {
@@ -469,7 +519,7 @@ impl Shape {
         if o.id.is_some() != id_hole || o.model.is_some() != model.is_some() {
             return None;
         }
-        let mut copy = buf();
+        let mut copy = buf(shareable);
         copy.clear();
         copy.extend_from_slice(doc);
         Some(Shape {
@@ -485,6 +535,7 @@ impl Shape {
                 engine: o.engine,
                 error: o.error,
             },
+            shareable,
         })
     }
 }
@@ -545,6 +596,19 @@ fn plain(w: u64) -> bool {
     let quote = has_zero(w ^ (ONES * u64::from(b'"')));
     let backslash = has_zero(w ^ (ONES * u64::from(b'\\')));
     ((w & HIGH) | below_space | quote | backslash) == 0
+}
+
+/// Length and value of the plain unsigned integer at the start of `s` (`0|[1-9][0-9]*`, at
+/// most 18 digits, so within what the parser reads as a `u64`).
+fn count(s: &[u8]) -> Option<(usize, u64)> {
+    let digits = s.iter().take_while(|b| b.is_ascii_digit()).count();
+    if digits == 0 || digits > MAX_INT_DIGITS || (digits > 1 && s[0] == b'0') {
+        return None;
+    }
+    let v = s[..digits]
+        .iter()
+        .fold(0u64, |v, b| v * 10 + u64::from(b - b'0'));
+    Some((digits, v))
 }
 
 /// Length of the plain integer at the start of `s` (`-?(0|[1-9][0-9]*)`, at most 18 digits).
@@ -731,28 +795,69 @@ impl Walk<'_> {
                     Some(())
                 }
             }
-            b"usage" | b"error" | b"object" | b"timings" => w.skip(),
-            _ => {
-                w.ws();
-                let start = w.p;
-                match w.peek()? {
-                    b'"' => {
-                        w.string()?;
-                        w.hole(start, HoleKind::IgnoredStr)
-                    }
-                    b'-' | b'0'..=b'9' => {
-                        w.skip()?;
-                        match int_len(&w.d[start..w.p]) {
-                            Some(n) if n == w.p - start => w.hole(start, HoleKind::IgnoredInt),
-                            _ => Some(()),
-                        }
-                    }
-                    _ => w.skip(),
+            b"usage" => {
+                if w.null() {
+                    return Some(());
                 }
+                w.members(|w, key| match key {
+                    b"prompt_tokens" => w.count(Count::Input),
+                    b"completion_tokens" => w.count(Count::Output),
+                    b"prompt_tokens_details" => w.details(b"cached_tokens", Count::CachedInput),
+                    b"completion_tokens_details" => {
+                        w.details(b"reasoning_tokens", Count::Reasoning)
+                    }
+                    _ => w.ignored(),
+                })
             }
+            b"error" | b"object" | b"timings" => w.skip(),
+            _ => w.ignored(),
         })?;
         self.ws();
         (self.p == self.d.len()).then_some(())
+    }
+
+    /// A value the classifier ignores: a string or plain integer is a hole, anything else is
+    /// skipped (literal).
+    fn ignored(&mut self) -> Option<()> {
+        self.ws();
+        let start = self.p;
+        match self.peek()? {
+            b'"' => {
+                self.string()?;
+                self.hole(start, HoleKind::IgnoredStr)
+            }
+            b'-' | b'0'..=b'9' => {
+                self.skip()?;
+                match int_len(&self.d[start..self.p]) {
+                    Some(n) if n == self.p - start => self.hole(start, HoleKind::IgnoredInt),
+                    _ => Some(()),
+                }
+            }
+            _ => self.skip(),
+        }
+    }
+
+    /// A token count: a hole when a plain unsigned integer, else skipped (literal).
+    fn count(&mut self, c: Count) -> Option<()> {
+        self.ws();
+        let start = self.p;
+        self.skip()?;
+        match count(&self.d[start..self.p]) {
+            Some((n, _)) if n == self.p - start => self.hole(start, HoleKind::Count(c)),
+            _ => Some(()),
+        }
+    }
+
+    /// A details object of `usage`, whose member `name` is count `c` (the others are skipped).
+    fn details(&mut self, name: &[u8], c: Count) -> Option<()> {
+        if self.null() {
+            return Some(());
+        }
+        self.ws();
+        if self.peek()? != b'{' {
+            return self.skip();
+        }
+        self.members(|w, key| if key == name { w.count(c) } else { w.skip() })
     }
 
     /// One element of `choices`: an object.
@@ -877,16 +982,67 @@ mod tests {
             }
             hits.push(c.fast_hits());
         }
-        // The first stream learns the role, content and finish chunks (and reads its second
-        // content chunk); the next read all but their usage chunk, which no stream shares.
-        assert_eq!(hits, [1, 4, 4, 4]);
-        assert_eq!(shapes.len(), 3);
+        // The first stream learns the role, content, finish and usage chunks (and reads its
+        // second content chunk); the next read them all, their own token counts included.
+        assert_eq!(hits, [1, 5, 5, 5]);
+        assert_eq!(shapes.len(), 4);
         // An escaped id is read by the full classifier.
         let mut c = StreamClassifier::sharing(Dialect::OpenAi, Arc::clone(&shapes));
         for data in stream("a\\u0041") {
             assert_eq!(c.classify(&data), openai::classify(&data));
         }
         assert_eq!(c.fast_hits(), 0);
+    }
+
+    #[test]
+    fn usage_counts_are_holes_and_a_count_that_is_not_keeps_its_shape_to_one_stream() {
+        let usage = |counts: &str| {
+            format!("{{\"id\":\"chatcmpl-9\",\"object\":\"chat.completion.chunk\",\"created\":1764500000,\"model\":\"m\",\"choices\":[],\"usage\":{{{counts}}}}}").into_bytes()
+        };
+        let shapes = Arc::new(Shapes::default());
+        let mut c = StreamClassifier::sharing(Dialect::OpenAi, Arc::clone(&shapes));
+        let full = r#""prompt_tokens":12,"total_tokens":30,"completion_tokens":18,"prompt_tokens_details":{"cached_tokens":8,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":3,"cached_tokens":1}"#;
+        c.classify(&usage(full));
+        assert_eq!(shapes.len(), 1);
+        let hit = r#""prompt_tokens":0,"total_tokens":7,"completion_tokens":123456789012345678,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":99,"cached_tokens":1}"#;
+        let mut hits = 0;
+        for counts in [
+            hit,
+            // Misses: what the parser reads otherwise, or what the shape holds literally.
+            r#""prompt_tokens":-1,"total_tokens":7,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":9,"cached_tokens":1}"#,
+            r#""prompt_tokens":1.0,"total_tokens":7,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":9,"cached_tokens":1}"#,
+            r#""prompt_tokens":01,"total_tokens":7,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":9,"cached_tokens":1}"#,
+            r#""prompt_tokens":1,"total_tokens":7,"completion_tokens":1234567890123456789,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":9,"cached_tokens":1}"#,
+            r#""prompt_tokens":1,"total_tokens":7,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":5},"completion_tokens_details":{"reasoning_tokens":9,"cached_tokens":1}"#,
+            r#""prompt_tokens":1,"total_tokens":7,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":null,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":9,"cached_tokens":1}"#,
+        ] {
+            let mut c = StreamClassifier::sharing(Dialect::OpenAi, Arc::clone(&shapes));
+            let data = usage(counts);
+            assert_eq!(c.classify(&data), openai::classify(&data), "{counts}");
+            hits += c.fast_hits();
+        }
+        assert_eq!(hits, 1);
+        let data = usage(hit);
+        let mut c = StreamClassifier::sharing(Dialect::OpenAi, Arc::clone(&shapes));
+        let read = c.classify(&data);
+        assert_eq!(c.fast_hits(), 1);
+        assert_eq!(
+            read.usage,
+            Some(Usage {
+                input: Some(0),
+                output: Some(123_456_789_012_345_678),
+                cached_input: Some(0),
+                reasoning: Some(99),
+            })
+        );
+        // A count the shape cannot hold (a float the parser reads as a count) keeps the
+        // shape to its stream: read there, never shared.
+        let shapes = Arc::new(Shapes::default());
+        let mut c = StreamClassifier::sharing(Dialect::OpenAi, Arc::clone(&shapes));
+        let float = usage(r#""prompt_tokens":5.0,"completion_tokens":2"#);
+        assert_eq!(c.classify(&float).usage.and_then(|u| u.input), Some(5));
+        assert_eq!(c.classify(&float), openai::classify(&float));
+        assert_eq!((c.fast_hits(), shapes.len()), (1, 0));
     }
 
     #[test]
