@@ -163,13 +163,13 @@ impl Metering {
             // An id set by tower-http's `SetRequestIdLayer` outside this layer.
             Some(id) => match id.header_value().to_str() {
                 Ok(s) => s.into(),
-                Err(_) => self.ids.request_id().into(),
+                Err(_) => self.ids.request_id(),
             },
-            None => self.ids.request_id().into(),
+            None => self.ids.request_id(),
         };
         let ratio = self.settings.sample_ratio;
         meta.trace = TraceContext::start(req.headers(), || self.ids.span_id(), ratio);
-        meta.trace_id = meta.trace.trace_id_hex().into();
+        meta.trace_id = meta.trace.trace_id_hex();
         meta.bytes_in = req
             .headers()
             .get(header::CONTENT_LENGTH)
@@ -183,7 +183,7 @@ impl Metering {
     pub fn refused_by_http(self: &Arc<Self>, r: &crate::server::Refused) {
         let method = http::Method::from_bytes(b"-").unwrap_or_default();
         let mut meta = RequestMeta::new(method, NONE);
-        meta.request_id = self.ids.request_id().into();
+        meta.request_id = self.ids.request_id();
         meta.client = Some(r.peer);
         self.start_with(meta)
             .finish_without_response(r.status, Outcome::Rejected, r.kind);

@@ -1,7 +1,9 @@
 //! W3C trace context: continue the client's `traceparent`, or start a trace; decide sampling once,
 //! at the start, so what is propagated upstream and what is exported agree.
 
+use crate::util::ids::{hex, hex_str};
 use http::HeaderMap;
+use std::sync::Arc;
 
 /// Trace and span ids of one request, fixed when the request arrives.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -38,18 +40,25 @@ impl TraceContext {
     }
 
     /// 32 lowercase hex digits.
-    pub fn trace_id_hex(&self) -> String {
-        format!("{:032x}", self.trace_id)
+    pub fn trace_id_hex(&self) -> Arc<str> {
+        hex_str(&hex::<32>(self.trace_id))
     }
 
     /// The `traceparent` to send upstream: this trace, the CLIENT span as parent.
     pub fn upstream_traceparent(&self) -> String {
-        format!(
-            "00-{:032x}-{:016x}-{:02x}",
-            self.trace_id,
-            self.client_span,
-            u8::from(self.sampled)
-        )
+        let mut s = String::with_capacity(55);
+        for part in [
+            &b"00-"[..],
+            &hex::<32>(self.trace_id),
+            b"-",
+            &hex::<16>(u128::from(self.client_span)),
+            b"-",
+            &hex::<2>(u128::from(self.sampled)),
+        ] {
+            // Hex digits and dashes: ASCII.
+            s.push_str(std::str::from_utf8(part).unwrap_or_default());
+        }
+        s
     }
 }
 
@@ -114,7 +123,7 @@ mod tests {
         };
         let h = headers("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
         let c = TraceContext::start(&h, ids, 0.0);
-        assert_eq!(c.trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(&*c.trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
         assert_eq!(c.parent, Some(0x00f0_67aa_0ba9_02b7));
         assert!(c.sampled, "the client's sampled flag wins over ratio 0");
         assert_eq!(

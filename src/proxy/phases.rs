@@ -585,7 +585,7 @@ impl ShadowCopy {
     async fn send(self, gw: Arc<Gateway>, route: Arc<Route>, permit: OwnedSemaphorePermit) {
         let path = self.path_and_query.as_ref().map_or("/", |p| p.path());
         let mut meta = RequestMeta::new(self.method.clone(), path);
-        meta.request_id = gw.metering.ids().request_id().into();
+        meta.request_id = gw.metering.ids().request_id();
         meta.route = Arc::clone(&route.name);
         meta.variant = Arc::clone(&self.label);
         meta.slo = route.slo;

@@ -9,6 +9,7 @@
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// Process-wide id source.
 #[derive(Debug)]
@@ -38,15 +39,32 @@ impl Ids {
     }
 
     /// A new request id: 32 hex digits (128 bits).
-    pub fn request_id(&self) -> String {
+    pub fn request_id(&self) -> Arc<str> {
         let n = self.next();
-        format!("{:016x}{:016x}", self.draw(0, n), self.draw(1, n))
+        let v = u128::from(self.draw(0, n)) << 64 | u128::from(self.draw(1, n));
+        hex_str(&hex::<32>(v))
     }
 
     /// A new non-zero 64-bit id for traces and spans.
     pub fn span_id(&self) -> u64 {
         self.draw(0, self.next()) | 1
     }
+}
+
+/// The low `4 N` bits of `v` as `N` lowercase hex digits, most significant first.
+pub fn hex<const N: usize>(v: u128) -> [u8; N] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0u8; N];
+    for (i, d) in out.iter_mut().enumerate() {
+        *d = DIGITS[((v >> (4 * (N - 1 - i))) & 0xf) as usize];
+    }
+    out
+}
+
+/// Hex digits as a string.
+pub fn hex_str(digits: &[u8]) -> Arc<str> {
+    // Hex digits are ASCII.
+    Arc::from(std::str::from_utf8(digits).unwrap_or_default())
 }
 
 #[cfg(test)]
@@ -60,7 +78,7 @@ mod tests {
         let spans: HashSet<u64> = (0..1000).map(|_| ids.span_id()).collect();
         assert_eq!(spans.len(), 1000);
         assert!(!spans.contains(&0));
-        let a: HashSet<String> = (0..1000).map(|_| ids.request_id()).collect();
+        let a: HashSet<Arc<str>> = (0..1000).map(|_| ids.request_id()).collect();
         assert_eq!(a.len(), 1000);
         assert!(a.iter().all(|id| id.len() == 32));
         // Another source (another process, in effect) shares no ids, and consecutive ids share
@@ -69,5 +87,17 @@ mod tests {
         assert!((0..1000).all(|_| !a.contains(&other.request_id())));
         let (x, y) = (ids.request_id(), ids.request_id());
         assert_ne!(x[..8], y[..8]);
+    }
+
+    #[test]
+    fn hex_digits_are_what_format_writes() {
+        let mut rng = crate::util::Rng::new(3);
+        for _ in 0..1000 {
+            let v = u128::from(rng.next_u64()) << 64 | u128::from(rng.next_u64());
+            let v = v >> (rng.next_u64() % 128);
+            assert_eq!(&*hex_str(&hex::<32>(v)), format!("{v:032x}"));
+            assert_eq!(&*hex_str(&hex::<16>(v)), format!("{:016x}", v as u64));
+            assert_eq!(&*hex_str(&hex::<2>(v)), format!("{:02x}", v as u8));
+        }
     }
 }
