@@ -51,9 +51,21 @@ impl Source {
     }
 }
 
+/// Where the packed timeline (`pack`) starts: an hour before it was first needed, so instants
+/// taken a little before that (a request's start, read before its meter packs anything) still
+/// pack to what they are.
 fn epoch() -> Instant {
     static E: OnceLock<Instant> = OnceLock::new();
-    *E.get_or_init(Instant::now)
+    *E.get_or_init(|| {
+        let now = Instant::now();
+        now.checked_sub(Duration::from_secs(3600)).unwrap_or(now)
+    })
+}
+
+/// Starts the packed timeline now, unless it has started (instants over an hour before its
+/// start all pack to the same value). The metering and the heartbeat start it when made.
+pub fn start() {
+    epoch();
 }
 
 /// An instant packed into a `u64` (nanoseconds from a process epoch, plus one: 0 is "none"), for
@@ -350,8 +362,7 @@ const MAX_TIMER_TICKS: u32 = 16;
 pub struct Heartbeat {
     /// The timer's shortest sleep, and the least time between two frame beats.
     pub tick: Duration,
-    epoch: Instant,
-    /// Microseconds since `epoch` of the latest frame beat.
+    /// Microseconds on the packed timeline (`pack`) of the latest frame beat.
     last_frame_us: AtomicU64,
     hist: Mutex<Lateness>,
     timer_beats: AtomicU64,
@@ -376,11 +387,9 @@ enum Beat {
 impl Heartbeat {
     /// A heartbeat of `tick` that warns (at most every 10 s) when a beat is later than `warn`.
     pub fn new(tick: Duration, warn: Duration) -> Self {
+        start();
         Self {
             tick,
-            // Tokio's clock (the same as std's unless a test paused it): the timer's and the
-            // frames' instants both come from it.
-            epoch: tokio::time::Instant::now().into_std(),
             last_frame_us: AtomicU64::new(0),
             // 1 µs to 1 h, 2 significant digits (valid bounds: never `None`).
             hist: Mutex::new(Lateness {
@@ -392,10 +401,6 @@ impl Heartbeat {
             busy: tokio::sync::Notify::new(),
             warn_over: warn,
         }
-    }
-
-    fn micros_since_epoch(&self, at: Instant) -> u64 {
-        u64::try_from(at.saturating_duration_since(self.epoch).as_micros()).unwrap_or(u64::MAX)
     }
 
     fn tick_us(&self) -> u64 {
@@ -435,9 +440,15 @@ impl Heartbeat {
     }
 
     /// A frame handed on at `now` whose upstream read the kernel stamped `lag` earlier: a beat,
-    /// when the last frame beat is a tick old. Called for every frame: one atomic load when it is not.
+    /// when the last frame beat is a tick old.
     pub fn frame(&self, now: Instant, lag: Duration) {
-        let t = self.micros_since_epoch(now);
+        self.frame_packed(pack(now), lag);
+    }
+
+    /// `frame` at an instant packed by `pack`. Called for every frame: one atomic load when it
+    /// is not a beat.
+    pub fn frame_packed(&self, now: u64, lag: Duration) {
+        let t = now / 1000;
         let last = self.last_frame_us.load(Ordering::Relaxed);
         if t < last.saturating_add(self.tick_us()) {
             return;
@@ -602,6 +613,11 @@ mod tests {
         let t = Instant::now();
         assert_eq!(unpack(pack(t)), Some(t));
         assert_eq!(unpack(0), None);
+        // An instant taken before the timeline was first needed packs to what it is.
+        let early = Instant::now() - Duration::from_secs(5);
+        start();
+        let late = Instant::now();
+        assert_eq!(Duration::from_nanos(pack(late) - pack(early)), late - early);
     }
 
     /// Short reads clear the socket's readiness (no EAGAIN read after each): every byte written

@@ -96,6 +96,8 @@ impl Metering {
         settings: MeterSettings,
         heartbeat: Option<Arc<crate::clock::Heartbeat>>,
     ) -> Arc<Self> {
+        // Meters pack their instants; every request's come after this.
+        crate::clock::start();
         Arc::new(Self {
             sink: Box::new(sink),
             ids,

@@ -70,15 +70,17 @@ impl Framing {
 }
 
 /// What the event callback updates. Kept apart from the scanner so both can be borrowed at once.
+/// Its instants are packed (`clock::pack`: nanoseconds on one timeline), so the per-event
+/// arithmetic is on integers.
 #[derive(Debug, Default)]
 struct Progress {
-    t_chunk1: Option<Instant>,
-    t_tok1: Option<Instant>,
+    t_chunk1: Option<u64>,
+    t_tok1: Option<u64>,
     /// Kernel stamp of the upstream read current when the first output event was handed on.
-    t_tok1_rx: Option<Instant>,
+    t_tok1_rx: Option<u64>,
     /// Largest hand-off − upstream read stamp.
     forward_lag: Option<Duration>,
-    t_tok_last: Option<Instant>,
+    t_tok_last: Option<u64>,
     itl: Gaps,
     output_events: u64,
     /// Output events whose token count the backend reported.
@@ -104,7 +106,7 @@ struct Progress {
 }
 
 impl Progress {
-    fn on_event(&mut self, ev: Event<'_>, now: Instant) {
+    fn on_event(&mut self, ev: Event<'_>, now: u64) {
         self.t_chunk1.get_or_insert(now);
         let Some(classifier) = self.classifier.as_mut() else {
             self.output_events += 1;
@@ -172,11 +174,11 @@ impl Progress {
         }
     }
 
-    fn mark_output(&mut self, now: Instant, tokens: u32) {
+    fn mark_output(&mut self, now: u64, tokens: u32) {
         match self.t_tok_last {
             Some(last) => self
                 .itl
-                .push(ItlSample::new(now.saturating_duration_since(last), tokens)),
+                .push(ItlSample::from_nanos(now.saturating_sub(last), tokens)),
             None => self.t_tok1 = Some(now),
         }
         self.t_tok_last = Some(now);
@@ -217,6 +219,8 @@ pub struct Meter {
     progress: Progress,
     bytes_out: u64,
     observe_cost: Duration,
+    /// `meta.t_sent` packed, once a frame needed it (0: not yet).
+    sent_packed: u64,
     metering: Arc<Metering>,
     /// The response is the service's own refusal: its outcome and error kind.
     refused: Option<(Outcome, &'static str)>,
@@ -273,6 +277,7 @@ impl Meter {
             },
             bytes_out: 0,
             observe_cost: Duration::ZERO,
+            sent_packed: 0,
             metering,
             refused: None,
             _held: held,
@@ -310,30 +315,29 @@ impl Meter {
     /// Observes one frame received at `now`. Never copies the frame's bytes (a non-streaming JSON
     /// body is kept by reference).
     pub fn observe(&mut self, data: &Bytes, now: Instant) -> StripPlan {
-        // The stamp of the upstream read current now: that read brought this frame or came after
-        // it. One that does not fall between sending and now is not believed.
-        let rx = self
-            .meta
-            .upstream_rx
-            .as_ref()
-            .and_then(|c| crate::clock::unpack(c.load(std::sync::atomic::Ordering::Relaxed)))
-            .map(Instant::from_std)
-            .filter(|t| *t <= now && self.meta.t_sent.is_some_and(|s| *t >= s));
+        let at = crate::clock::pack(now.into_std());
+        // The stamp of the upstream read current now (packed, 0: none): that read brought this
+        // frame or came after it. One that does not fall between sending and now is not believed.
+        let rx = match &self.meta.upstream_rx {
+            Some(c) => c.load(std::sync::atomic::Ordering::Relaxed),
+            None => 0,
+        };
+        let rx = (rx != 0 && rx <= at && rx >= self.sent_packed()).then_some(rx);
         let p = &mut self.progress;
         if let Some(rx) = rx {
-            let lag = now.duration_since(rx);
+            let lag = Duration::from_nanos(at - rx);
             p.forward_lag = Some(p.forward_lag.map_or(lag, |l| l.max(lag)));
             if let Some(h) = self.metering.heartbeat() {
-                h.frame(now.into_std(), lag);
+                h.frame_packed(at, lag);
             }
         }
         let had_output = p.t_tok1.is_some();
         p.drop = None;
         let open = match &mut self.framing {
-            Framing::Sse(s) => Some(s.feed(data, |ev| p.on_event(ev, now))),
-            Framing::Ndjson(s) => Some(s.feed(data, |ev| p.on_event(ev, now))),
+            Framing::Sse(s) => Some(s.feed(data, |ev| p.on_event(ev, at))),
+            Framing::Ndjson(s) => Some(s.feed(data, |ev| p.on_event(ev, at))),
             Framing::Json { parts, len } => {
-                p.t_chunk1.get_or_insert(now);
+                p.t_chunk1.get_or_insert(at);
                 *len += data.len();
                 if *len <= MAX_JSON_CAPTURE {
                     parts.push(data.clone());
@@ -341,7 +345,7 @@ impl Meter {
                 None
             }
             Framing::Opaque => {
-                p.t_chunk1.get_or_insert(now);
+                p.t_chunk1.get_or_insert(at);
                 None
             }
         };
@@ -355,6 +359,17 @@ impl Meter {
         }
         self.observe_cost += now.elapsed();
         plan
+    }
+
+    /// `meta.t_sent` packed (`u64::MAX` while unsent: no stamp falls after it).
+    fn sent_packed(&mut self) -> u64 {
+        if self.sent_packed == 0 {
+            match self.meta.t_sent {
+                Some(s) => self.sent_packed = crate::clock::pack(s.into_std()),
+                None => return u64::MAX,
+            }
+        }
+        self.sent_packed
     }
 
     /// Counts bytes actually handed to the client.
@@ -451,12 +466,14 @@ impl Meter {
             }
         });
         let t0 = self.meta.t0;
+        let packed = |t: Instant| crate::clock::pack(t.into_std());
         let since =
-            |t: Option<Instant>, from: Instant| t.map(|t| t.saturating_duration_since(from));
+            |t: Option<u64>, from: u64| t.map(|t| Duration::from_nanos(t.saturating_sub(from)));
         let tpot = match (p.t_tok1, p.t_tok_last, output_tokens) {
-            (Some(a), Some(b), Some(n)) if n > 1 => {
-                Some(b.saturating_duration_since(a) / u32::try_from(n - 1).unwrap_or(u32::MAX))
-            }
+            (Some(a), Some(b), Some(n)) if n > 1 => Some(
+                Duration::from_nanos(b.saturating_sub(a))
+                    / u32::try_from(n - 1).unwrap_or(u32::MAX),
+            ),
             _ => None,
         };
         let overhead = self
@@ -468,13 +485,13 @@ impl Meter {
         let upstream_ttft = self
             .meta
             .t_sent
-            .and_then(|s| since(p.t_tok1_rx.or(p.t_tok1), s));
+            .and_then(|s| since(p.t_tok1_rx.or(p.t_tok1), packed(s)));
         let rec = RequestRecord {
             status: self.status,
             outcome,
-            ttft: since(p.t_tok1, t0),
+            ttft: since(p.t_tok1, packed(t0)),
             ttfc: if streamed {
-                since(p.t_chunk1, t0)
+                since(p.t_chunk1, packed(t0))
             } else {
                 None
             },

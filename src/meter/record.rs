@@ -162,6 +162,14 @@ impl ItlSample {
         }
     }
 
+    /// A gap of `ns` nanoseconds (kept to the microsecond, as `new`).
+    pub fn from_nanos(ns: u64, tokens: u32) -> Self {
+        Self {
+            gap_us: u32::try_from(ns / 1000).unwrap_or(u32::MAX),
+            tokens,
+        }
+    }
+
     /// Gap since the previous output event.
     pub fn gap(&self) -> Duration {
         Duration::from_micros(u64::from(self.gap_us))
