@@ -274,15 +274,16 @@ where
                     *this.last_frame = now;
                     let stripping = m.stripping();
                     let mut plan = m.observe(&data, now);
-                    // Only a deadline earlier than the armed one re-arms the timer here. A later
-                    // one (the idle deadline moving on with every frame) waits for the armed
-                    // timer to fire, which re-arms it from the last frame (the pending arm
-                    // above): no timer-wheel update per frame.
-                    if let (Some(timer), Some(at)) = (this.timer.as_mut(), next_deadline(m, now)) {
-                        if at < timer.deadline() {
-                            timer.as_mut().reset(at);
-                        }
-                    }
+                    // A frame leaves no deadline earlier than the armed one: the idle deadline
+                    // moves on with every frame, the first-token one goes once output is seen,
+                    // the total one stays, and the timer was armed from an earlier frame (or
+                    // the start). So a frame never touches the timer; when it fires, the pending
+                    // arm above re-arms it from the last frame. No timer-wheel update, and no
+                    // deadline arithmetic, per frame.
+                    debug_assert!(!matches!(
+                        (this.timer.as_ref(), next_deadline(m, now)),
+                        (Some(timer), Some(at)) if at < timer.deadline()
+                    ));
                     // A body of known length ends with its last byte: hyper may never poll again.
                     let last = this.inner.is_end_stream();
                     if !stripping && this.held.is_none() {
