@@ -549,12 +549,14 @@ fn string_len(s: &[u8]) -> Option<usize> {
     let mut i = 1;
     let mut ascii = true;
     loop {
-        // Eight plain bytes at a time (printable ASCII, neither quote nor backslash); the byte
-        // loop below takes any word with something else in it.
+        // Eight plain bytes at a time (printable ASCII, neither quote nor backslash), then
+        // straight to the first byte that is not: the byte match below takes it.
         while let Some(w) = s.get(i..i + 8) {
             let mut word = [0u8; 8];
             word.copy_from_slice(w);
-            if !plain(u64::from_le_bytes(word)) {
+            let m = special(u64::from_le_bytes(word));
+            if m != 0 {
+                i += (m.trailing_zeros() / 8) as usize;
                 break;
             }
             i += 8;
@@ -585,17 +587,19 @@ fn string_len(s: &[u8]) -> Option<usize> {
     Some(i + 1)
 }
 
-/// All eight bytes of `w` are printable ASCII other than `"` and `\` (exact: the zero-byte and
-/// less-than tests below have no false negatives, and a false positive only sends the word to
-/// the byte loop).
-fn plain(w: u64) -> bool {
+/// The bytes of `w` (little-endian: the first is the lowest) that are not printable ASCII other
+/// than `"` and `\`, as their high bits, but for false positives above a true one: the zero-byte
+/// and less-than tests below have no false negatives, and a borrow reaches only the bytes above
+/// the byte it comes from. So `w` is plain when it is 0, and its lowest set bit marks the first
+/// byte that is not.
+fn special(w: u64) -> u64 {
     const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
     const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
     let has_zero = |v: u64| v.wrapping_sub(ONES) & !v & HIGH;
     let below_space = w.wrapping_sub(ONES * 0x20) & !w & HIGH;
     let quote = has_zero(w ^ (ONES * u64::from(b'"')));
     let backslash = has_zero(w ^ (ONES * u64::from(b'\\')));
-    ((w & HIGH) | below_space | quote | backslash) == 0
+    (w & HIGH) | below_space | quote | backslash
 }
 
 /// Length and value of the plain unsigned integer at the start of `s` (`0|[1-9][0-9]*`, at
@@ -1071,9 +1075,11 @@ mod tests {
             words.push(w);
         }
         for w in words {
+            let m = special(u64::from_le_bytes(w));
+            let first = w.iter().position(|&b| !plain_byte(b));
             assert_eq!(
-                plain(u64::from_le_bytes(w)),
-                w.iter().all(|&b| plain_byte(b)),
+                (m != 0).then(|| (m.trailing_zeros() / 8) as usize),
+                first,
                 "{w:?}"
             );
         }
