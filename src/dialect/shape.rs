@@ -554,7 +554,7 @@ fn string_len(s: &[u8]) -> Option<usize> {
         while let Some(w) = s.get(i..i + 8) {
             let mut word = [0u8; 8];
             word.copy_from_slice(w);
-            let m = special(u64::from_le_bytes(word));
+            let m = crate::util::json::not_plain(u64::from_le_bytes(word));
             if m != 0 {
                 i += (m.trailing_zeros() / 8) as usize;
                 break;
@@ -585,21 +585,6 @@ fn string_len(s: &[u8]) -> Option<usize> {
         std::str::from_utf8(&s[1..i]).ok()?;
     }
     Some(i + 1)
-}
-
-/// The bytes of `w` (little-endian: the first is the lowest) that are not printable ASCII other
-/// than `"` and `\`, as their high bits, but for false positives above a true one: the zero-byte
-/// and less-than tests below have no false negatives, and a borrow reaches only the bytes above
-/// the byte it comes from. So `w` is plain when it is 0, and its lowest set bit marks the first
-/// byte that is not.
-fn special(w: u64) -> u64 {
-    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
-    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
-    let has_zero = |v: u64| v.wrapping_sub(ONES) & !v & HIGH;
-    let below_space = w.wrapping_sub(ONES * 0x20) & !w & HIGH;
-    let quote = has_zero(w ^ (ONES * u64::from(b'"')));
-    let backslash = has_zero(w ^ (ONES * u64::from(b'\\')));
-    (w & HIGH) | below_space | quote | backslash
 }
 
 /// Length and value of the plain unsigned integer at the start of `s` (`0|[1-9][0-9]*`, at
@@ -1047,42 +1032,6 @@ mod tests {
         assert_eq!(c.classify(&float).usage.and_then(|u| u.input), Some(5));
         assert_eq!(c.classify(&float), openai::classify(&float));
         assert_eq!((c.fast_hits(), shapes.len()), (1, 0));
-    }
-
-    #[test]
-    fn the_word_test_agrees_with_the_byte_test() {
-        let plain_byte = |b: u8| (0x20..0x80).contains(&b) && b != b'"' && b != b'\\';
-        let mut rng = crate::util::Rng::new(7);
-        let mut words: Vec<[u8; 8]> = Vec::new();
-        for pos in 0..8 {
-            for b in 0..=255u8 {
-                for fill in [b'a', b' ', b'~', b'0'] {
-                    let mut w = [fill; 8];
-                    w[pos] = b;
-                    words.push(w);
-                }
-            }
-        }
-        for _ in 0..100_000 {
-            let r = rng.next_u64();
-            // Mostly plain bytes, some of anything.
-            let mut w = r.to_le_bytes();
-            for (i, b) in w.iter_mut().enumerate() {
-                if (r >> (i * 3)) & 7 != 0 {
-                    *b = 0x20 + *b % 0x60;
-                }
-            }
-            words.push(w);
-        }
-        for w in words {
-            let m = special(u64::from_le_bytes(w));
-            let first = w.iter().position(|&b| !plain_byte(b));
-            assert_eq!(
-                (m != 0).then(|| (m.trailing_zeros() / 8) as usize),
-                first,
-                "{w:?}"
-            );
-        }
     }
 
     #[test]

@@ -117,12 +117,26 @@ pub fn string(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
     let bytes = s.as_bytes();
     let mut start = 0;
-    for (i, &b) in bytes.iter().enumerate() {
+    let mut i = 0;
+    while i < bytes.len() {
+        // Eight plain bytes at a time, then straight to the first that is not.
+        if let Some(w) = bytes.get(i..i + 8) {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(w);
+            let m = not_plain(u64::from_le_bytes(word));
+            if m == 0 {
+                i += 8;
+                continue;
+            }
+            i += (m.trailing_zeros() / 8) as usize;
+        }
+        let b = bytes[i];
+        i += 1;
         if b >= 0x20 && b != b'"' && b != b'\\' {
             continue;
         }
-        out.extend_from_slice(&bytes[start..i]);
-        start = i + 1;
+        out.extend_from_slice(&bytes[start..i - 1]);
+        start = i;
         let short = match b {
             b'"' => b'"',
             b'\\' => b'\\',
@@ -146,6 +160,21 @@ pub fn string(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
 }
 
+/// The bytes of `w` (eight bytes of a JSON string read little-endian: the first is the lowest)
+/// that are not printable ASCII other than `"` and `\`, as their high bits, but for false positives above a true one: the zero-byte
+/// and less-than tests below have no false negatives, and a borrow reaches only the bytes above
+/// the byte it comes from. So `w` is plain when it is 0, and its lowest set bit marks the first
+/// byte that is not.
+pub fn not_plain(w: u64) -> u64 {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
+    let has_zero = |v: u64| v.wrapping_sub(ONES) & !v & HIGH;
+    let below_space = w.wrapping_sub(ONES * 0x20) & !w & HIGH;
+    let quote = has_zero(w ^ (ONES * u64::from(b'"')));
+    let backslash = has_zero(w ^ (ONES * u64::from(b'\\')));
+    (w & HIGH) | below_space | quote | backslash
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -155,6 +184,42 @@ mod tests {
         let mut out = Vec::new();
         f(&mut out);
         String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn the_word_test_agrees_with_the_byte_test() {
+        let plain_byte = |b: u8| (0x20..0x80).contains(&b) && b != b'"' && b != b'\\';
+        let mut rng = crate::util::Rng::new(7);
+        let mut words: Vec<[u8; 8]> = Vec::new();
+        for pos in 0..8 {
+            for b in 0..=255u8 {
+                for fill in [b'a', b' ', b'~', b'0'] {
+                    let mut w = [fill; 8];
+                    w[pos] = b;
+                    words.push(w);
+                }
+            }
+        }
+        for _ in 0..100_000 {
+            let r = rng.next_u64();
+            // Mostly plain bytes, some of anything.
+            let mut w = r.to_le_bytes();
+            for (i, b) in w.iter_mut().enumerate() {
+                if (r >> (i * 3)) & 7 != 0 {
+                    *b = 0x20 + *b % 0x60;
+                }
+            }
+            words.push(w);
+        }
+        for w in words {
+            let m = not_plain(u64::from_le_bytes(w));
+            let first = w.iter().position(|&b| !plain_byte(b));
+            assert_eq!(
+                (m != 0).then(|| (m.trailing_zeros() / 8) as usize),
+                first,
+                "{w:?}"
+            );
+        }
     }
 
     #[test]
@@ -173,6 +238,21 @@ mod tests {
         );
         let every: String = (0u8..0x80).map(char::from).collect();
         cases.push(every);
+        // Strings long enough for the word test, with what needs escaping anywhere in them.
+        let mut rng = crate::util::Rng::new(5);
+        let pick = [
+            'a', ' ', '~', '"', '\\', '\n', '\u{1}', '\u{7f}', 'é', '🦀', '/',
+        ];
+        for _ in 0..2000 {
+            let n = (rng.next_u64() % 40) as usize;
+            let s: String = (0..n)
+                .map(|_| match rng.next_u64() % 4 {
+                    0 => pick[(rng.next_u64() % pick.len() as u64) as usize],
+                    _ => 'x',
+                })
+                .collect();
+            cases.push(s);
+        }
         for s in &cases {
             assert_eq!(
                 written(|o| string(o, s)),
