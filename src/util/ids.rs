@@ -51,8 +51,9 @@ impl Ids {
     }
 }
 
-/// The low `4 N` bits of `v` as `N` lowercase hex digits, most significant first.
+/// The low `4 N` bits of `v` as `N` lowercase hex digits (at most 32), most significant first.
 pub fn hex<const N: usize>(v: u128) -> [u8; N] {
+    const { assert!(N <= 32, "a u128 has 32 hex digits") };
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = [0u8; N];
     for (i, d) in out.iter_mut().enumerate() {

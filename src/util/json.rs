@@ -161,10 +161,10 @@ pub fn string(out: &mut Vec<u8>, s: &str) {
 }
 
 /// The bytes of `w` (eight bytes of a JSON string read little-endian: the first is the lowest)
-/// that are not printable ASCII other than `"` and `\`, as their high bits, but for false positives above a true one: the zero-byte
-/// and less-than tests below have no false negatives, and a borrow reaches only the bytes above
-/// the byte it comes from. So `w` is plain when it is 0, and its lowest set bit marks the first
-/// byte that is not.
+/// that are not printable ASCII other than `"` and `\`, as their high bits, give or take false
+/// positives above a true one: the zero-byte and less-than tests below have no false negatives,
+/// and a borrow reaches only the bytes above the byte it comes from. So `w` is plain when this
+/// is 0, and its lowest set bit marks the first byte that is not.
 pub fn not_plain(w: u64) -> u64 {
     const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
     const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
