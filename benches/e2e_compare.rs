@@ -34,6 +34,11 @@
 //! give them both while the client and simulator keep core 1) and `PROXY_WORKERS` (1: Tokio
 //! worker threads of inferscope and the routers, nginx worker processes)). Writes the table to
 //! stdout and everything to `target/e2e_compare.json`.
+//!
+//! Without `PROXY_BIN`, the `inferscope` target is the binary `cargo bench` builds, which has the
+//! dev-dependencies' features unified into it (tokio's `test-util`: one atomic load more per
+//! Tokio clock read). For a before/after table against a `BASE_BIN` built by `cargo build
+//! --release`, give the after build the same way as `PROXY_BIN`.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
 use serde_json::{json, Value};
