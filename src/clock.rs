@@ -439,15 +439,10 @@ impl Heartbeat {
         }
     }
 
-    /// A frame handed on at `now` whose upstream read the kernel stamped `lag` earlier: a beat,
-    /// when the last frame beat is a tick old.
-    pub fn frame(&self, now: Instant, lag: Duration) {
-        self.frame_packed(pack(now), lag);
-    }
-
-    /// `frame` at an instant packed by `pack`. Called for every frame: one atomic load when it
-    /// is not a beat.
-    pub fn frame_packed(&self, now: u64, lag: Duration) {
+    /// A frame handed on at `now` (an instant packed by `pack`) whose upstream read the kernel
+    /// stamped `lag` earlier: a beat, when the last frame beat is a tick old. Called for every
+    /// frame: one atomic load when it is not a beat.
+    pub fn frame(&self, now: u64, lag: Duration) {
         let t = now / 1000;
         let last = self.last_frame_us.load(Ordering::Relaxed);
         if t < last.saturating_add(self.tick_us()) {
@@ -757,7 +752,7 @@ mod tests {
         for _ in 0..100 {
             tokio::time::sleep(Duration::from_millis(20)).await;
             hb.frame(
-                tokio::time::Instant::now().into_std(),
+                pack(tokio::time::Instant::now().into_std()),
                 Duration::from_millis(3),
             );
         }
@@ -783,7 +778,7 @@ mod tests {
         let t = Instant::now() + Duration::from_secs(1);
         for i in 0..100u64 {
             // 100 frames 1 ms apart: 10 ticks.
-            hb.frame(t + Duration::from_millis(i), Duration::from_micros(i));
+            hb.frame(pack(t + Duration::from_millis(i)), Duration::from_micros(i));
         }
         assert_eq!(hb.beats(), (0, 10));
         // The samples are the lags of the frames taken: 0, 10, ..., 90 µs.

@@ -604,11 +604,7 @@ fn count(s: &[u8]) -> Option<(usize, u64)> {
 /// What follows is not looked at: the next literal run must match it.
 fn int_len(s: &[u8]) -> Option<usize> {
     let sign = usize::from(s.first() == Some(&b'-'));
-    let digits = s[sign..].iter().take_while(|b| b.is_ascii_digit()).count();
-    if digits == 0 || digits > MAX_INT_DIGITS || (digits > 1 && s[sign] == b'0') {
-        return None;
-    }
-    Some(sign + digits)
+    Some(sign + count(&s[sign..])?.0)
 }
 
 /// A walk over a chunk the full classifier accepted, finding its holes (its `id` among them)

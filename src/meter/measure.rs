@@ -328,7 +328,7 @@ impl Meter {
             let lag = Duration::from_nanos(at - rx);
             p.forward_lag = Some(p.forward_lag.map_or(lag, |l| l.max(lag)));
             if let Some(h) = self.metering.heartbeat() {
-                h.frame_packed(at, lag);
+                h.frame(at, lag);
             }
         }
         let had_output = p.t_tok1.is_some();

@@ -156,10 +156,7 @@ pub struct ItlSample {
 impl ItlSample {
     /// A gap (kept to the microsecond) before an event carrying `tokens` tokens.
     pub fn new(gap: Duration, tokens: u32) -> Self {
-        Self {
-            gap_us: u32::try_from(gap.as_micros()).unwrap_or(u32::MAX),
-            tokens,
-        }
+        Self::from_nanos(u64::try_from(gap.as_nanos()).unwrap_or(u64::MAX), tokens)
     }
 
     /// A gap of `ns` nanoseconds (kept to the microsecond, as `new`).
