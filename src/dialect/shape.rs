@@ -134,11 +134,7 @@ impl Shapes {
     /// `doc` already. Returns the list as it is now.
     fn offer(&self, shape: &Arc<Shape>, doc: &[u8]) -> Arc<Vec<Arc<Shape>>> {
         self.0.rcu(|list| {
-            if list.len() >= MAX_SHARED
-                || list
-                    .iter()
-                    .any(|s| s.read(doc, Reader::CHECK, &mut None).is_some())
-            {
+            if list.len() >= MAX_SHARED || list.iter().any(|s| s.reads(doc)) {
                 return Arc::clone(list);
             }
             let mut more = Vec::with_capacity(list.len() + 1);
@@ -249,25 +245,35 @@ impl StreamClassifier {
 
     /// What `data` (one event's data) means: equal to `self.dialect().classify(data)`.
     pub fn classify<'d>(&mut self, data: &'d [u8]) -> Observation<'d> {
-        if self.dialect != Dialect::OpenAi {
-            return self.dialect.classify(data);
-        }
-        let doc = data.trim_ascii();
-        if let Some(o) = self.read(doc) {
-            self.hits += 1;
-            self.learn_misses = 0;
-            return o;
-        }
-        let o = openai::classify(data);
-        if !o.malformed && !o.done && self.learn_misses < MAX_LEARN_MISSES {
-            self.learn_misses += 1;
-            self.learn(doc, &o);
-        }
+        let mut o = Observation::default();
+        self.classify_into(data, &mut o);
         o
     }
 
-    /// `doc` through the shape that matched last, then through the others.
-    fn read<'d>(&mut self, doc: &'d [u8]) -> Option<Observation<'d>> {
+    /// `classify`, written into `o` (whatever it held is replaced): the observation is built
+    /// where the caller keeps it, not moved out through the shapes tried.
+    pub fn classify_into<'d>(&mut self, data: &'d [u8], o: &mut Observation<'d>) {
+        if self.dialect != Dialect::OpenAi {
+            *o = self.dialect.classify(data);
+            return;
+        }
+        let doc = data.trim_ascii();
+        if self.read(doc, o) {
+            self.hits += 1;
+            self.learn_misses = 0;
+            return;
+        }
+        *o = openai::classify(data);
+        if !o.malformed && !o.done && self.learn_misses < MAX_LEARN_MISSES {
+            self.learn_misses += 1;
+            self.learn(doc, o);
+        }
+    }
+
+    /// `doc` through the shape that matched last, then through the ones after it, in the order
+    /// they were learned (a stream's chunks come in that order: role, content, finish, usage),
+    /// wrapping around; `false` when none reads it (`o` is then untouched).
+    fn read<'d>(&mut self, doc: &'d [u8], o: &mut Observation<'d>) -> bool {
         let n = self.known.len();
         let shape = |i: usize| -> Option<&Shape> {
             match self.known.get(i) {
@@ -280,11 +286,11 @@ impl StreamClassifier {
             last_id: &self.id[..usize::from(self.id_len)],
         };
         let mut id_at = None;
-        let (i, o) = match shape(self.last).and_then(|s| s.read(doc, r, &mut id_at)) {
-            Some(o) => (self.last, o),
-            None => (0..=n)
-                .filter(|&i| i != self.last)
-                .find_map(|i| Some((i, shape(i)?.read(doc, r, &mut id_at)?)))?,
+        let Some(i) = (0..=n)
+            .map(|k| (self.last + k) % (n + 1))
+            .find(|&i| shape(i).is_some_and(|s| s.read(doc, r, &mut id_at, o).is_some()))
+        else {
+            return false;
         };
         self.last = i;
         // An id other than the last one: kept for the next chunk (when it fits).
@@ -298,7 +304,7 @@ impl StreamClassifier {
                 _ => self.id_len = 0,
             }
         }
-        Some(o)
+        true
     }
 
     /// Learns the shape of `doc`, which the full classifier read as `o`: shared when it can be,
@@ -321,11 +327,7 @@ impl StreamClassifier {
         if let Some(shared) = self.shared.as_ref().filter(|_| shape.shareable) {
             let shape = Arc::new(shape);
             self.known = shared.offer(&shape, doc);
-            if let Some(i) = self
-                .known
-                .iter()
-                .position(|s| s.read(doc, Reader::CHECK, &mut None).is_some())
-            {
+            if let Some(i) = self.known.iter().position(|s| s.reads(doc)) {
                 self.last = i;
                 return;
             }
@@ -339,15 +341,16 @@ impl StreamClassifier {
 }
 
 impl Shape {
-    /// Reads `doc` (trimmed) through this shape; `None` when it does not match. `id` and
-    /// `model` are read only when `r.names`; where in `doc` an id other than `r.last_id` is goes
-    /// in `id_at`.
+    /// Reads `doc` (trimmed) through this shape into `out`; `None` when it does not match (`out`
+    /// is then untouched). `id` and `model` are read only when `r.names`; where in `doc` an id
+    /// other than `r.last_id` is goes in `id_at`.
     fn read<'d>(
         &self,
         doc: &'d [u8],
         r: Reader<'_>,
         id_at: &mut Option<(usize, usize)>,
-    ) -> Option<Observation<'d>> {
+        out: &mut Observation<'d>,
+    ) -> Option<()> {
         *id_at = None;
         if self.n_holes == 0 {
             return None;
@@ -420,7 +423,7 @@ impl Shape {
             self.place(self.n_holes, at, doc, &mut model)?;
         }
         let said = &self.said;
-        Some(Observation {
+        *out = Observation {
             id,
             model,
             output,
@@ -432,7 +435,14 @@ impl Shape {
             done: false,
             error: said.error,
             malformed: false,
-        })
+        };
+        Some(())
+    }
+
+    /// Whether this shape reads `doc`.
+    fn reads(&self, doc: &[u8]) -> bool {
+        let mut o = Observation::default();
+        self.read(doc, Reader::CHECK, &mut None, &mut o).is_some()
     }
 
     /// Sets `model` when it sits in literal run `run`, which starts at `at` in `doc`.

@@ -5,7 +5,7 @@ use super::layer::{Held, Metering};
 use super::record::{
     EventTokens, Gaps, ItlSample, Outcome, RequestMeta, RequestRecord, ResponseInfo, TokensSource,
 };
-use crate::dialect::{Dialect, FinishReason, Shapes, StreamClassifier, Usage};
+use crate::dialect::{Dialect, FinishReason, Observation, Shapes, StreamClassifier, Usage};
 use crate::sse::{Event, NdjsonScanner, OpenBlock, SseScanner};
 use bytes::Bytes;
 use std::sync::Arc;
@@ -114,7 +114,8 @@ impl Progress {
             return;
         };
         let dialect = classifier.dialect();
-        let o = classifier.classify(ev.data);
+        let mut o = Observation::default();
+        classifier.classify_into(ev.data, &mut o);
         if o.malformed {
             self.malformed += 1;
             return;
