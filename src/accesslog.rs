@@ -546,7 +546,7 @@ async fn write_out(
 }
 
 use crate::util::json::{key, Object};
-use crate::util::quantile::{duration_ms as ms, us_to_ms};
+use crate::util::quantile::duration_us as us;
 
 /// Writes a record's access-log line (one JSON object, no newline) at the end of `out`. The
 /// field names are a contract (docs/ARCHITECTURE.md §5, `tests/golden/access-log-fields.txt`).
@@ -596,21 +596,21 @@ pub fn write_line(r: &RequestRecord, out: &mut Vec<u8>) {
     o.u64(key!("status"), u64::from(r.status));
     o.bool(key!("stream"), m.stream);
     o.str(key!("outcome"), r.outcome.as_str());
-    o.f64(key!("ttft_ms"), r.ttft.map(ms));
-    o.f64(key!("ttfc_ms"), r.ttfc.map(ms));
-    o.f64(key!("tpot_ms"), r.tpot.map(ms));
-    o.f64(key!("e2e_ms"), Some(ms(r.e2e)));
-    o.f64(key!("upstream_ttft_ms"), r.upstream_ttft.map(ms));
-    o.f64(key!("overhead_ms"), r.overhead.map(ms));
+    o.ms(key!("ttft_ms"), r.ttft.map(us));
+    o.ms(key!("ttfc_ms"), r.ttfc.map(us));
+    o.ms(key!("tpot_ms"), r.tpot.map(us));
+    o.ms(key!("e2e_ms"), Some(us(r.e2e)));
+    o.ms(key!("upstream_ttft_ms"), r.upstream_ttft.map(us));
+    o.ms(key!("overhead_ms"), r.overhead.map(us));
     o.str(key!("clock"), m.clock.as_str());
-    o.f64(key!("accept_delay_ms"), m.accept_delay.map(ms));
-    o.f64(key!("forward_lag_ms"), r.forward_lag.map(ms));
+    o.ms(key!("accept_delay_ms"), m.accept_delay.map(us));
+    o.ms(key!("forward_lag_ms"), r.forward_lag.map(us));
     match r.itl_summary() {
         Some(s) => {
             let mut itl = Object::open(o.key(key!("itl_ms")));
-            itl.f64(key!("p50"), Some(us_to_ms(s.p50_us)));
-            itl.f64(key!("p99"), Some(us_to_ms(s.p99_us)));
-            itl.f64(key!("max"), Some(us_to_ms(s.max_us)));
+            itl.ms(key!("p50"), Some(s.p50_us));
+            itl.ms(key!("p99"), Some(s.p99_us));
+            itl.ms(key!("max"), Some(s.max_us));
             itl.u64(key!("count"), s.count);
             itl.close();
         }
@@ -633,10 +633,10 @@ pub fn write_line(r: &RequestRecord, out: &mut Vec<u8>) {
     o.opt_str(key!("event_tokens"), r.event_tokens.map(|t| t.as_str()));
     let engine = r.response.engine;
     if let Some(v) = engine.and_then(|e| e.prefill) {
-        o.f64(key!("engine_prefill_ms"), Some(ms(v)));
+        o.ms(key!("engine_prefill_ms"), Some(us(v)));
     }
     if let Some(v) = engine.and_then(|e| e.decode) {
-        o.f64(key!("engine_decode_ms"), Some(ms(v)));
+        o.ms(key!("engine_decode_ms"), Some(us(v)));
     }
     let load = m.engine;
     for (field, v) in [

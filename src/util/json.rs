@@ -81,6 +81,15 @@ impl<'a> Object<'a> {
         float(self.key(key), v);
     }
 
+    /// Whole microseconds as a number of milliseconds, spelled as `f64` field of
+    /// `us as f64 / 1000.0` (`util::quantile::us_to_ms`) is; `null` when absent.
+    pub fn ms(&mut self, key: &str, us: Option<u64>) {
+        match us {
+            Some(us) => millis(self.key(key), us),
+            None => self.null(key),
+        }
+    }
+
     /// A number field of single precision (`null` when absent or not finite).
     pub fn f32(&mut self, key: &str, v: Option<f32>) {
         match v.filter(|v| v.is_finite()) {
@@ -109,6 +118,34 @@ pub fn float(out: &mut Vec<u8>, v: Option<f64>) {
         Some(v) => out.extend_from_slice(zmij::Buffer::new().format_finite(v).as_bytes()),
         None => out.extend_from_slice(b"null"),
     }
+}
+
+/// Whole microseconds as milliseconds, spelled as `float` spells `us as f64 / 1000.0`, in
+/// integer arithmetic. Below 10^15 µs the quotient has at most 15 significant digits, so no
+/// shorter decimal reads back as the same `f64` and the shortest form is its own digits, trailing
+/// zeros dropped (`12.5`, `3.0`); above, `float` writes it.
+pub fn millis(out: &mut Vec<u8>, us: u64) {
+    const EXACT: u64 = 1_000_000_000_000_000;
+    if us >= EXACT {
+        #[allow(clippy::cast_precision_loss)] // what `us_to_ms` does too
+        return float(out, Some(us as f64 / 1000.0));
+    }
+    uint(out, us / 1000);
+    let frac = us % 1000;
+    let digits = [
+        b'0' + (frac / 100) as u8,
+        b'0' + (frac / 10 % 10) as u8,
+        b'0' + (frac % 10) as u8,
+    ];
+    let keep = if frac % 100 == 0 {
+        1
+    } else if frac % 10 == 0 {
+        2
+    } else {
+        3
+    };
+    out.push(b'.');
+    out.extend_from_slice(&digits[..keep]);
 }
 
 /// A JSON string: quoted, with `"`, `\` and control characters escaped as `serde_json` escapes
@@ -297,6 +334,46 @@ mod tests {
         for v in [0, 7, 10, 999, u64::from(u32::MAX), u64::MAX] {
             assert_eq!(written(|o| uint(o, v)), v.to_string());
         }
+    }
+
+    #[test]
+    fn milliseconds_are_spelled_as_the_float_of_whole_microseconds_is() {
+        let mut values = vec![
+            0,
+            1,
+            9,
+            10,
+            100,
+            999,
+            1000,
+            1001,
+            1010,
+            1100,
+            12_345,
+            999_999_999_999_999,
+            1_000_000_000_000_000,
+            1_000_000_000_000_001,
+            u64::MAX,
+        ];
+        let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+        for bits in [10, 20, 30, 40, 50, 60, 64] {
+            for _ in 0..2_000 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                values.push(if bits == 64 { x } else { x >> (64 - bits) });
+            }
+        }
+        for us in values {
+            let want = written(|o| float(o, Some(crate::util::quantile::us_to_ms(us))));
+            assert_eq!(written(|o| millis(o, us)), want, "{us} µs");
+        }
+        let mut out = Vec::new();
+        let mut obj = Object::open(&mut out);
+        obj.ms(key!("a"), Some(1500));
+        obj.ms(key!("b"), None);
+        obj.close();
+        assert_eq!(String::from_utf8(out).unwrap(), r#"{"a":1.5,"b":null}"#);
     }
 
     #[test]
