@@ -403,6 +403,79 @@ fn fast_path_agrees_on_fixtures_and_takes_ordinary_streams() {
     }
 }
 
+/// A frame that is one whole single-line event a learned shape reads skips the SSE scan for line
+/// ends; the record must be what the scan gives. Streams of the shapes servers send, each event
+/// written in one of the ways SSE allows (no space after `data:`, two, CRLF, an `event:` line, a
+/// comment before it, its data over two `data` lines, cut so that its second line is not a field
+/// at all, or without its blank line, so the next event's data joins it), are measured as one frame, as one frame per event, one per line and cut
+/// anywhere: every record is the same.
+#[test]
+fn single_event_frames_measure_as_the_scanned_stream() {
+    check!()
+        .with_type::<(Vec<(u8, u8, u8, u8)>, Vec<u16>)>()
+        .for_each(|(events, cuts)| {
+            let mut stream = Vec::new();
+            let mut events_at = vec![0];
+            for &(shape, text, style, split) in events.iter().take(32) {
+                let doc = SHAPES[usize::from(shape) % SHAPES.len()]
+                    .replace("{t}", TEXTS[usize::from(text) % TEXTS.len()])
+                    .replace("{c}", CREATED[usize::from(text / 16) % CREATED.len()])
+                    .replace("{f}", FINISH[usize::from(style / 16) % FINISH.len()]);
+                // A few places to break the data at: after the brace, in the middle, near the end.
+                let at = match split % 3 {
+                    0 => 1,
+                    1 => doc.len() / 2,
+                    _ => doc.len() - 2,
+                };
+                let at = (0..=at)
+                    .rev()
+                    .find(|&i| doc.is_char_boundary(i))
+                    .unwrap_or(0);
+                let (a, b) = doc.split_at(at);
+                let block = match style % 13 {
+                    0..=4 => format!("data: {doc}\n\n"),
+                    5 => format!("data:{doc}\n\n"),
+                    6 => format!("data:  {doc}\n\n"),
+                    7 => format!("data: {doc}\r\n\r\n"),
+                    8 => format!("event: x\ndata: {doc}\n\n"),
+                    9 => format!(": keep-alive\n\ndata: {doc}\n\n"),
+                    10 => format!("data: {a}\ndata: {b}\n\n"),
+                    11 => format!("data: {a}\n{b}\n\n"),
+                    _ => format!("data: {doc}\n"),
+                };
+                stream.extend_from_slice(block.as_bytes());
+                events_at.push(stream.len());
+            }
+            stream.extend_from_slice(b"data: [DONE]\n\n");
+            events_at.push(stream.len());
+            let pieces = |mut at: Vec<usize>| -> Vec<Vec<u8>> {
+                at.extend([0, stream.len()]);
+                at.sort_unstable();
+                at.dedup();
+                at.windows(2).map(|w| stream[w[0]..w[1]].to_vec()).collect()
+            };
+            let lines: Vec<usize> = (1..stream.len())
+                .filter(|&i| stream[i - 1] == b'\n')
+                .collect();
+            let anywhere: Vec<usize> = cuts
+                .iter()
+                .map(|c| usize::from(*c) % (stream.len() + 1))
+                .collect();
+            let path = "/v1/chat/completions";
+            let ctype = "text/event-stream";
+            let whole = common::meter::measure(path, ctype, &[&stream]);
+            for cut in [events_at, lines, anywhere] {
+                let pieces = pieces(cut);
+                let refs: Vec<&[u8]> = pieces.iter().map(Vec::as_slice).collect();
+                let mut split = common::meter::measure(path, ctype, &refs);
+                // One frame puts every event at one instant; the count of output events is
+                // compared through the tokens (one per event here but for reported counts).
+                split.output_events = whole.output_events;
+                assert_eq!(split, whole, "{}", String::from_utf8_lossy(&stream));
+            }
+        });
+}
+
 const JSON_DICT: &[&[u8]] = &[
     b"{",
     b"}",

@@ -29,6 +29,12 @@
 //! hold a plain unsigned integer, so a stream's closing usage chunk reads through the shape an
 //! earlier stream learned. A shape whose usage has a count that is not a hole (a count sent as
 //! `7.0`, say) fits one stream only and is not shared.
+//!
+//! No shape holds a line break: a chunk with CR or LF outside its strings (data sent over
+//! several SSE `data` lines) is not learned, and no hole takes one (holes refuse control
+//! characters). So a document a shape reads is one line, which lets the SSE scanner hand over a
+//! frame that is exactly `data: ` + document + blank line without looking for its line ends
+//! (`StreamClassifier::read_line`, `SseScanner::single_line`).
 
 use super::{openai, Dialect, EngineTimes, FinishReason, Observation, Usage};
 use std::borrow::Cow;
@@ -270,6 +276,18 @@ impl StreamClassifier {
         }
     }
 
+    /// `classify` of `doc` (an event's whole data, untrimmed) when a learned shape reads it,
+    /// else `false` and `o` untouched: the full classifier is not asked. A shape holds no line
+    /// break, so `doc` holds none when this is `true` (see the module's notes).
+    pub fn read_line<'d>(&mut self, doc: &'d [u8], o: &mut Observation<'d>) -> bool {
+        if self.dialect != Dialect::OpenAi || !self.read(doc, o) {
+            return false;
+        }
+        self.hits += 1;
+        self.learn_misses = 0;
+        true
+    }
+
     /// `doc` through the shape that matched last, then through the ones after it, in the order
     /// they were learned (a stream's chunks come in that order: role, content, finish, usage),
     /// wrapping around; `false` when none reads it (`o` is then untouched).
@@ -466,7 +484,10 @@ impl Shape {
     /// worth matching; its copy of `doc` goes in `buf` (cleared first), so a stream that learns
     /// again reuses its allocation.
     fn learn(doc: &[u8], o: &Observation<'_>, buf: impl FnOnce(bool) -> Vec<u8>) -> Option<Shape> {
-        if doc.len() > MAX_SHAPE_LEN || matches!(o.finish, Some(FinishReason::Other(_))) {
+        if doc.len() > MAX_SHAPE_LEN
+            || matches!(o.finish, Some(FinishReason::Other(_)))
+            || memchr::memchr2(b'\r', b'\n', doc).is_some()
+        {
             return None;
         }
         let mut w = Walk {

@@ -107,15 +107,35 @@ struct Progress {
 
 impl Progress {
     fn on_event(&mut self, ev: Event<'_>, now: u64) {
-        self.t_chunk1.get_or_insert(now);
         let Some(classifier) = self.classifier.as_mut() else {
+            self.t_chunk1.get_or_insert(now);
             self.output_events += 1;
             self.mark_output(now, 1);
             return;
         };
-        let dialect = classifier.dialect();
         let mut o = Observation::default();
         classifier.classify_into(ev.data, &mut o);
+        self.apply(ev, o, now);
+    }
+
+    /// `on_event` for the event of a frame `SseScanner::single_line` handed over, when a
+    /// learned chunk shape reads it (which proves its data one line); `false`, with nothing
+    /// done, when none does.
+    fn on_line(&mut self, ev: Event<'_>, now: u64) -> bool {
+        let mut o = Observation::default();
+        let read = self
+            .classifier
+            .as_mut()
+            .is_some_and(|c| c.read_line(ev.data, &mut o));
+        if read {
+            self.apply(ev, o, now);
+        }
+        read
+    }
+
+    /// What a classified event means for the request.
+    fn apply(&mut self, ev: Event<'_>, o: Observation<'_>, now: u64) {
+        self.t_chunk1.get_or_insert(now);
         if o.malformed {
             self.malformed += 1;
             return;
@@ -130,7 +150,9 @@ impl Progress {
             self.response.model = o.model.map(|c| c.into_owned());
         }
         if self.response.id.is_some() && self.response.model.is_some() {
-            classifier.names_known();
+            if let Some(c) = self.classifier.as_mut() {
+                c.names_known();
+            }
         }
         if let Some(u) = o.usage {
             self.usage.input = u.input.or(self.usage.input);
@@ -141,9 +163,9 @@ impl Progress {
         if o.engine.is_some() {
             self.engine = o.engine;
         }
-        if let Some(cap) = self.capture.filter(|_| o.output) {
+        if let (Some(cap), Some(c)) = (self.capture.filter(|_| o.output), &self.classifier) {
             let out = self.response.output_content.get_or_insert_with(String::new);
-            dialect.append_content(ev.data, out, cap);
+            c.dialect().append_content(ev.data, out, cap);
         }
         if o.output {
             // The event's own count; else the step of a cumulative usage every output event
@@ -335,7 +357,12 @@ impl Meter {
         let had_output = p.t_tok1.is_some();
         p.drop = None;
         let open = match &mut self.framing {
-            Framing::Sse(s) => Some(s.feed(data, |ev| p.on_event(ev, at))),
+            // A frame that is one whole single-line event a learned shape reads skips the scan
+            // for line ends (what `feed` would do with it, without reading its bytes twice).
+            Framing::Sse(s) => Some(match s.single_line(data) {
+                Some(line) if p.on_line(Event::whole(line, data.len()), at) => OpenBlock::None,
+                _ => s.feed(data, |ev| p.on_event(ev, at)),
+            }),
             Framing::Ndjson(s) => Some(s.feed(data, |ev| p.on_event(ev, at))),
             Framing::Json { parts, len } => {
                 p.t_chunk1.get_or_insert(at);

@@ -32,6 +32,19 @@ pub struct Event<'a> {
     pub end: usize,
 }
 
+impl<'a> Event<'a> {
+    /// The one event of a frame of `len` bytes that holds it whole (`data` inside it), of the
+    /// default type.
+    pub fn whole(data: &'a [u8], len: usize) -> Self {
+        Self {
+            event_type: b"",
+            data,
+            start: Some(0),
+            end: len,
+        }
+    }
+}
+
 /// Where the block that is still incomplete after a `feed` began.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OpenBlock {

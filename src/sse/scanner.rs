@@ -75,6 +75,25 @@ impl SseScanner {
         self.block_open && (self.data_at != Data::Empty || !self.line.is_empty())
     }
 
+    /// The data of `chunk` when nothing is pending and `chunk` may be one whole event of a single
+    /// `data: ` line: `data: ` + the data + `\n\n`, within the line cap. Only the ends are
+    /// looked at: the caller must know the data holds no CR or LF (a chunk shape read it); then
+    /// `feed` would call back once with that data, at `0..chunk.len()`, and return
+    /// `OpenBlock::None` with nothing kept, so the chunk needs no `feed`.
+    pub fn single_line<'c>(&self, chunk: &'c [u8]) -> Option<&'c [u8]> {
+        let clean = self.bom.is_none()
+            && !self.after_cr
+            && !self.block_open
+            && !self.skipping_line
+            && self.line.is_empty()
+            && self.data_at == Data::Empty
+            && self.event_type.is_empty();
+        if !clean || chunk.len() > self.max_line.saturating_add(2) {
+            return None;
+        }
+        chunk.strip_prefix(b"data: ")?.strip_suffix(b"\n\n")
+    }
+
     /// Scans one chunk, calling `on_event` for every event it completes, and reports where the
     /// still-incomplete block (if any) began.
     pub fn feed(&mut self, chunk: &[u8], mut on_event: impl FnMut(Event<'_>)) -> OpenBlock {
@@ -349,5 +368,31 @@ mod tests {
                 "data must borrow the chunk"
             );
         });
+    }
+
+    #[test]
+    fn single_line_is_offered_only_between_events_and_within_the_cap() {
+        let mut s = SseScanner::new(16);
+        let one = b"data: {\"x\":1}\n\n";
+        // The stream's start is not behind it yet (a BOM may come).
+        assert_eq!(s.single_line(one), None);
+        s.feed(b"data: a\n\n", |_| {});
+        assert_eq!(s.single_line(one), Some(&b"{\"x\":1}"[..]));
+        for other in [
+            &b"data:{\"x\":1}\n\n"[..],
+            b"data: {\"x\":1}\r\n\r\n",
+            b"data: {\"x\":1}\n",
+            b"event: e\ndata: 1\n\n",
+            b"data: {\"x\":12345678901}\n\n",
+            b"\n\n",
+            b"",
+        ] {
+            assert_eq!(s.single_line(other), None, "{other:?}");
+        }
+        // A block is open: the next frame's data would join it.
+        s.feed(b"data: b\n", |_| {});
+        assert_eq!(s.single_line(one), None);
+        s.feed(b"\n", |_| {});
+        assert_eq!(s.single_line(one), Some(&b"{\"x\":1}"[..]));
     }
 }
