@@ -15,8 +15,6 @@
 //!
 //! Requests get the peer address as a `ClientAddr` extension.
 
-use crate::util::frames::Frames;
-use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::service::Service;
 use hyper::{Request, Response};
@@ -154,8 +152,9 @@ where
     S: Service<Request<Incoming>, Response = Response<B>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    B: Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>> + Send,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
@@ -666,7 +665,6 @@ impl Drop for OpenGuard {
 impl<S, B> Service<Request<Incoming>> for PerConnection<S>
 where
     S: Service<Request<Incoming>, Response = Response<B>>,
-    B: Body,
 {
     type Response = Response<Guarded<B>>;
     type Error = S::Error;
@@ -697,7 +695,6 @@ pin_project! {
 impl<F, B, E> Future for GuardedFuture<F>
 where
     F: Future<Output = Result<Response<B>, E>>,
-    B: Body,
 {
     type Output = Result<Response<Guarded<B>>, E>;
 
@@ -708,202 +705,36 @@ where
         Poll::Ready(Ok(resp.map(|inner| Guarded {
             inner,
             _guard: guard,
-            next: None,
-            flush: false,
         })))
     }
 }
 
 pin_project! {
-    /// A response body that keeps its request counted as open until it is dropped, and hands
-    /// hyper the data frames that are ready together as one (`util::frames`): when the inner
-    /// body gives a frame, it is asked again at once, and what it has ready goes with it; a
-    /// frame that comes alone goes alone, as soon as it comes.
-    struct Guarded<B: Body> {
+    /// A response body that keeps its request counted as open until it is dropped.
+    struct Guarded<B> {
         #[pin]
         inner: B,
         _guard: Option<OpenGuard>,
-        // What ended the last batch and is still to be given: trailers, the end, an error.
-        next: Option<Option<Result<Frame<Frames>, B::Error>>>,
-        // The last batch ended because the inner body was not ready: the next poll says so too
-        // before asking it again, so hyper writes what it has first (an aborting body relies on
-        // that to have its last data out before its error). The inner body's waker is set.
-        flush: bool,
     }
 }
 
-impl<B: Body<Data = Bytes>> Body for Guarded<B> {
-    type Data = Frames;
+impl<B: Body> Body for Guarded<B> {
+    type Data = B::Data;
     type Error = B::Error;
 
+    #[inline]
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let mut this = self.project();
-        if let Some(item) = this.next.take() {
-            return Poll::Ready(item);
-        }
-        if std::mem::take(this.flush) {
-            return Poll::Pending;
-        }
-        let mut batch = Frames::default();
-        loop {
-            let item = match this.inner.as_mut().poll_frame(cx) {
-                Poll::Pending if batch.is_empty() => return Poll::Pending,
-                Poll::Pending => {
-                    *this.flush = true;
-                    break;
-                }
-                Poll::Ready(item) => item,
-            };
-            let item = match item {
-                Some(Ok(frame)) => match frame.into_data() {
-                    Ok(data) => {
-                        batch.push(data);
-                        if batch.is_full() || this.inner.is_end_stream() {
-                            break;
-                        }
-                        continue;
-                    }
-                    Err(frame) => Some(Ok(frame.map_data(|_| Frames::default()))),
-                },
-                other => other.map(|r| r.map(|f| f.map_data(Frames::from))),
-            };
-            if batch.is_empty() {
-                return Poll::Ready(item);
-            }
-            *this.next = Some(item);
-            break;
-        }
-        Poll::Ready(Some(Ok(Frame::data(batch))))
+        self.project().inner.poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {
-        match &self.next {
-            Some(next) => next.is_none(),
-            None => self.inner.is_end_stream(),
-        }
+        self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        match &self.next {
-            Some(_) => SizeHint::with_exact(0),
-            None => self.inner.size_hint(),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use bytes::Buf;
-    use std::collections::VecDeque;
-    use std::task::Waker;
-
-    /// A body that gives what it is told, in order: `None` in the script is one `Pending`.
-    struct Script(VecDeque<Option<Result<Frame<Bytes>, &'static str>>>);
-
-    impl Body for Script {
-        type Data = Bytes;
-        type Error = &'static str;
-
-        fn poll_frame(
-            mut self: Pin<&mut Self>,
-            _: &mut Context<'_>,
-        ) -> Poll<Option<Result<Frame<Bytes>, &'static str>>> {
-            match self.0.pop_front() {
-                Some(Some(item)) => Poll::Ready(Some(item)),
-                Some(None) => Poll::Pending,
-                None => Poll::Ready(None),
-            }
-        }
-
-        fn is_end_stream(&self) -> bool {
-            self.0.is_empty()
-        }
-    }
-
-    fn data(s: &'static str) -> Option<Result<Frame<Bytes>, &'static str>> {
-        Some(Ok(Frame::data(Bytes::from_static(s.as_bytes()))))
-    }
-
-    /// What hyper would see, poll by poll, until the end: `data:…` for a frame of data (its
-    /// parts joined by `|`), `trailers`, `error:…`, `pending`, `end`.
-    fn seen(script: Vec<Option<Result<Frame<Bytes>, &'static str>>>) -> Vec<String> {
-        let mut body = std::pin::pin!(Guarded {
-            inner: Script(script.into()),
-            _guard: None,
-            next: None,
-            flush: false,
-        });
-        let mut cx = Context::from_waker(Waker::noop());
-        let mut out = Vec::new();
-        for _ in 0..64 {
-            let ended = body.is_end_stream();
-            let said = match body.as_mut().poll_frame(&mut cx) {
-                Poll::Pending => "pending".to_owned(),
-                Poll::Ready(None) => "end".to_owned(),
-                Poll::Ready(Some(Err(e))) => format!("error:{e}"),
-                Poll::Ready(Some(Ok(f))) if f.is_trailers() => "trailers".to_owned(),
-                Poll::Ready(Some(Ok(f))) => {
-                    let mut f = f.into_data().unwrap();
-                    let mut parts = Vec::new();
-                    while f.has_remaining() {
-                        parts.push(String::from_utf8(f.chunk().to_vec()).unwrap());
-                        f.advance(f.chunk().len());
-                    }
-                    format!("data:{}", parts.join("|"))
-                }
-            };
-            if ended {
-                assert_eq!(said, "end", "said it ended, then gave more");
-            }
-            let done = said == "end" || said.starts_with("error");
-            out.push(said);
-            if done {
-                break;
-            }
-        }
-        out
-    }
-
-    #[test]
-    fn frames_ready_together_go_as_one_and_a_frame_alone_goes_at_once() {
-        let trailers = Some(Ok(Frame::trailers(http::HeaderMap::new())));
-        assert_eq!(
-            seen(vec![
-                data("a"),
-                data(""),
-                data("b"),
-                None,
-                data("c"),
-                None,
-                None,
-                data("d"),
-                trailers,
-            ]),
-            [
-                "data:a|b", "pending", // what hyper has is written before the body is asked again
-                "data:c", "pending", "pending", "data:d", "trailers", "end",
-            ]
-        );
-    }
-
-    #[test]
-    fn an_error_or_the_end_after_data_comes_after_that_data() {
-        assert_eq!(
-            seen(vec![data("a"), data("b"), Some(Err("cut"))]),
-            ["data:a|b", "error:cut"]
-        );
-        // An aborting body's last data, then `Pending` (it wakes itself): that data is written
-        // before its error is given.
-        assert_eq!(
-            seen(vec![data("a"), None, Some(Err("cut"))]),
-            ["data:a", "pending", "error:cut"]
-        );
-        assert_eq!(seen(vec![data("a"), data("b")]), ["data:a|b", "end"]);
-        let many: Vec<_> = (0..10).map(|_| data("x")).collect();
-        assert_eq!(seen(many), ["data:x|x|x|x|x|x|x|x", "data:x|x", "end"]);
+        self.inner.size_hint()
     }
 }
