@@ -76,13 +76,8 @@ impl<'a> Object<'a> {
         }
     }
 
-    /// A number field (`null` when absent or not finite).
-    pub fn f64(&mut self, key: &str, v: Option<f64>) {
-        float(self.key(key), v);
-    }
-
-    /// Whole microseconds as a number of milliseconds, spelled as `f64` field of
-    /// `us as f64 / 1000.0` (`util::quantile::us_to_ms`) is; `null` when absent.
+    /// A number field of milliseconds given in whole microseconds, spelled as `float` spells
+    /// `util::quantile::us_to_ms(us)`; `null` when absent.
     pub fn ms(&mut self, key: &str, us: Option<u64>) {
         match us {
             Some(us) => millis(self.key(key), us),
@@ -355,13 +350,10 @@ mod tests {
             1_000_000_000_000_001,
             u64::MAX,
         ];
-        let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut rng = crate::util::Rng::new(11);
         for bits in [10, 20, 30, 40, 50, 60, 64] {
             for _ in 0..2_000 {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                values.push(if bits == 64 { x } else { x >> (64 - bits) });
+                values.push(rng.next_u64() >> (64 - bits));
             }
         }
         for us in values {
@@ -385,7 +377,7 @@ mod tests {
         obj.bool(key!("t"), true);
         obj.u64(key!("n"), 3);
         obj.opt_u64(key!("m"), None);
-        obj.f64(key!("f"), Some(2.5));
+        obj.ms(key!("f"), Some(2500));
         obj.close();
         assert_eq!(
             String::from_utf8(out).unwrap(),
