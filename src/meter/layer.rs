@@ -379,16 +379,16 @@ impl Annotations {
         };
         let max_line = self.0.metering.settings.max_event_bytes;
         let framing = Framing::for_response(ctype, opts.dialect, max_line);
-        let mut meter = Meter::new(
+        let mut meter = Box::new(Meter::new(
             n.meta,
             parts.status.as_u16(),
             framing,
             opts,
             Arc::clone(&self.0.metering),
             n.held,
-        );
+        ));
         if let Some((outcome, error)) = n.refused {
-            meter = meter.refused(outcome, error);
+            meter.set_refused(outcome, error);
         }
         Response::from_parts(parts, MeteredBody::new(body, meter))
     }

@@ -310,9 +310,8 @@ impl Meter {
 
     /// Marks the response as the service's own refusal: recorded with this outcome and error
     /// kind whatever its status says.
-    pub fn refused(mut self, outcome: Outcome, error: &'static str) -> Self {
+    pub fn set_refused(&mut self, outcome: Outcome, error: &'static str) {
         self.refused = Some((outcome, error));
-        self
     }
 
     /// True once an output event has been seen.
