@@ -48,6 +48,22 @@ struct Group {
     slots: [Option<(u64, Tally)>; SLOTS],
 }
 
+impl Group {
+    /// Adds one finished request to the cumulative tally and to the slot of `epoch`.
+    fn add(&mut self, epoch: u64, r: &RequestRecord) {
+        self.cumulative.record(r);
+        let slot = &mut self.slots[(epoch % SLOTS as u64) as usize];
+        match slot {
+            Some((e, t)) if *e == epoch => t.record(r),
+            _ => {
+                let mut t = Tally::window_slot();
+                t.record(r);
+                *slot = Some((epoch, t));
+            }
+        }
+    }
+}
+
 /// Thread-safe statistics store. Updated once per finished request.
 #[derive(Debug)]
 pub struct Stats {
@@ -96,20 +112,15 @@ impl Stats {
             variant: Arc::clone(&m.variant),
         };
         let mut groups = self.lock();
-        if !groups.contains_key(&key) && groups.len() >= self.max_groups {
+        // One lookup for a known group (every request but a group's first).
+        if let Some(g) = groups.get_mut(&key) {
+            g.add(epoch, r);
+            return;
+        }
+        if groups.len() >= self.max_groups {
             key.model = Arc::from(OTHER_MODEL);
         }
-        let g = groups.entry(key).or_default();
-        g.cumulative.record(r);
-        let slot = &mut g.slots[(epoch % SLOTS as u64) as usize];
-        match slot {
-            Some((e, t)) if *e == epoch => t.record(r),
-            _ => {
-                let mut t = Tally::window_slot();
-                t.record(r);
-                *slot = Some((epoch, t));
-            }
-        }
+        groups.entry(key).or_default().add(epoch, r);
     }
 
     /// Copies every group's tallies (window = slots of the last 60 s).
