@@ -231,49 +231,42 @@ where
         let stop = stop_rx.clone();
         let opts = opts.clone();
         while conns.try_join_next().is_some() {}
-        conns.spawn(async move {
-            let accepted = Instant::now();
-            let result = match &opts.tls {
-                None => {
-                    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
-                    supervise(conn, &state, &opts, accepted, stop).await
-                }
-                Some(tls) => {
-                    let limit = opts.header_read_timeout.unwrap_or(Duration::from_secs(30));
-                    match tokio::time::timeout(limit, tls.acceptor().accept(io)).await {
-                        Ok(Ok(tls_stream)) => {
-                            state.after_handshake(tls_stream.get_ref().1.alpn_protocol());
-                            let conn = builder
-                                .serve_connection_with_upgrades(TokioIo::new(tls_stream), service);
-                            supervise(conn, &state, &opts, accepted, stop).await
-                        }
-                        Ok(Err(e)) => {
-                            opts.counters.tls_failures.fetch_add(1, Ordering::Relaxed);
-                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                            Some(Ok(()))
-                        }
-                        Err(_) => {
-                            opts.counters.tls_failures.fetch_add(1, Ordering::Relaxed);
-                            tracing::debug!(%peer, "TLS handshake timed out");
-                            Some(Ok(()))
-                        }
+        // Plain and TLS connections are spawned as tasks of their own types: a task's future is
+        // as large as its largest state, and a plain connection would otherwise carry room for
+        // the TLS session and its handshake.
+        match opts.tls.clone() {
+            None => conns.spawn(async move {
+                let accepted = Instant::now();
+                let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+                let result = supervise(conn, &state, &opts, accepted, stop).await;
+                ended(result, &state, &opts, peer, accepted);
+                drop(permit);
+            }),
+            Some(tls) => conns.spawn(async move {
+                let accepted = Instant::now();
+                let limit = opts.header_read_timeout.unwrap_or(Duration::from_secs(30));
+                let result = match tokio::time::timeout(limit, tls.acceptor().accept(io)).await {
+                    Ok(Ok(tls_stream)) => {
+                        state.after_handshake(tls_stream.get_ref().1.alpn_protocol());
+                        let conn = builder
+                            .serve_connection_with_upgrades(TokioIo::new(tls_stream), service);
+                        supervise(conn, &state, &opts, accepted, stop).await
                     }
-                }
-            };
-            match result {
-                Some(Err(e)) => refused(&e, &state, &opts, peer, accepted),
-                Some(Ok(())) => {}
-                // Closed mid-head: a request that never completed.
-                None if state.partial_head() => {
-                    report(&opts, peer, 408, "header_read_timeout", accepted);
-                }
-                None => {
-                    opts.counters.closed_idle.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            opts.counters.open.fetch_sub(1, Ordering::Relaxed);
-            drop(permit);
-        });
+                    Ok(Err(e)) => {
+                        opts.counters.tls_failures.fetch_add(1, Ordering::Relaxed);
+                        tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                        Some(Ok(()))
+                    }
+                    Err(_) => {
+                        opts.counters.tls_failures.fetch_add(1, Ordering::Relaxed);
+                        tracing::debug!(%peer, "TLS handshake timed out");
+                        Some(Ok(()))
+                    }
+                };
+                ended(result, &state, &opts, peer, accepted);
+                drop(permit);
+            }),
+        };
     }
     drop(listener);
     let _ = stop_tx.send(true);
@@ -298,6 +291,29 @@ where
 }
 
 type ConnError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A connection's end: the request it refused or timed out on goes to the access log; the
+/// counters learn how it closed.
+fn ended(
+    result: Option<Result<(), ConnError>>,
+    state: &ConnState,
+    opts: &ServerOptions,
+    peer: SocketAddr,
+    accepted: Instant,
+) {
+    match result {
+        Some(Err(e)) => refused(&e, state, opts, peer, accepted),
+        Some(Ok(())) => {}
+        // Closed mid-head: a request that never completed.
+        None if state.partial_head() => {
+            report(opts, peer, 408, "header_read_timeout", accepted);
+        }
+        None => {
+            opts.counters.closed_idle.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    opts.counters.open.fetch_sub(1, Ordering::Relaxed);
+}
 
 /// File descriptors kept aside from client connections: the admin listener's connections, the
 /// access log, simulators, the runtime's own.
