@@ -109,6 +109,14 @@ impl Pool {
         Some(Slot(Arc::clone(conn)))
     }
 
+    /// Whether a pooled connection to `key` has room for a stream now.
+    fn room(&self, key: &Key) -> bool {
+        self.conns
+            .lock()
+            .get(key)
+            .is_some_and(|l| l.iter().any(|c| c.room()))
+    }
+
     /// Whether an open connection to `key` allows streams at all (full or not).
     pub fn usable(&self, key: &Key) -> bool {
         self.conns.lock().get(key).is_some_and(|l| {
@@ -133,6 +141,12 @@ impl Pool {
         let cell = Arc::clone(self.dialing.lock().entry(key.clone()).or_default());
         let dialed = cell
             .get_or_init(|| async {
+                // A dial that ended between the caller's `take` and this call has pooled a
+                // connection with room (its cell is gone, so this one is new): use it rather than
+                // open a second.
+                if self.room(key) {
+                    return Ok(true);
+                }
                 let conn = open.await?;
                 let h2 = conn.is_some();
                 if let Some(c) = conn {
