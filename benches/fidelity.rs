@@ -15,7 +15,13 @@ fn pcts(mut v: Vec<f64>) -> (f64, f64, f64) {
 }
 
 async fn level(streams: usize) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    // The simulator's burst of connections from the gateway's pool must not overflow a small
+    // listen backlog (a dropped SYN costs a second).
+    let listener = inferscope::server::bind(
+        "127.0.0.1:0".parse().unwrap(),
+        inferscope::server::DEFAULT_BACKLOG,
+    )
+    .unwrap();
     let profile = Profile {
         ttft_base_ms: 50.0,
         prefill_per_token_ms: 0.0,

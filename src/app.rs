@@ -21,7 +21,6 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -177,7 +176,10 @@ async fn build_router(
                     Some((_, _, h)) => h.addr,
                     None => {
                         let profile = sim_profile(&s.profile)?;
-                        let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
+                        let listener = server::bind(
+                            std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+                            server::DEFAULT_BACKLOG,
+                        )?;
                         let mut opts = SimOptions::new(profile);
                         opts.seed = s.seed;
                         let handle = sim::spawn(listener, opts, stopped(stop.clone()))?;
@@ -256,11 +258,17 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
     crate::route::spawn_probes(&config, router.backends());
     crate::route::spawn_scrapes(&config, router.backends());
 
-    let data_listener = TcpListener::bind(overrides.listen.unwrap_or(config.listen))
-        .await
+    let backlog = config.limits.listen_backlog;
+    if let Some(cap) = server::somaxconn().filter(|&cap| cap < backlog) {
+        tracing::warn!(
+            configured = backlog,
+            effective = cap,
+            "limits.listen_backlog is capped by the kernel (raise net.core.somaxconn)"
+        );
+    }
+    let data_listener = server::bind(overrides.listen.unwrap_or(config.listen), backlog)
         .context("binding the data-plane listener")?;
-    let admin_listener = TcpListener::bind(overrides.admin.unwrap_or(config.admin.listen))
-        .await
+    let admin_listener = server::bind(overrides.admin.unwrap_or(config.admin.listen), backlog)
         .context("binding the admin listener")?;
     let data_addr = data_listener.local_addr()?;
     let admin_addr = admin_listener.local_addr()?;

@@ -619,8 +619,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             f.slow_first_token_ms = slow_first_token_ms.unwrap_or(f.slow_first_token_ms);
             f.malformed_rate = malformed_rate.unwrap_or(f.malformed_rate);
             p.validate()?;
-            let listener = tokio::net::TcpListener::bind(listen)
-                .await
+            let listener = crate::server::bind(listen, crate::server::DEFAULT_BACKLOG)
                 .with_context(|| format!("binding {listen}"))?;
             let mut opts = SimOptions::new(p);
             opts.seed = seed;

@@ -315,6 +315,36 @@ fn ended(
     opts.counters.open.fetch_sub(1, Ordering::Relaxed);
 }
 
+/// The listen backlog when nothing sets one: connections the kernel completes and holds until
+/// they are accepted. Tokio's `TcpListener::bind` (and std's) ask for 128: a burst of more new
+/// connections than the accept loop takes in one turn, or any at `max_connections`, has its SYNs
+/// dropped and its clients wait a second to send them again, time no measurement of the
+/// gateway's sees.
+pub const DEFAULT_BACKLOG: u32 = 4096;
+
+/// Binds a listener on `addr` with `SO_REUSEADDR` (as Tokio's `bind` does) and a listen backlog
+/// of `backlog` connections (the kernel caps it at `net.core.somaxconn`: see `somaxconn`).
+/// Call within a Tokio runtime.
+pub fn bind(addr: SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(backlog)
+}
+
+/// The kernel's cap on a listen backlog (`net.core.somaxconn`), where it can be read.
+pub fn somaxconn() -> Option<u32> {
+    std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
 /// File descriptors kept aside from client connections: the admin listener's connections, the
 /// access log, simulators, the runtime's own.
 const FD_RESERVE: u64 = 128;

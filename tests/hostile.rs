@@ -180,6 +180,48 @@ async fn at_max_connections_new_ones_wait_and_admin_stays_up() {
     assert_eq!(log.len(), 1);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_connections_at_capacity_waits_in_the_backlog_not_dropped() {
+    // At `max_connections` the kernel's backlog holds new connections. Tokio's and std's `bind`
+    // ask for a backlog of 128: the 130th connection's SYN was dropped and its client waited a
+    // second to retry. The gateway's listener asks for `limits.listen_backlog` (4,096).
+    const BURST: usize = 200;
+    assert_eq!(
+        inferscope::config::Limits::default().listen_backlog,
+        inferscope::server::DEFAULT_BACKLOG
+    );
+    match inferscope::server::somaxconn() {
+        Some(cap) if cap as usize > BURST => {}
+        cap => {
+            eprintln!("skipped: net.core.somaxconn is {cap:?}, the kernel caps any backlog there");
+            return;
+        }
+    }
+    let (_sim, gw, dir) = gateway("limits:\n  max_connections: 1\n").await;
+    let hog = TcpStream::connect(gw.data_addr).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let addr = gw.data_addr;
+    let burst: Vec<_> = (0..BURST)
+        .map(|_| {
+            tokio::spawn(async move {
+                tokio::time::timeout(Duration::from_millis(2500), TcpStream::connect(addr)).await
+            })
+        })
+        .collect();
+    let mut held = Vec::new();
+    for t in burst {
+        if let Ok(Ok(s)) = t.await.unwrap() {
+            held.push(s);
+        }
+    }
+    assert_eq!(held.len(), BURST, "connections the backlog did not hold");
+    let (_, metrics) = admin_get(gw.admin_addr, "/metrics").await;
+    assert_eq!(metric(&metrics, "inferscope_client_connections"), 1.0);
+    drop((hog, held));
+    let log = stop_and_read_log(gw, &dir).await;
+    assert!(log.is_empty(), "{log:?}");
+}
+
 /// Sends raw bytes on a new connection and returns everything until the peer closes.
 async fn raw_exchange(addr: SocketAddr, bytes: &[u8]) -> String {
     let mut s = TcpStream::connect(addr).await.unwrap();

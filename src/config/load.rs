@@ -277,6 +277,7 @@ pub fn validate(c: &Config) -> Result<(), Invalid> {
         ("max_concurrent_requests", l.max_concurrent_requests),
         ("max_event_bytes", l.max_event_bytes),
         ("max_connections", l.max_connections),
+        ("listen_backlog", l.listen_backlog as usize),
         ("max_header_count", l.max_header_count),
         ("max_header_bytes", l.max_header_bytes),
         ("h2_max_streams", l.h2_max_streams as usize),

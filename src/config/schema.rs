@@ -244,6 +244,10 @@ pub struct Limits {
     pub max_event_bytes: usize,
     /// Client connections open at once (data plane); at the cap new ones wait in the backlog.
     pub max_connections: usize,
+    /// Connections the kernel completes and holds until the gateway accepts them (the listen
+    /// backlog of the data and admin listeners; the kernel caps it at `net.core.somaxconn`).
+    /// Past it a new connection's SYN is dropped and its client waits a second to retry.
+    pub listen_backlog: u32,
     /// A client connection with no request open is closed after this long without a byte.
     #[serde(with = "super::duration")]
     pub client_idle_timeout: Duration,
@@ -285,6 +289,8 @@ impl Default for Limits {
             shutdown_grace: Duration::from_secs(30),
             max_event_bytes: crate::sse::DEFAULT_MAX_LINE,
             max_connections: 10_000,
+            // `server::DEFAULT_BACKLOG`, the simulators' (config sits below `server`).
+            listen_backlog: 4096,
             client_idle_timeout: Duration::from_secs(60),
             max_header_count: 100,
             max_header_bytes: 64 << 10,
