@@ -177,7 +177,7 @@ async fn build_router(
                     None => {
                         let profile = sim_profile(&s.profile)?;
                         let listener = server::bind(
-                            std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+                            SocketAddr::from(([127, 0, 0, 1], 0)),
                             server::DEFAULT_BACKLOG,
                         )?;
                         let mut opts = SimOptions::new(profile);
