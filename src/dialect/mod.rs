@@ -283,6 +283,14 @@ impl Observation<'_> {
             ..Self::default()
         }
     }
+
+    /// A stream's terminal event, which says nothing else.
+    pub fn terminal() -> Self {
+        Self {
+            done: true,
+            ..Self::default()
+        }
+    }
 }
 
 /// What one event (or one whole non-streaming body) means for measurement. Strings borrow from

@@ -15,10 +15,7 @@ use std::fmt;
 pub fn classify(data: &[u8]) -> Observation<'_> {
     let trimmed = data.trim_ascii();
     if trimmed == b"[DONE]" {
-        return Observation {
-            done: true,
-            ..Observation::default()
-        };
+        return Observation::terminal();
     }
     match serde_json::from_slice::<ChunkView>(trimmed) {
         Ok(v) => {

@@ -50,6 +50,8 @@ const MAX_LEARN_MISSES: u8 = 4;
 const MAX_SHARED: usize = 8;
 /// Longest integer a hole takes (`created` and the like); longer ones are misses.
 const MAX_INT_DIGITS: usize = 18;
+/// The data of an OpenAI stream's terminal event.
+const DONE: &[u8] = b"[DONE]";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum HoleKind {
@@ -264,6 +266,10 @@ impl StreamClassifier {
             return;
         }
         let doc = data.trim_ascii();
+        if doc == DONE {
+            *o = Observation::terminal();
+            return;
+        }
         if self.read(doc, o) {
             self.hits += 1;
             self.learn_misses = 0;
@@ -276,11 +282,20 @@ impl StreamClassifier {
         }
     }
 
-    /// `classify` of `doc` (an event's whole data, untrimmed) when a learned shape reads it,
-    /// else `false` and `o` untouched: the full classifier is not asked. A shape holds no line
-    /// break, so `doc` holds none when this is `true` (see the module's notes).
+    /// `classify` of `doc` (an event's whole data, untrimmed) when a learned shape reads it or
+    /// it is the terminal `[DONE]`, else `false` and `o` untouched: the full classifier is not
+    /// asked. A shape holds no line break, so `doc` holds none when this is `true` (see the
+    /// module's notes).
     pub fn read_line<'d>(&mut self, doc: &'d [u8], o: &mut Observation<'d>) -> bool {
-        if self.dialect != Dialect::OpenAi || !self.read(doc, o) {
+        if self.dialect != Dialect::OpenAi {
+            return false;
+        }
+        // No shape reads the terminal event: every one would be tried, and fail, first.
+        if doc == DONE {
+            *o = Observation::terminal();
+            return true;
+        }
+        if !self.read(doc, o) {
             return false;
         }
         self.hits += 1;
@@ -927,6 +942,27 @@ mod tests {
             assert_eq!(fast, openai::classify(&data), "{text}");
             assert_eq!(c.fast_hits(), i as u64, "{text}");
         }
+    }
+
+    #[test]
+    fn the_terminal_event_is_answered_without_the_shapes() {
+        let mut c = StreamClassifier::new(Dialect::OpenAi);
+        c.classify(&chunk("a"));
+        let mut o = Observation::default();
+        assert!(c.read_line(b"[DONE]", &mut o));
+        assert_eq!(o, openai::classify(b"[DONE]"));
+        assert!(o.done);
+        for data in [&b"[DONE]"[..], b" [DONE]\n", b"[DONE]x", b"[done]"] {
+            assert_eq!(c.classify(data), openai::classify(data), "{data:?}");
+        }
+        // Other text, whatever it resembles, is still the shapes' or the parser's to read.
+        let mut o = Observation::default();
+        assert!(!c.read_line(b" [DONE]", &mut o));
+        assert!(!c.read_line(b"[DONE]x", &mut o));
+        assert_eq!(o, Observation::default());
+        assert_eq!(c.fast_hits(), 0);
+        let mut other = StreamClassifier::new(Dialect::Anthropic);
+        assert!(!other.read_line(b"[DONE]", &mut o));
     }
 
     #[test]

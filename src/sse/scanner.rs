@@ -80,7 +80,14 @@ impl SseScanner {
     /// looked at: the caller must know the data holds no CR or LF (a chunk shape read it); then
     /// `feed` would call back once with that data, at `0..chunk.len()`, and return
     /// `OpenBlock::None` with nothing kept, so the chunk needs no `feed`.
-    pub fn single_line<'c>(&self, chunk: &'c [u8]) -> Option<&'c [u8]> {
+    ///
+    /// At the stream's start a BOM may come first; a chunk that begins with `data: ` has none,
+    /// and the scanner concludes so as `feed` would from the same first byte (so a stream's
+    /// first event, its role chunk, needs no `feed` either).
+    pub fn single_line<'c>(&mut self, chunk: &'c [u8]) -> Option<&'c [u8]> {
+        if self.bom == Some(0) && chunk.starts_with(b"data: ") {
+            self.bom = None;
+        }
         let clean = self.bom.is_none()
             && !self.after_cr
             && !self.block_open
@@ -374,8 +381,13 @@ mod tests {
     fn single_line_is_offered_only_between_events_and_within_the_cap() {
         let mut s = SseScanner::new(16);
         let one = b"data: {\"x\":1}\n\n";
-        // The stream's start is not behind it yet (a BOM may come).
-        assert_eq!(s.single_line(one), None);
+        // At the stream's start: a chunk that begins with `data: ` has no BOM.
+        assert_eq!(s.single_line(one), Some(&b"{\"x\":1}"[..]));
+        // One that begins otherwise may be a BOM's first bytes: `feed` decides.
+        let mut bom = SseScanner::new(16);
+        assert_eq!(bom.single_line(b"\xEF\xBB\xBFdata: 1\n\n"), None);
+        assert_eq!(bom.single_line(b"\n\n"), None);
+        assert_eq!(bom.single_line(one), Some(&b"{\"x\":1}"[..]));
         s.feed(b"data: a\n\n", |_| {});
         assert_eq!(s.single_line(one), Some(&b"{\"x\":1}"[..]));
         for other in [
