@@ -1,6 +1,7 @@
 //! The per-chunk path allocates nothing in the common case: a counting allocator watches
 //! `Meter::observe` over a stream of ordinary content chunks, read through the stream's own
-//! learned shape and through the shapes a backend's earlier stream shared.
+//! learned shape and through the shapes a backend's earlier stream shared (and, once the
+//! stream's id and model are known, through its template).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use bytes::Bytes;
@@ -24,7 +25,7 @@ fn observing_content_chunks_does_not_allocate() {
         .unwrap();
     let _g = rt.enter();
     let chunk = |i: usize, split: bool| {
-        let s = format!("data: {{\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\" w{i}\"}},\"finish_reason\":null}}]}}\n\n");
+        let s = format!("data: {{\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\" w{i}\"}},\"finish_reason\":null}}]}}\n\n");
         if split {
             // A frame that also starts the next event: the partial line is carried over.
             Bytes::from(format!("{s}data: {{\"id\""))
@@ -65,12 +66,16 @@ fn observing_content_chunks_does_not_allocate() {
     );
     for (kind, shapes) in [("own", None), ("shared", Some(shapes))] {
         let mut m = meter(shapes);
-        // Warm-up: the scanner's carry buffer reaches its working size once.
+        // Warm-up: the scanner's carry buffer reaches its working size once, and the stream's
+        // template (its last content chunk, kept once its id and model are known) its buffer.
         m.observe(&chunk(0, true), Instant::now());
         m.observe(
             &Bytes::from_static(b":\"c1\",\"choices\":[]}\n\n"),
             Instant::now(),
         );
+        for f in &frames[..2] {
+            m.observe(f, Instant::now());
+        }
         let info = allocation_counter::measure(|| {
             for f in &frames {
                 m.observe(f, Instant::now());

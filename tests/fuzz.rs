@@ -350,6 +350,51 @@ fn fast_path_agrees_with_the_full_classifier() {
         });
 }
 
+/// A stream's chunks of one kind differ in their text only, and after the first ones a stream's
+/// template reads them (`dialect::shape`'s notes): streams of one shape each, with their
+/// `created` and finish reason fixed and their texts at the edges of what a hole accepts, some
+/// with a byte overwritten, some with another kind of chunk between, through both paths.
+#[test]
+fn the_template_agrees_with_the_full_classifier() {
+    use inferscope::dialect::{Shapes, StreamClassifier};
+    check!()
+        .with_type::<(u8, u8, u8, Vec<(u8, u16, u8)>)>()
+        .for_each(|(shape, created, finish, events)| {
+            let shapes = std::sync::Arc::new(Shapes::default());
+            let mut fast = StreamClassifier::sharing(Dialect::OpenAi, shapes);
+            let fill = |shape: u8, text: &str| {
+                SHAPES[usize::from(shape) % SHAPES.len()]
+                    .replace("{t}", text)
+                    .replace("{c}", CREATED[usize::from(*created) % CREATED.len()])
+                    .replace("{f}", FINISH[usize::from(*finish) % FINISH.len()])
+                    .into_bytes()
+            };
+            for (n, &(text, at, byte)) in events.iter().enumerate() {
+                if n == 1 {
+                    fast.names_known();
+                }
+                let text = TEXTS[usize::from(text) % TEXTS.len()];
+                // One event in eight is of another shape; one in four has a byte overwritten.
+                let mut data = if at % 8 == 3 {
+                    fill(shape.wrapping_add(1), text)
+                } else {
+                    fill(*shape, text)
+                };
+                if at % 4 == 0 {
+                    let i = usize::from(at / 4) % data.len();
+                    data[i] = byte;
+                }
+                let mut got = fast.classify(&data);
+                let want = Dialect::OpenAi.classify(&data);
+                if n >= 1 {
+                    got.id = got.id.or_else(|| want.id.clone());
+                    got.model = got.model.or_else(|| want.model.clone());
+                }
+                assert_eq!(got, want, "{}", String::from_utf8_lossy(&data));
+            }
+        });
+}
+
 /// Every fixture, and streams of each realistic shape, through both paths: equal answers, and
 /// the ordinary shapes are in fact answered by the fast path (or the check above proves little).
 #[test]

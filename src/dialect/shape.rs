@@ -35,6 +35,11 @@
 //! characters). So a document a shape reads is one line, which lets the SSE scanner hand over a
 //! frame that is exactly `data: ` + document + blank line without looking for its line ends
 //! (`StreamClassifier::read_line`, `SseScanner::single_line`).
+//!
+//! Within one stream even the holes other than the text repeat (its id, `created`): once the
+//! caller has the stream's `id` and `model`, a stream keeps the last chunk a one-text shape read
+//! as its `Template`, and a chunk equal to it but for that text is answered by two comparisons
+//! and one string scan (see `Template`).
 
 use super::{openai, Dialect, EngineTimes, FinishReason, Observation, Usage};
 use std::borrow::Cow;
@@ -120,6 +125,34 @@ struct Said {
     error: bool,
 }
 
+impl Said {
+    /// The observation of a chunk this was said of, with `output`, without `id` and `model`.
+    fn observation<'d>(&self, output: bool) -> Observation<'d> {
+        Observation {
+            id: None,
+            model: None,
+            output,
+            tokens: self.tokens,
+            usage: self.usage,
+            usage_only: self.usage_only,
+            finish: self.finish.clone(),
+            engine: self.engine,
+            done: false,
+            error: self.error,
+            malformed: false,
+        }
+    }
+}
+
+/// Where a shape found things in the chunk it read.
+#[derive(Debug, Default, Clone, Copy)]
+struct Found {
+    /// An id other than the stream's last one.
+    id: Option<(usize, usize)>,
+    /// The last text hole's value, quotes included.
+    text: Option<(usize, usize)>,
+}
+
 /// One learned chunk shape.
 #[derive(Debug)]
 struct Shape {
@@ -130,6 +163,8 @@ struct Shape {
     said: Said,
     /// Fits the chunks of any stream: every count its usage says is a hole.
     shareable: bool,
+    /// How many of its holes are text holes.
+    texts: u8,
 }
 
 /// The shapes a backend's streams share: learned by its first streams, read by all (see the
@@ -187,10 +222,69 @@ pub struct StreamClassifier {
     /// stream repeats its id in every chunk, and equal bytes need no scan.
     id: [u8; MAX_KEPT_ID],
     id_len: u8,
+    /// The stream's last chunk a shape read that varies in one text only (see `Template`).
+    template: Template,
 }
 
 /// Longest id kept for the comparison (vLLM's and OpenAI's are 38–41 bytes).
 const MAX_KEPT_ID: usize = 64;
+
+/// Template misses in a row (each followed by a shape's read, which takes a new template)
+/// before the stream stops keeping one: chunks that differ in more than their text (a padding
+/// string per chunk) would otherwise pay for a copy each.
+const MAX_TEMPLATE_MISSES: u8 = 4;
+
+/// A stream's chunks of one kind differ only in their text: within a stream its id, `created`
+/// and `model` are the same in every content chunk. So the last chunk a shape read, when that
+/// shape has exactly one text hole, is kept whole (its bytes copied once per change of kind, the
+/// buffer reused): a chunk whose bytes before and after that hole are the same, and whose hole
+/// holds a string the parser accepts, is that chunk with another text, which the shape reads
+/// the same way but for `output`. Two comparisons and one string scan, where the shape checks
+/// each literal run and hole in turn.
+///
+/// Kept only once the caller has the stream's `id` and `model` (the shape then reads neither),
+/// so what the template answers is what the shape said, whole.
+#[derive(Debug, Default)]
+struct Template {
+    doc: Vec<u8>,
+    /// The text hole's value (quotes included) in `doc`; `end == 0`: no template.
+    start: usize,
+    end: usize,
+    said: Said,
+    misses: u8,
+}
+
+impl Template {
+    /// `output` of `doc` when it is the template with another text.
+    fn read(&self, doc: &[u8]) -> Option<bool> {
+        if self.end == 0 {
+            return None;
+        }
+        let (head, tail) = (&self.doc[..self.start], &self.doc[self.end..]);
+        if doc.len() < head.len() + tail.len() + 2 || !doc.starts_with(head) || !doc.ends_with(tail)
+        {
+            return None;
+        }
+        let text = &doc[head.len()..doc.len() - tail.len()];
+        // The whole middle is one string: its quotes end where the template's tail begins.
+        (string_len(text)? == text.len()).then_some(text.len() > 2)
+    }
+
+    /// Keeps `doc`, read by a shape as `o`, whose one text hole is `text`.
+    fn keep(&mut self, doc: &[u8], text: (usize, usize), o: &Observation<'_>) {
+        self.doc.clear();
+        self.doc.extend_from_slice(doc);
+        (self.start, self.end) = text;
+        self.said = Said {
+            tokens: o.tokens,
+            usage: o.usage,
+            usage_only: o.usage_only,
+            finish: o.finish.clone(),
+            engine: o.engine,
+            error: o.error,
+        };
+    }
+}
 
 /// What a stream brings to a shape read.
 #[derive(Debug, Clone, Copy)]
@@ -223,6 +317,7 @@ impl StreamClassifier {
             names: true,
             id: [0; MAX_KEPT_ID],
             id_len: 0,
+            template: Template::default(),
         }
     }
 
@@ -307,6 +402,14 @@ impl StreamClassifier {
     /// they were learned (a stream's chunks come in that order: role, content, finish, usage),
     /// wrapping around; `false` when none reads it (`o` is then untouched).
     fn read<'d>(&mut self, doc: &'d [u8], o: &mut Observation<'d>) -> bool {
+        let templating = !self.names && self.template.misses < MAX_TEMPLATE_MISSES;
+        if templating {
+            if let Some(output) = self.template.read(doc) {
+                self.template.misses = 0;
+                *o = self.template.said.observation(output);
+                return true;
+            }
+        }
         let n = self.known.len();
         let shape = |i: usize| -> Option<&Shape> {
             match self.known.get(i) {
@@ -318,14 +421,27 @@ impl StreamClassifier {
             names: self.names,
             last_id: &self.id[..usize::from(self.id_len)],
         };
-        let mut id_at = None;
+        let mut at = Found::default();
         let Some(i) = (0..=n)
             .map(|k| (self.last + k) % (n + 1))
-            .find(|&i| shape(i).is_some_and(|s| s.read(doc, r, &mut id_at, o).is_some()))
+            .find(|&i| shape(i).is_some_and(|s| s.read(doc, r, &mut at, o).is_some()))
         else {
             return false;
         };
         self.last = i;
+        if templating {
+            // A template that was there and did not read this chunk.
+            if self.template.end != 0 {
+                self.template.misses += 1;
+            }
+            match at.text {
+                Some(text) if shape(i).is_some_and(|s| s.texts == 1) => {
+                    self.template.keep(doc, text, o);
+                }
+                _ => {}
+            }
+        }
+        let id_at = at.id;
         // An id other than the last one: kept for the next chunk (when it fits).
         if let Some((start, end)) = id_at {
             let id = &doc[start..end];
@@ -376,15 +492,15 @@ impl StreamClassifier {
 impl Shape {
     /// Reads `doc` (trimmed) through this shape into `out`; `None` when it does not match (`out`
     /// is then untouched). `id` and `model` are read only when `r.names`; where in `doc` an id
-    /// other than `r.last_id` is goes in `id_at`.
+    /// other than `r.last_id` is, and where its (last) text hole is, go in `at`.
     fn read<'d>(
         &self,
         doc: &'d [u8],
         r: Reader<'_>,
-        id_at: &mut Option<(usize, usize)>,
+        at_out: &mut Found,
         out: &mut Observation<'d>,
     ) -> Option<()> {
-        *id_at = None;
+        *at_out = Found::default();
         if self.n_holes == 0 {
             return None;
         }
@@ -409,6 +525,7 @@ impl Shape {
                 HoleKind::Text => {
                     let n = string_len(rest)?;
                     output |= n > 2;
+                    at_out.text = Some((at, at + n));
                     n
                 }
                 HoleKind::Id => {
@@ -426,7 +543,7 @@ impl Shape {
                         if rest[1..n - 1].contains(&b'\\') {
                             return None;
                         }
-                        *id_at = Some((at + 1, at + n - 1));
+                        at_out.id = Some((at + 1, at + n - 1));
                         n
                     };
                     if names {
@@ -475,7 +592,8 @@ impl Shape {
     /// Whether this shape reads `doc`.
     fn reads(&self, doc: &[u8]) -> bool {
         let mut o = Observation::default();
-        self.read(doc, Reader::CHECK, &mut None, &mut o).is_some()
+        self.read(doc, Reader::CHECK, &mut Found::default(), &mut o)
+            .is_some()
     }
 
     /// Sets `model` when it sits in literal run `run`, which starts at `at` in `doc`.
@@ -582,6 +700,10 @@ impl Shape {
                 error: o.error,
             },
             shareable,
+            texts: w.holes[..w.n]
+                .iter()
+                .filter(|h| h.kind == HoleKind::Text)
+                .count() as u8,
         })
     }
 }
@@ -942,6 +1064,77 @@ mod tests {
             assert_eq!(fast, openai::classify(&data), "{text}");
             assert_eq!(c.fast_hits(), i as u64, "{text}");
         }
+    }
+
+    #[test]
+    fn a_stream_s_chunks_read_through_its_template_as_through_its_shape() {
+        let role = br#"{"id":"chatcmpl-7","object":"chat.completion.chunk","created":1764500000,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}"#;
+        let finish = br#"{"id":"chatcmpl-7","object":"chat.completion.chunk","created":1764500000,"model":"m","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"length"}]}"#;
+        let mut c = StreamClassifier::new(Dialect::OpenAi);
+        let full = |data: &[u8]| Observation {
+            id: None,
+            model: None,
+            ..openai::classify(data)
+        };
+        c.classify(role);
+        c.names_known();
+        c.classify(&chunk("a"));
+        assert_eq!(c.classify(&chunk("b")), full(&chunk("b")));
+        assert_eq!(
+            c.template.end - c.template.start,
+            3,
+            "the template is the content chunk"
+        );
+        // From here on only the template reads: no shape is left to.
+        c.known = Arc::default();
+        c.own = None;
+        let hits = c.fast_hits();
+        let texts = ["", " b", "caf\u{e9}", "q\\\"", "x\\n", "\\/\\t"];
+        for text in texts {
+            let data = chunk(text);
+            assert_eq!(c.classify(&data), full(&data), "{text}");
+        }
+        assert_eq!(c.fast_hits() - hits, texts.len() as u64);
+        // What the template does not read goes to the parser, with the same answer.
+        for data in [
+            chunk("\\u00e9"),
+            chunk("tab\there"),
+            chunk("a\"b"),
+            [&chunk("a")[..107], b"\xff\"}}]}"].concat(),
+            String::from_utf8_lossy(&chunk("a"))
+                .replace("1764500000", "1764500001")
+                .into_bytes(),
+            finish.to_vec(),
+            role.to_vec(),
+        ] {
+            // The parser gives `id` and `model` whatever the caller knows.
+            let got = Observation {
+                id: None,
+                model: None,
+                ..c.classify(&data)
+            };
+            assert_eq!(got, full(&data), "{}", String::from_utf8_lossy(&data));
+        }
+    }
+
+    #[test]
+    fn chunks_that_differ_in_more_than_their_text_stop_the_template() {
+        let padded = |text: &str, pad: &str| {
+            format!("{{\"id\":\"x\",\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{text}\"}}}}],\"obfuscation\":\"{pad}\"}}").into_bytes()
+        };
+        let mut c = StreamClassifier::new(Dialect::OpenAi);
+        c.classify(&padded("a", "p0"));
+        c.names_known();
+        for i in 1..=MAX_TEMPLATE_MISSES + 1 {
+            let data = padded("b", &format!("p{i}"));
+            assert_eq!(c.classify(&data).output, openai::classify(&data).output);
+        }
+        assert_eq!(c.template.misses, MAX_TEMPLATE_MISSES);
+        // Stopped: chunks are read through the shape, with no copy into a template.
+        let kept = c.template.doc.clone();
+        let data = padded("c", "p9");
+        assert!(c.classify(&data).output);
+        assert_eq!(c.template.doc, kept);
     }
 
     #[test]
