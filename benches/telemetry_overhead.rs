@@ -108,7 +108,11 @@ fn main() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listener = inferscope::server::bind(
+            "127.0.0.1:0".parse().unwrap(),
+            inferscope::server::DEFAULT_BACKLOG,
+        )
+        .unwrap();
         let profile = Profile { ttft_base_ms: 0.0, prefill_per_token_ms: 0.0, tpot_ms: 0.0, jitter: 0.0, ..Profile::fp16() };
         let sim = sim::spawn(listener, SimOptions::new(profile), std::future::pending()).unwrap();
         let sink = sink().await;

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 /// Latencies of the normal clients in one phase, milliseconds.
@@ -127,7 +127,11 @@ fn rss_kib() -> u64 {
 }
 
 async fn start_sim(faults: Faults, seed: u64) -> SimHandle {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = inferscope::server::bind(
+        "127.0.0.1:0".parse().unwrap(),
+        inferscope::server::DEFAULT_BACKLOG,
+    )
+    .unwrap();
     let profile = Profile {
         ttft_base_ms: 5.0,
         prefill_per_token_ms: 0.0,

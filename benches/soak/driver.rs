@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 /// What a soak run saw.
@@ -61,7 +61,11 @@ async fn sim_with(
     seed: u64,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> SimHandle {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = inferscope::server::bind(
+        "127.0.0.1:0".parse().unwrap(),
+        inferscope::server::DEFAULT_BACKLOG,
+    )
+    .unwrap();
     let profile = Profile {
         ttft_base_ms: 2.0,
         prefill_per_token_ms: 0.0,
