@@ -677,6 +677,31 @@ mod tests {
     }
 
     #[test]
+    fn a_response_loses_its_hop_headers_and_those_connection_names_only() {
+        let mut h = headers(&[
+            ("content-type", "text/event-stream"),
+            ("transfer-encoding", "chunked"),
+            ("connection", "close, x-hop"),
+            ("x-hop", "1"),
+            ("te", "trailers"),
+            ("proxy-connection", "keep-alive"),
+            ("x-request-id", "r1"),
+        ]);
+        h.append("transfer-encoding", HeaderValue::from_static("gzip"));
+        remove_hop_headers(&mut h);
+        let mut names: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["content-type", "x-request-id"]);
+        // Named by no `Connection`: a header of that name stays.
+        let mut h = headers(&[("x-hop", "1"), ("upgrade", "websocket")]);
+        remove_hop_headers(&mut h);
+        assert_eq!(h.keys().map(|k| k.as_str()).collect::<Vec<_>>(), ["x-hop"]);
+        let mut h = headers(&[("content-type", "application/json")]);
+        remove_hop_headers(&mut h);
+        assert_eq!(h.len(), 1);
+    }
+
+    #[test]
     fn the_slot_tables_name_the_dialects_parameters() {
         let top: Vec<&str> = MAX_TOKENS_SLOTS.iter().map(|s| TOP_KEYS[s.0]).collect();
         let nested: Vec<&str> = MAX_TOKENS_SLOTS.iter().map(|s| NESTED_KEYS[s.1]).collect();
