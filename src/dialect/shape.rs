@@ -126,6 +126,18 @@ struct Said {
 }
 
 impl Said {
+    /// What `o` says, but for `id`, `model` and `output`.
+    fn of(o: &Observation<'_>) -> Self {
+        Self {
+            tokens: o.tokens,
+            usage: o.usage,
+            usage_only: o.usage_only,
+            finish: o.finish.clone(),
+            engine: o.engine,
+            error: o.error,
+        }
+    }
+
     /// The observation of a chunk this was said of, with `output`, without `id` and `model`.
     fn observation<'d>(&self, output: bool) -> Observation<'d> {
         Observation {
@@ -275,14 +287,7 @@ impl Template {
         self.doc.clear();
         self.doc.extend_from_slice(doc);
         (self.start, self.end) = text;
-        self.said = Said {
-            tokens: o.tokens,
-            usage: o.usage,
-            usage_only: o.usage_only,
-            finish: o.finish.clone(),
-            engine: o.engine,
-            error: o.error,
-        };
+        self.said = Said::of(o);
     }
 }
 
@@ -691,14 +696,7 @@ impl Shape {
             holes: w.holes,
             n_holes: w.n,
             model,
-            said: Said {
-                tokens: o.tokens,
-                usage: o.usage,
-                usage_only: o.usage_only,
-                finish: o.finish.clone(),
-                engine: o.engine,
-                error: o.error,
-            },
+            said: Said::of(o),
             shareable,
             texts: w.holes[..w.n]
                 .iter()
