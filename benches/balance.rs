@@ -20,11 +20,7 @@ fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
 }
 
 async fn sim(tpot_ms: f64, seed: u64) -> sim::SimHandle {
-    let listener = inferscope::server::bind(
-        "127.0.0.1:0".parse().unwrap(),
-        inferscope::server::DEFAULT_BACKLOG,
-    )
-    .unwrap();
+    let listener = inferscope::server::bind_loopback().unwrap();
     let mut opts = SimOptions::new(Profile {
         ttft_base_ms: 40.0,
         prefill_per_token_ms: 0.0,

@@ -17,11 +17,7 @@ fn pcts(mut v: Vec<f64>) -> (f64, f64, f64) {
 async fn level(streams: usize) {
     // The simulator's burst of connections from the gateway's pool must not overflow a small
     // listen backlog (a dropped SYN costs a second).
-    let listener = inferscope::server::bind(
-        "127.0.0.1:0".parse().unwrap(),
-        inferscope::server::DEFAULT_BACKLOG,
-    )
-    .unwrap();
+    let listener = inferscope::server::bind_loopback().unwrap();
     let profile = Profile {
         ttft_base_ms: 50.0,
         prefill_per_token_ms: 0.0,

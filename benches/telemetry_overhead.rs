@@ -108,11 +108,7 @@ fn main() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let listener = inferscope::server::bind(
-            "127.0.0.1:0".parse().unwrap(),
-            inferscope::server::DEFAULT_BACKLOG,
-        )
-        .unwrap();
+        let listener = inferscope::server::bind_loopback().unwrap();
         let profile = Profile { ttft_base_ms: 0.0, prefill_per_token_ms: 0.0, tpot_ms: 0.0, jitter: 0.0, ..Profile::fp16() };
         let sim = sim::spawn(listener, SimOptions::new(profile), std::future::pending()).unwrap();
         let sink = sink().await;

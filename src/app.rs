@@ -176,10 +176,7 @@ async fn build_router(
                     Some((_, _, h)) => h.addr,
                     None => {
                         let profile = sim_profile(&s.profile)?;
-                        let listener = server::bind(
-                            SocketAddr::from(([127, 0, 0, 1], 0)),
-                            server::DEFAULT_BACKLOG,
-                        )?;
+                        let listener = server::bind_loopback()?;
                         let mut opts = SimOptions::new(profile);
                         opts.seed = s.seed;
                         let handle = sim::spawn(listener, opts, stopped(stop.clone()))?;

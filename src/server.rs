@@ -336,6 +336,12 @@ pub fn bind(addr: SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
     socket.listen(backlog)
 }
 
+/// A listener on an ephemeral loopback port with `DEFAULT_BACKLOG` (the embedded simulators,
+/// tests and benches).
+pub fn bind_loopback() -> std::io::Result<TcpListener> {
+    bind(SocketAddr::from(([127, 0, 0, 1], 0)), DEFAULT_BACKLOG)
+}
+
 /// The kernel's cap on a listen backlog (`net.core.somaxconn`), where it can be read.
 pub fn somaxconn() -> Option<u32> {
     std::fs::read_to_string("/proc/sys/net/core/somaxconn")

@@ -127,11 +127,7 @@ fn rss_kib() -> u64 {
 }
 
 async fn start_sim(faults: Faults, seed: u64) -> SimHandle {
-    let listener = inferscope::server::bind(
-        "127.0.0.1:0".parse().unwrap(),
-        inferscope::server::DEFAULT_BACKLOG,
-    )
-    .unwrap();
+    let listener = inferscope::server::bind_loopback().unwrap();
     let profile = Profile {
         ttft_base_ms: 5.0,
         prefill_per_token_ms: 0.0,

@@ -61,11 +61,7 @@ async fn sim_with(
     seed: u64,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> SimHandle {
-    let listener = inferscope::server::bind(
-        "127.0.0.1:0".parse().unwrap(),
-        inferscope::server::DEFAULT_BACKLOG,
-    )
-    .unwrap();
+    let listener = inferscope::server::bind_loopback().unwrap();
     let profile = Profile {
         ttft_base_ms: 2.0,
         prefill_per_token_ms: 0.0,

@@ -282,8 +282,13 @@ impl Template {
         (string_len(text)? == text.len()).then_some(text.len() > 2)
     }
 
-    /// Keeps `doc`, read by a shape as `o`, whose one text hole is `text`.
+    /// Keeps `doc`, read by a shape as `o`, whose one text hole is `text`; a chunk longer than
+    /// any shape learns is not kept (a held stream would carry its copy), and the template
+    /// kept before stays (it is still true).
     fn keep(&mut self, doc: &[u8], text: (usize, usize), o: &Observation<'_>) {
+        if doc.len() > MAX_SHAPE_LEN {
+            return;
+        }
         self.doc.clear();
         self.doc.extend_from_slice(doc);
         (self.start, self.end) = text;
@@ -1133,6 +1138,20 @@ mod tests {
         let data = padded("c", "p9");
         assert!(c.classify(&data).output);
         assert_eq!(c.template.doc, kept);
+    }
+
+    #[test]
+    fn a_long_chunk_is_read_but_not_kept() {
+        let mut c = StreamClassifier::new(Dialect::OpenAi);
+        c.classify(&chunk("a"));
+        c.names_known();
+        c.classify(&chunk("b"));
+        c.classify(&chunk("c"));
+        let kept = c.template.doc.clone();
+        let long = chunk(&"x".repeat(MAX_SHAPE_LEN));
+        assert_eq!(c.classify(&long).output, openai::classify(&long).output);
+        assert_eq!(c.template.doc, kept);
+        assert!(c.template.doc.capacity() <= MAX_SHAPE_LEN);
     }
 
     #[test]
