@@ -494,3 +494,98 @@ async fn idle_connections_are_let_go_before_the_backend_would_close_them() {
     assert_eq!(conns_after(&gw, &got, &[short, short]).await, [0, 1, 2]);
     gw.shutdown();
 }
+
+/// Parses a chunked body strictly: every size line is hex digits without leading zeros (what the
+/// gateway writes) and is followed by exactly that many bytes and CRLF. Returns the sizes and the
+/// body, or what was wrong.
+fn dechunk_strict(mut b: &[u8]) -> Result<(Vec<usize>, Vec<u8>), String> {
+    let (mut sizes, mut body) = (Vec::new(), Vec::new());
+    loop {
+        let eol = b
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .ok_or("a size line without CRLF")?;
+        let line = std::str::from_utf8(&b[..eol]).map_err(|e| e.to_string())?;
+        let n = usize::from_str_radix(line, 16).map_err(|e| format!("size line {line:?}: {e}"))?;
+        if line != format!("{n:X}") && line != format!("{n:x}") {
+            return Err(format!(
+                "size line {line:?} is not {n}'s hex without leading zeros"
+            ));
+        }
+        b = &b[eol + 2..];
+        if n == 0 {
+            return if b == b"\r\n" {
+                Ok((sizes, body))
+            } else {
+                Err(format!("{} bytes after the last chunk", b.len()))
+            };
+        }
+        if b.len() < n + 2 || &b[n..n + 2] != b"\r\n" {
+            return Err(format!("a chunk of {n} bytes not followed by CRLF"));
+        }
+        sizes.push(n);
+        body.extend_from_slice(&b[..n]);
+        b = &b[n + 2..];
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunk_sizes_of_every_hex_width_reach_the_client_intact() {
+    // One chunk of each size, alone on the wire (so each is its own frame through the gateway),
+    // across every boundary where the size's hex digits grow.
+    let sizes = [
+        1usize, 9, 10, 15, 16, 17, 255, 256, 4095, 4096, 4097, 70_000,
+    ];
+    let mut want = Vec::new();
+    let mut pieces = vec![b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n".to_vec()];
+    for (i, &n) in sizes.iter().enumerate() {
+        let data: Vec<u8> = (0..n).map(|j| b'a' + ((i + j) % 26) as u8).collect();
+        let mut piece = format!("{n:x}\r\n").into_bytes();
+        piece.extend_from_slice(&data);
+        piece.extend_from_slice(b"\r\n");
+        pieces.push(piece);
+        want.extend_from_slice(&data);
+    }
+    pieces.push(b"0\r\n\r\n".to_vec());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let backend = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut buf = Vec::new();
+        let head = read_until(&mut s, &mut buf, b"\r\n\r\n").await.unwrap();
+        read_body(&mut s, &mut buf, &String::from_utf8_lossy(&head)).await;
+        for p in pieces {
+            s.write_all(&p).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(15)).await;
+        }
+    });
+    let dir = temp_dir();
+    let gw = start_gateway(&[("raw", backend)], &dir, "").await;
+    let mut s = TcpStream::connect(gw.data_addr).await.unwrap();
+    s.write_all(b"GET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
+        .await
+        .unwrap()
+        .unwrap();
+    let split = out.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8_lossy(&out[..split]).to_lowercase();
+    assert!(head.contains("\r\ntransfer-encoding: chunked"), "{head}");
+    let (seen, body) = dechunk_strict(&out[split + 4..]).unwrap();
+    assert!(
+        body == want,
+        "the body changed on the way ({} of {} bytes)",
+        body.len(),
+        want.len()
+    );
+    // Each small chunk arrived alone and left as its own frame, with its own size line; the
+    // large ones are read in pieces of up to 16 KiB, which still take four digits.
+    for n in [1, 9, 10, 15, 16, 17, 255, 256] {
+        assert!(seen.contains(&n), "no chunk of {n} bytes in {seen:?}");
+    }
+    assert!(seen.iter().any(|&n| n >= 0x1000), "{seen:?}");
+    let log = stop_and_read_log(gw, &dir).await;
+    assert!(log.iter().all(|l| l["outcome"] == "ok"), "{log:?}");
+}

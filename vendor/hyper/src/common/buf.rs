@@ -5,18 +5,23 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 pub(crate) struct BufList<T> {
     bufs: VecDeque<T>,
+    /// The bytes left in `bufs`, kept so that `remaining` (asked before every buffered
+    /// body chunk) does not walk the queue.
+    remaining: usize,
 }
 
 impl<T: Buf> BufList<T> {
     pub(crate) fn new() -> BufList<T> {
         BufList {
             bufs: VecDeque::new(),
+            remaining: 0,
         }
     }
 
     #[inline]
     pub(crate) fn push(&mut self, buf: T) {
         debug_assert!(buf.has_remaining());
+        self.remaining += buf.remaining();
         self.bufs.push_back(buf);
     }
 
@@ -29,7 +34,11 @@ impl<T: Buf> BufList<T> {
 impl<T: Buf> Buf for BufList<T> {
     #[inline]
     fn remaining(&self) -> usize {
-        self.bufs.iter().map(|buf| buf.remaining()).sum()
+        debug_assert_eq!(
+            self.remaining,
+            self.bufs.iter().map(|buf| buf.remaining()).sum::<usize>()
+        );
+        self.remaining
     }
 
     #[inline]
@@ -39,6 +48,14 @@ impl<T: Buf> Buf for BufList<T> {
 
     #[inline]
     fn advance(&mut self, mut cnt: usize) {
+        assert!(cnt <= self.remaining, "`cnt` greater than remaining");
+        self.remaining -= cnt;
+        if self.remaining == 0 {
+            // Everything was written (the common case): drop the buffers without advancing
+            // through each one.
+            self.bufs.clear();
+            return;
+        }
         while cnt > 0 {
             {
                 let front = &mut self.bufs[0];
@@ -77,10 +94,14 @@ impl<T: Buf> Buf for BufList<T> {
         match self.bufs.front_mut() {
             Some(front) if front.remaining() == len => {
                 let b = front.copy_to_bytes(len);
+                self.remaining -= len;
                 self.bufs.pop_front();
                 b
             }
-            Some(front) if front.remaining() > len => front.copy_to_bytes(len),
+            Some(front) if front.remaining() > len => {
+                self.remaining -= len;
+                front.copy_to_bytes(len)
+            }
             _ => {
                 assert!(len <= self.remaining(), "`len` greater than remaining");
                 let mut bm = BytesMut::with_capacity(len);
@@ -100,6 +121,7 @@ mod tests {
     fn hello_world_buf() -> BufList<Bytes> {
         BufList {
             bufs: vec![Bytes::from("Hello"), Bytes::from(" "), Bytes::from("World")].into(),
+            remaining: 11,
         }
     }
 
@@ -146,5 +168,28 @@ mod tests {
     #[should_panic(expected = "`len` greater than remaining")]
     fn buf_to_bytes_too_many() {
         hello_world_buf().copy_to_bytes(42);
+    }
+
+    #[test]
+    fn remaining_follows_push_advance_and_copy() {
+        let mut bufs = hello_world_buf();
+        bufs.advance(3);
+        assert_eq!((bufs.remaining(), bufs.chunk()), (8, &b"lo"[..]));
+        bufs.advance(3);
+        assert_eq!((bufs.remaining(), bufs.chunk()), (5, &b"World"[..]));
+        bufs.push(Bytes::from("!"));
+        assert_eq!(bufs.copy_to_bytes(5), "World");
+        assert_eq!((bufs.remaining(), bufs.bufs_cnt()), (1, 1));
+        bufs.push(Bytes::from("?"));
+        // Advancing over everything leaves nothing queued.
+        bufs.advance(2);
+        assert_eq!((bufs.remaining(), bufs.bufs_cnt()), (0, 0));
+        assert_eq!(bufs.chunk(), b"");
+    }
+
+    #[test]
+    #[should_panic(expected = "`cnt` greater than remaining")]
+    fn advance_too_far() {
+        hello_world_buf().advance(12);
     }
 }

@@ -348,13 +348,28 @@ struct ChunkSize {
 
 impl ChunkSize {
     fn new(len: usize) -> ChunkSize {
-        use std::fmt::Write;
+        // The size in upper-case hex digits without leading zeros, then CRLF (what
+        // `write!("{len:X}\r\n")` writes, without `core::fmt`'s machinery per chunk).
+        const HEX: &[u8; 16] = b"0123456789ABCDEF";
         let mut size = ChunkSize {
             bytes: [0; CHUNK_SIZE_MAX_BYTES + 2],
             pos: 0,
             len: 0,
         };
-        write!(&mut size, "{len:X}\r\n").expect("CHUNK_SIZE_MAX_BYTES should fit any usize");
+        let digits = if len == 0 {
+            1
+        } else {
+            ((usize::BITS - len.leading_zeros() + 3) >> 2) as usize
+        };
+        for i in 0..digits {
+            size.bytes[digits - 1 - i] = HEX[(len >> (4 * i)) & 0xF];
+        }
+        size.bytes[digits] = b'\r';
+        size.bytes[digits + 1] = b'\n';
+        #[allow(clippy::cast_possible_truncation)]
+        {
+            size.len = (digits + 2) as u8; // at most CHUNK_SIZE_MAX_BYTES + 2
+        }
         size
     }
 }
@@ -384,19 +399,6 @@ impl fmt::Debug for ChunkSize {
             .field("bytes", &&self.bytes[..self.len.into()])
             .field("pos", &self.pos)
             .finish()
-    }
-}
-
-impl fmt::Write for ChunkSize {
-    #[allow(clippy::cast_possible_truncation)]
-    fn write_str(&mut self, num: &str) -> fmt::Result {
-        use std::io::Write;
-        (&mut self.bytes[self.len.into()..])
-            .write_all(num.as_bytes())
-            .expect("&mut [u8].write() cannot error");
-        debug_assert!(u8::try_from(num.len()).is_ok());
-        self.len += num.len() as u8; // safe because bytes is never bigger than 255
-        Ok(())
     }
 }
 
@@ -444,7 +446,23 @@ mod tests {
     };
 
     use super::super::io::Cursor;
-    use super::Encoder;
+    use super::{ChunkSize, Encoder};
+
+    #[test]
+    fn chunk_size_is_the_hex_fmt_writes() {
+        use bytes::Buf;
+        let mut lens = vec![0, usize::MAX, usize::MAX >> 4, (usize::MAX >> 4) + 1];
+        for shift in 0..usize::BITS {
+            let p = 1usize << shift;
+            lens.extend([p - 1, p, p + 1]);
+        }
+        lens.extend(0..5000);
+        for len in lens {
+            let size = ChunkSize::new(len);
+            assert_eq!(size.chunk(), format!("{len:X}\r\n").as_bytes(), "{len}");
+            assert_eq!(size.remaining(), size.chunk().len());
+        }
+    }
 
     #[test]
     fn chunked() {
