@@ -94,6 +94,65 @@ async fn every_dialect_vllm_speaks_is_measured_and_its_metrics_are_read() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_content_event_of_long_vllm_streams_is_read() {
+    // 64 tokens a stream: past the second content chunk a stream is read through its own
+    // template; each content event the client receives must be one token event of the meter.
+    let Some(url) = vllm_url() else { return };
+    let dir = temp_dir();
+    let yaml = format!(
+        "access_log: {{ path: {:?} }}\nbackends:\n  - {{ name: vllm, url: \"{url}\", provider: vllm }}\nroutes:\n  - {{ name: all, backends: [vllm] }}\n",
+        dir.join("access.jsonl"),
+    );
+    let gw = start_yaml(&yaml).await;
+    let msg = r#"[{"role":"user","content":"tell me a story"}]"#;
+    let cases = [
+        (
+            "/v1/chat/completions",
+            format!(r#"{{"model":"tiny-llama","stream":true,"max_tokens":64,"messages":{msg}}}"#),
+        ),
+        (
+            "/v1/chat/completions",
+            format!(
+                r#"{{"model":"tiny-llama","stream":true,"max_tokens":64,"stream_options":{{"include_usage":true,"continuous_usage_stats":true}},"messages":{msg}}}"#
+            ),
+        ),
+        (
+            "/v1/completions",
+            r#"{"model":"tiny-llama","stream":true,"max_tokens":64,"prompt":"once upon a time"}"#
+                .to_string(),
+        ),
+    ];
+    let mut seen = Vec::new();
+    for (path, body) in &cases {
+        let r = post(gw.data_addr, path, body, &[]).await;
+        let text = String::from_utf8(r.body()).unwrap();
+        assert_eq!(r.status, 200, "{path}: {text}");
+        // The content events as the client got them.
+        let mut content = 0;
+        for data in text.lines().filter_map(|l| l.strip_prefix("data: ")) {
+            let Ok(v) = serde_json::from_str::<Value>(data) else {
+                continue;
+            };
+            let c = &v["choices"][0];
+            let piece = c["delta"]["content"].as_str().or(c["text"].as_str());
+            content += usize::from(piece.is_some_and(|p| !p.is_empty()));
+        }
+        seen.push(content);
+    }
+    let log = stop_and_read_log(gw, &dir).await;
+    assert_eq!(log.len(), cases.len());
+    for (((path, _), content), l) in cases.iter().zip(&seen).zip(&log) {
+        assert_eq!(l["outcome"], "ok", "{path}: {l}");
+        assert_eq!(l["output_tokens"], 64, "{path}: {l}");
+        assert!(*content > 32, "{path}: {content} content events");
+        // One gap between each two content events: every one was read.
+        assert_eq!(l["itl_ms"]["count"], *content as u64 - 1, "{path}: {l}");
+        assert_eq!(l["itl_us"].as_array().unwrap().len(), content - 1, "{path}");
+        assert_eq!(l["malformed_events"], 0, "{path}: {l}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn perplexity_reads_vllms_prompt_logprobs() {
     use inferscope::experiment::perplexity;
     let Some(url) = vllm_url() else { return };
