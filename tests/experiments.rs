@@ -769,9 +769,16 @@ async fn the_joined_verdict_weighs_latency_and_quality_against_the_accept_limits
     assert_eq!(state("accuracy_drop_max_points"), "broken", "{v}");
     assert_eq!(state("ppl_rise_max"), "met", "{v}");
     assert_eq!(v["decision"], "reject", "{v}");
+    // A third lower; on a busy machine a late wake-up per 2-ms token moves it by a few points
+    // (−29% was seen in CI).
+    let tpot: u32 = row
+        .split_once("; TPOT \u{2212}")
+        .and_then(|(_, r)| r.split_once('%'))
+        .and_then(|(n, _)| n.parse().ok())
+        .unwrap_or_else(|| panic!("no TPOT decrease in {row}"));
+    assert!((20..=45).contains(&tpot), "{row}");
     assert!(
         row.starts_with("int8: TTFT ")
-            && row.contains("; TPOT \u{2212}3")
             && row.contains("; mmlu \u{2212}")
             && row.contains("; ppl +0.3")
             && row.contains("tok/s per stream; ")
