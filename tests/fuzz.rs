@@ -1014,15 +1014,21 @@ fn backend(wire: &[u8], cuts: &[u16]) -> tokio::io::DuplexStream {
 
 async fn read_all<B>(parts: http::response::Parts, mut body: B) -> Reading
 where
-    B: http_body::Body<Data = Bytes> + Unpin,
+    B: http_body::Body + Unpin,
 {
+    use bytes::Buf;
     use http_body_util::BodyExt;
     let (mut data, mut trailers) = (Vec::new(), None);
     let mut failed = false;
     while let Some(f) = body.frame().await {
         match f {
             Ok(f) => match f.into_data() {
-                Ok(d) => data.extend_from_slice(&d),
+                Ok(mut d) => {
+                    while d.has_remaining() {
+                        data.extend_from_slice(d.chunk());
+                        d.advance(d.chunk().len());
+                    }
+                }
                 Err(f) => trailers = f.into_trailers().ok(),
             },
             Err(_) => {

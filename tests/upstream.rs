@@ -585,3 +585,81 @@ async fn chunk_sizes_of_every_hex_width_reach_the_client_intact() {
     let log = stop_and_read_log(gw, &dir).await;
     assert!(log.iter().all(|l| l["outcome"] == "ok"), "{log:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunks_that_arrive_together_leave_together_intact_over_http1_and_h2() {
+    // A backend that writes 40 events, each its own chunk, in one write: the gateway reads them
+    // in one or a few reads and hands each read on as one chunk (HTTP/1.1) or frame (h2),
+    // without copying them together. The client gets the same bytes; the meter still reads
+    // every event.
+    let events = 40;
+    let mut want = Vec::new();
+    let mut wire = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+        transfer-encoding: chunked\r\n\r\n"
+        .to_vec();
+    for i in 0..=events {
+        let ev = if i == events {
+            "data: [DONE]\n\n".to_owned()
+        } else {
+            format!(
+                "data: {{\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"model\":\"demo\",\
+                 \"choices\":[{{\"index\":0,\"delta\":{{\"content\":\" w{i}\"}},\"finish_reason\":null}}]}}\n\n"
+            )
+        };
+        wire.extend_from_slice(format!("{:x}\r\n{ev}\r\n", ev.len()).as_bytes());
+        want.extend_from_slice(ev.as_bytes());
+    }
+    wire.extend_from_slice(b"0\r\n\r\n");
+    let backend = start_raw(vec![wire], Duration::ZERO).await;
+    let dir = temp_dir();
+    let gw = start_gateway(&[("raw", backend)], &dir, "").await;
+    let body = chat(true, 64, "");
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let (status, raw) = upload(gw.data_addr, &head, &[]).await;
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    let (sizes, got) = dechunk_strict(raw.as_bytes()).unwrap();
+    assert!(
+        got == want,
+        "the body changed on the way:\n{}",
+        String::from_utf8_lossy(&got)
+    );
+    // One chunk per event would be 41; a read's worth of events goes as one.
+    assert!(sizes.len() <= 8, "{} chunks: {sizes:?}", sizes.len());
+
+    // The same over h2 (cleartext, prior knowledge).
+    let tcp = TcpStream::connect(gw.data_addr).await.unwrap();
+    let (mut h2, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::post("http://localhost/v1/chat/completions")
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+        .unwrap();
+    let resp = h2.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let got = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    assert!(
+        got == want,
+        "the body changed on the way:\n{}",
+        String::from_utf8_lossy(&got)
+    );
+
+    let log = stop_and_read_log(gw, &dir).await;
+    assert_eq!(log.len(), 2, "{log:?}");
+    for l in &log {
+        assert_eq!(l["outcome"], "ok", "{l}");
+        assert_eq!(l["output_tokens"], events, "every event read: {l}");
+        assert_eq!(l["itl_ms"]["count"], events - 1, "{l}");
+    }
+}

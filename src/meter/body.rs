@@ -1,6 +1,7 @@
 //! `MeteredBody`: wraps the upstream response body, timestamps each frame in `poll_frame`, hands
-//! the same `Bytes` on at once, and finalizes the request's record exactly once — at the end of
-//! the body, on a body error, or on drop (the client went away).
+//! the same data on at once (a `Bytes`, or a `Batch` of them: what one upstream read brought, one
+//! stamp for all its pieces), and finalizes the request's record exactly once — at the end of the
+//! body, on a body error, or on drop (the client went away).
 //!
 //! A stream that breaks (the upstream body fails, or a deadline passes) is not ended cleanly:
 //! after the bytes that arrived, the body returns an error, so the server aborts the response —
@@ -13,9 +14,10 @@
 //! its end arrives — at most one event's bytes, for at most the time the backend takes to finish
 //! writing it.
 
+use super::batch::Parts;
 use super::measure::{End, Meter, StripPlan};
 use crate::sse::OpenBlock;
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use std::collections::VecDeque;
@@ -167,23 +169,26 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 impl<B> Body for MeteredBody<B>
 where
-    B: Body<Data = Bytes>,
+    B: Body,
+    B::Data: Parts,
     B::Error: std::fmt::Debug,
 {
-    type Data = Bytes;
+    type Data = B::Data;
     type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    ) -> Poll<Option<Result<Frame<B::Data>, BoxError>>> {
         let mut this = self.project();
         loop {
             if let Some(bytes) = this.queue.pop_front() {
+                // What is decided goes on together, as it came (one read's worth, less the cut).
+                let data = B::Data::gather(bytes, this.queue);
                 if let Some(m) = this.meter.as_mut() {
-                    m.sent(bytes.len());
+                    m.sent(data.remaining());
                 }
-                return Poll::Ready(Some(Ok(Frame::data(bytes))));
+                return Poll::Ready(Some(Ok(Frame::data(data))));
             }
             if *this.upstream_done {
                 if let Some(m) = this.meter.take() {
@@ -274,22 +279,22 @@ where
                         return Poll::Ready(Some(Ok(Frame::data(data))));
                     };
                     *this.last_frame = now;
-                    let stripping = m.stripping();
-                    let mut plan = m.observe(&data, now);
-                    // A frame leaves no deadline earlier than the armed one: the idle deadline
-                    // moves on with every frame, the first-token one goes once output is seen,
-                    // the total one stays, and the timer was armed from an earlier frame (or
-                    // the start). So a frame never touches the timer; when it fires, the pending
-                    // arm above re-arms it from the last frame. No timer-wheel update, and no
-                    // deadline arithmetic, per frame.
-                    debug_assert!(!matches!(
-                        (this.timer.as_ref(), next_deadline(m, now)),
-                        (Some(timer), Some(at)) if at < timer.deadline()
-                    ));
                     // A body of known length ends with its last byte: hyper may never poll again.
                     let last = this.inner.is_end_stream();
-                    if !stripping && this.held.is_none() {
-                        m.sent(data.len());
+                    if !m.stripping() && this.held.is_none() {
+                        // Every piece of a frame was here when it was polled: one stamp for all.
+                        m.observe_parts(data.parts(), now);
+                        // A frame leaves no deadline earlier than the armed one: the idle
+                        // deadline moves on with every frame, the first-token one goes once
+                        // output is seen, the total one stays, and the timer was armed from an
+                        // earlier frame (or the start). So a frame never touches the timer; when
+                        // it fires, the pending arm above re-arms it from the last frame. No
+                        // timer-wheel update, and no deadline arithmetic, per frame.
+                        debug_assert!(!matches!(
+                            (this.timer.as_ref(), next_deadline(m, now)),
+                            (Some(timer), Some(at)) if at < timer.deadline()
+                        ));
+                        m.sent(data.remaining());
                         if last {
                             *this.upstream_done = true;
                             if let Some(m) = this.meter.take() {
@@ -298,31 +303,43 @@ where
                         }
                         return Poll::Ready(Some(Ok(Frame::data(data))));
                     }
-                    let mut hold = m.stripping();
-                    if std::mem::take(this.passing) {
-                        // The event handed on went out whole from its start: never cut its tail.
-                        if plan.drop.is_some_and(|(start, _)| start.is_none()) {
-                            plan.drop = None;
+                    // Stripping (or holding): a piece at a time, through the queue.
+                    for piece in data.parts() {
+                        let stripping = m.stripping();
+                        let mut plan = m.observe(piece, now);
+                        if !stripping && this.held.is_none() {
+                            if !piece.is_empty() {
+                                this.queue.push_back(piece.clone());
+                            }
+                            continue;
                         }
-                        // Still inside it: let it pass.
-                        if plan.open == Some(OpenBlock::Earlier) {
-                            hold = false;
+                        let mut hold = m.stripping();
+                        if std::mem::take(this.passing) {
+                            // The event handed on went out whole from its start: never cut its
+                            // tail.
+                            if plan.drop.is_some_and(|(start, _)| start.is_none()) {
+                                plan.drop = None;
+                            }
+                            // Still inside it: let it pass.
+                            if plan.open == Some(OpenBlock::Earlier) {
+                                hold = false;
+                                *this.passing = true;
+                            }
+                        }
+                        *this.held = strip(this.held.take(), piece.clone(), plan, hold, this.queue);
+                        // What is held is bounded by the longest event measured: an event longer
+                        // than that is not the usage chunk, so it is handed on now rather than
+                        // held (and re-copied) until it ends.
+                        if this
+                            .held
+                            .as_ref()
+                            .is_some_and(|h| h.len() > m.max_event_bytes())
+                        {
+                            if let Some(h) = this.held.take() {
+                                this.queue.push_back(h);
+                            }
                             *this.passing = true;
                         }
-                    }
-                    *this.held = strip(this.held.take(), data, plan, hold, this.queue);
-                    // What is held is bounded by the longest event measured: an event longer
-                    // than that is not the usage chunk, so it is handed on now rather than held
-                    // (and re-copied) until it ends.
-                    if this
-                        .held
-                        .as_ref()
-                        .is_some_and(|h| h.len() > m.max_event_bytes())
-                    {
-                        if let Some(h) = this.held.take() {
-                            this.queue.push_back(h);
-                        }
-                        *this.passing = true;
                     }
                     if last {
                         *this.upstream_done = true;

@@ -2,13 +2,13 @@
 //! every measured request shares), `Annotations` (the per-request handle inner services enrich the
 //! record through) and the `RecordSink` trait finished records are handed to.
 
+use super::batch::Parts;
 use super::body::MeteredBody;
 use super::measure::{Framing, MeasureOptions, Meter};
 use super::record::{Outcome, RequestMeta, RequestRecord, NONE};
 use super::trace::TraceContext;
 use crate::dialect::Endpoint;
 use crate::util::Ids;
-use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response};
 use parking_lot::Mutex;
 use pin_project_lite::pin_project;
@@ -348,7 +348,8 @@ impl Annotations {
     /// call takes the notes; a response metered twice is passed through unmeasured.
     pub fn meter_response<B>(&self, resp: Response<B>) -> Response<MeteredBody<B>>
     where
-        B: http_body::Body<Data = Bytes>,
+        B: http_body::Body,
+        B::Data: Parts,
     {
         let (parts, body) = resp.into_parts();
         let Some(mut n) = self.0.notes.lock().take() else {
@@ -540,7 +541,8 @@ pub struct MeterService<S> {
 impl<S, ReqB, ResB> Service<Request<ReqB>> for MeterService<S>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
-    ResB: http_body::Body<Data = Bytes>,
+    ResB: http_body::Body,
+    ResB::Data: Parts,
 {
     type Response = Response<MeteredBody<ResB>>;
     type Error = S::Error;
@@ -577,7 +579,8 @@ pin_project! {
 impl<F, B, E> Future for MeterFuture<F>
 where
     F: Future<Output = Result<Response<B>, E>>,
-    B: http_body::Body<Data = Bytes>,
+    B: http_body::Body,
+    B::Data: Parts,
 {
     type Output = Result<Response<MeteredBody<B>>, E>;
 

@@ -338,6 +338,14 @@ impl Meter {
     /// Observes one frame received at `now`. Never copies the frame's bytes (a non-streaming JSON
     /// body is kept by reference).
     pub fn observe(&mut self, data: &Bytes, now: Instant) -> StripPlan {
+        self.observe_parts(std::slice::from_ref(data), now)
+    }
+
+    /// Observes the pieces of one frame (`Batch`: what one upstream read brought), all received
+    /// at `now`, in order. The plan is the last piece's: while stripping, a frame is observed
+    /// one piece at a time.
+    pub fn observe_parts(&mut self, parts: &[Bytes], now: Instant) -> StripPlan {
+        debug_assert!(parts.len() <= 1 || !self.stripping());
         let at = crate::clock::pack(now.into_std());
         // The stamp of the upstream read current now (packed, 0: none): that read brought this
         // frame or came after it. One that does not fall between sending and now is not believed.
@@ -356,27 +364,31 @@ impl Meter {
         }
         let had_output = p.t_tok1.is_some();
         p.drop = None;
-        let open = match &mut self.framing {
-            // A frame that is one whole single-line event a learned shape reads skips the scan
-            // for line ends (what `feed` would do with it, without reading its bytes twice).
-            Framing::Sse(s) => Some(match s.single_line(data) {
-                Some(line) if p.on_line(Event::whole(line, data.len()), at) => OpenBlock::None,
-                _ => s.feed(data, |ev| p.on_event(ev, at)),
-            }),
-            Framing::Ndjson(s) => Some(s.feed(data, |ev| p.on_event(ev, at))),
-            Framing::Json { parts, len } => {
-                p.t_chunk1.get_or_insert(at);
-                *len += data.len();
-                if *len <= MAX_JSON_CAPTURE {
-                    parts.push(data.clone());
+        let mut open = None;
+        for data in parts {
+            open = match &mut self.framing {
+                // A piece that is one whole single-line event a learned shape reads skips the
+                // scan for line ends (what `feed` would do with it, without reading its bytes
+                // twice).
+                Framing::Sse(s) => Some(match s.single_line(data) {
+                    Some(line) if p.on_line(Event::whole(line, data.len()), at) => OpenBlock::None,
+                    _ => s.feed(data, |ev| p.on_event(ev, at)),
+                }),
+                Framing::Ndjson(s) => Some(s.feed(data, |ev| p.on_event(ev, at))),
+                Framing::Json { parts, len } => {
+                    p.t_chunk1.get_or_insert(at);
+                    *len += data.len();
+                    if *len <= MAX_JSON_CAPTURE {
+                        parts.push(data.clone());
+                    }
+                    None
                 }
-                None
-            }
-            Framing::Opaque => {
-                p.t_chunk1.get_or_insert(at);
-                None
-            }
-        };
+                Framing::Opaque => {
+                    p.t_chunk1.get_or_insert(at);
+                    None
+                }
+            };
+        }
         if !had_output && p.t_tok1.is_some() {
             p.t_tok1_rx = rx;
         }

@@ -8,18 +8,20 @@
 //!   (dialect, injected usage chunk, deadlines), keeps something alive until the response body ends
 //!   (concurrency permits), or marks a response as its own refusal.
 //! - [`MeteredBody`]: the response-body wrapper that timestamps each frame in `poll_frame`,
-//!   forwards the same `Bytes` at once, and finalizes the record exactly once — at the end of the
-//!   body, on an error, or when dropped.
+//!   forwards the same data at once (`Bytes`, or a [`Batch`] of them), and finalizes the record
+//!   exactly once — at the end of the body, on an error, or when dropped.
 //! - [`RequestRecord`]: plain data — labels, timings, counts, outcome — with no handles to live
 //!   objects, so every consumer (stats, access log, OpenTelemetry, experiments, routing feedback)
 //!   is just a sink.
 
+mod batch;
 mod body;
 mod layer;
 mod measure;
 mod record;
 pub mod trace;
 
+pub use batch::{Batch, Parts, MAX_PIECES};
 pub use body::{BoxError, MeteredBody, StreamAborted};
 pub use layer::{
     Annotations, Held, MeterFuture, MeterLayer, MeterService, MeterSettings, Metering, RecordSink,

@@ -145,7 +145,7 @@ impl ProxyError {
     }
 
     /// The one place an error becomes a response.
-    pub fn into_response(self) -> Response<Full<Bytes>> {
+    pub fn into_response<D: bytes::Buf + From<Bytes>>(self) -> Response<Full<D>> {
         let typ = match (&self, self.blame()) {
             // As OpenAI names a rate-limit refusal.
             (ProxyError::RateLimited(_), _) => "requests",
@@ -154,7 +154,7 @@ impl ProxyError {
             (_, Blame::Gateway) => "gateway_error",
         };
         let body = json!({"error": {"message": self.to_string(), "type": typ, "param": null, "code": self.kind()}});
-        let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
+        let mut r = Response::new(Full::new(D::from(Bytes::from(body.to_string()))));
         *r.status_mut() = self.status();
         let h = r.headers_mut();
         h.insert(

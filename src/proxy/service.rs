@@ -4,9 +4,8 @@
 use super::body::{BodyBudget, Pace};
 use super::upstream::{UpstreamClient, UpstreamResponseBody};
 use crate::config::Limits;
-use crate::meter::Metering;
+use crate::meter::{Batch, Metering};
 use crate::route::RouterSlot;
-use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
@@ -19,7 +18,7 @@ use std::time::Duration;
 
 /// Body sent to the client: the upstream's body, or a gateway-made error (`MeterLayer` wraps
 /// either in its meter).
-pub type ProxyBody = Either<UpstreamResponseBody, Full<Bytes>>;
+pub type ProxyBody = Either<UpstreamResponseBody, Full<Batch>>;
 
 /// Response future of `ProxyService` (and of the layers between it and `MeterLayer`).
 pub type ProxyFuture =

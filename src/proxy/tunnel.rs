@@ -6,7 +6,7 @@
 
 use super::error::ProxyError;
 use super::service::ProxyBody;
-use crate::meter::{Outcome, Session};
+use crate::meter::{Batch, Outcome, Session};
 use crate::route::Backend;
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
@@ -89,7 +89,7 @@ pub async fn open(
         };
         let n = body.len() as u64;
         session.finish(status, outcome, Some("upgrade_refused"), 0, n);
-        let mut r = Response::from_parts(parts, Either::Right(Full::new(body)));
+        let mut r = Response::from_parts(parts, Either::Right(Full::new(body.into())));
         super::request::remove_hop_headers(r.headers_mut());
         return Ok(r);
     }
@@ -99,7 +99,7 @@ pub async fn open(
     // The 101 as the backend sent it (its Upgrade, Connection and Sec-WebSocket-* headers).
     Ok(Response::from_parts(
         parts,
-        Either::Right(Full::new(Bytes::new())),
+        Either::Right(Full::new(Batch::default())),
     ))
 }
 

@@ -26,6 +26,7 @@
 pub mod h1;
 mod h2;
 
+use crate::meter::Batch;
 use crate::tls::{ClientTls, Stream};
 use bytes::Bytes;
 use http::uri::{Authority, PathAndQuery};
@@ -506,13 +507,13 @@ impl UpstreamResponseBody {
 }
 
 impl Body for UpstreamResponseBody {
-    type Data = Bytes;
+    type Data = Batch;
     type Error = UpstreamBodyError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, UpstreamBodyError>>> {
+    ) -> Poll<Option<Result<Frame<Batch>, UpstreamBodyError>>> {
         let this = &mut *self;
         let next = match this.link.as_mut() {
             None => return Poll::Ready(None),
@@ -521,6 +522,7 @@ impl Body for UpstreamResponseBody {
                 .map_err(UpstreamBodyError::H1),
             Some(Link::H2 { incoming, .. }) => Pin::new(incoming)
                 .poll_frame(cx)
+                .map_ok(|f| f.map_data(Batch::from))
                 .map_err(UpstreamBodyError::H2),
         };
         let ended = match &next {

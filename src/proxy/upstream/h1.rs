@@ -23,6 +23,7 @@
 //! `MAX_HEAD_BYTES` is refused (hyper's client allows about 400 KiB).
 
 use super::UpstreamRequestBody;
+use crate::meter::{Batch, MAX_PIECES};
 use bytes::{Buf, Bytes, BytesMut};
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
@@ -752,14 +753,7 @@ impl Chunked {
                     if read.filled == 0 {
                         return Ok(Step::More);
                     }
-                    let n = usize::try_from(self.size)
-                        .unwrap_or(usize::MAX)
-                        .min(read.filled);
-                    self.size -= n as u64;
-                    if self.size == 0 {
-                        self.state = Chunk::BodyCr;
-                    }
-                    return Ok(Step::Frame(Frame::data(read.take(n))));
+                    return Ok(Step::Frame(Frame::data(self.take_data(read))));
                 }
                 Chunk::End => {
                     return match self.trailers.take() {
@@ -777,6 +771,18 @@ impl Chunked {
                 return Ok(Step::More);
             }
         }
+    }
+
+    /// The buffered part of the current chunk's data (the state is `Body`).
+    fn take_data(&mut self, read: &mut ReadBuffer) -> Bytes {
+        let n = usize::try_from(self.size)
+            .unwrap_or(usize::MAX)
+            .min(read.filled);
+        self.size -= n as u64;
+        if self.size == 0 {
+            self.state = Chunk::BodyCr;
+        }
+        read.take(n)
     }
 
     /// Steps through the buffer's bytes until a chunk's data or the end of the body, consuming
@@ -942,7 +948,9 @@ fn trailers(raw: &[u8], lines: usize) -> Result<HeaderMap, Error> {
     }
 }
 
-/// A response body read from its connection: each frame a slice of the read buffer.
+/// A response body read from its connection: each frame slices of the read buffer — of a chunked
+/// body, every chunk the buffer holds (up to `meter::MAX_PIECES`), so what one read brought goes on as one
+/// frame.
 #[derive(Debug)]
 pub struct ResponseBody<T> {
     /// `None` after an error.
@@ -967,13 +975,13 @@ impl<T: AsyncRead + AsyncWrite + Unpin> ResponseBody<T> {
 }
 
 impl<T: AsyncRead + AsyncWrite + Unpin> Body for ResponseBody<T> {
-    type Data = Bytes;
+    type Data = Batch;
     type Error = Error;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+    ) -> Poll<Option<Result<Frame<Batch>, Error>>> {
         let this = self.get_mut();
         loop {
             let Some(conn) = this.conn.as_mut() else {
@@ -1006,12 +1014,25 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Body for ResponseBody<T> {
             };
             match step {
                 Ok(Step::Frame(f)) => {
+                    let mut f = f.map_data(Batch::from);
                     if let Decode::Chunked(c) = &mut this.decode {
-                        // The terminator of a chunked body may already be here: end now, so the
-                        // connection goes back to the pool without another poll. (An error in
-                        // what follows comes with the next poll.)
-                        if f.is_data() && c.state != Chunk::Body {
-                            let _ = c.run(&mut conn.read);
+                        if let Some(batch) = f.data_mut() {
+                            // The chunks after this one already read go in the same frame; and
+                            // the terminator of the body may be here too: end now, so the
+                            // connection goes back to the pool without another poll. (An error
+                            // in what follows comes with the next poll.)
+                            loop {
+                                if c.state != Chunk::Body {
+                                    let _ = c.run(&mut conn.read);
+                                }
+                                if c.state != Chunk::Body
+                                    || conn.read.filled == 0
+                                    || batch.count() >= MAX_PIECES
+                                {
+                                    break;
+                                }
+                                batch.push(c.take_data(&mut conn.read));
+                            }
                         }
                         if f.is_trailers() || c.ended() {
                             this.decode = Decode::Done;
@@ -1066,6 +1087,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Body for ResponseBody<T> {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+    use crate::meter::Parts;
     use http_body_util::{BodyExt, Either, Full};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -1126,7 +1148,12 @@ mod tests {
                 while let Some(f) = body.frame().await {
                     match f {
                         Ok(f) => match f.into_data() {
-                            Ok(d) => data.extend_from_slice(&d),
+                            Ok(mut d) => {
+                                while d.has_remaining() {
+                                    data.extend_from_slice(d.chunk());
+                                    d.advance(d.chunk().len());
+                                }
+                            }
                             Err(f) => trailers = f.into_trailers().ok(),
                         },
                         Err(e) => {
@@ -1411,11 +1438,15 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn frames_share_the_read_buffer() {
-        // 64 chunks in one read: 64 frames, no copy, one buffer.
+    async fn chunks_of_one_read_go_on_as_one_frame_sharing_the_read_buffer() {
+        // 70 chunks in one read: frames of `MAX_PIECES` chunks and the rest, each chunk a slice
+        // of the one read buffer (no copy), in order.
         let mut wire = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
-        for i in 0..64 {
-            wire.extend_from_slice(format!("8\r\nchunk {i:02}\r\n").as_bytes());
+        let mut want = Vec::new();
+        for i in 0..70 {
+            let c = format!("chunk {i:02}");
+            wire.extend_from_slice(format!("{:x}\r\n{c}\r\n", c.len()).as_bytes());
+            want.push(c);
         }
         wire.extend_from_slice(b"0\r\n\r\n");
         let (client, mut server) = tokio::io::duplex(1 << 16);
@@ -1426,12 +1457,37 @@ mod tests {
         while let Some(f) = body.frame().await {
             frames.push(f.unwrap().into_data().unwrap());
         }
-        assert_eq!(frames.len(), 64);
-        let base = frames[0].as_ptr() as usize;
-        assert!(frames
+        let counts: Vec<usize> = frames.iter().map(Batch::count).collect();
+        assert_eq!(counts, [MAX_PIECES, MAX_PIECES, 70 - 2 * MAX_PIECES]);
+        let pieces: Vec<&Bytes> = frames.iter().flat_map(|f| f.parts()).collect();
+        let got: Vec<&[u8]> = pieces.iter().map(|b| &b[..]).collect();
+        let want: Vec<&[u8]> = want.iter().map(|c| c.as_bytes()).collect();
+        assert_eq!(got, want);
+        let base = pieces[0].as_ptr() as usize;
+        assert!(pieces
             .iter()
-            .all(|f| (f.as_ptr() as usize).abs_diff(base) < 4096));
+            .all(|b| (b.as_ptr() as usize).abs_diff(base) < 4096));
         assert!(body.is_end_stream());
+        assert!(body.into_idle().is_some());
+    }
+
+    #[tokio::test]
+    async fn a_frame_holds_only_what_was_read() {
+        // A chunk whose end has not arrived goes on in part, at once; nothing waits for more.
+        let (client, mut server) = tokio::io::duplex(1 << 16);
+        server
+            .write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\none\r\n7\r\ntw")
+            .await
+            .unwrap();
+        let resp = Conn::new(client).send(get(Method::GET)).await.unwrap();
+        let mut body = resp.into_body();
+        let f = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        let got: Vec<&[u8]> = f.parts().iter().map(|b| &b[..]).collect();
+        assert_eq!(got, [&b"one"[..], b"tw"]);
+        server.write_all(b"o-two\r\n0\r\n\r\n").await.unwrap();
+        let f = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(f.parts(), [Bytes::from_static(b"o-two")]);
+        assert!(body.frame().await.is_none());
         assert!(body.into_idle().is_some());
     }
 }
