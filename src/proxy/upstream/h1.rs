@@ -949,8 +949,8 @@ fn trailers(raw: &[u8], lines: usize) -> Result<HeaderMap, Error> {
 }
 
 /// A response body read from its connection: each frame slices of the read buffer — of a chunked
-/// body, every chunk the buffer holds (up to `meter::MAX_PIECES`), so what one read brought goes on as one
-/// frame.
+/// body, every chunk the buffer holds (up to `meter::MAX_PIECES`), so what one read brought goes
+/// on as one frame.
 #[derive(Debug)]
 pub struct ResponseBody<T> {
     /// `None` after an error.
