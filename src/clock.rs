@@ -24,7 +24,7 @@
 use parking_lot::Mutex;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -85,35 +85,16 @@ pub fn unpack(v: u64) -> Option<Instant> {
 pub static CLOCK_STEPS: AtomicU64 = AtomicU64::new(0);
 
 /// Largest change of the REALTIME − monotonic offset taken for drift, not a step: 1 ms plus what
-/// NTP may slew (500 ppm) over the time since the previous conversion (nanoseconds).
-fn step_tolerance(elapsed_ns: u64) -> u64 {
-    1_000_000 + elapsed_ns / 2000
+/// NTP may slew (500 ppm) over the time since the previous conversion.
+fn step_tolerance(elapsed: Duration) -> i128 {
+    1_000_000 + (elapsed.as_nanos() as i128) / 2000
 }
 
 /// A stamp older than this is not believed (a step backwards, or a broken stamp).
 const MAX_AGE: Duration = Duration::from_secs(60);
 
-/// The converter's memory: the REALTIME − monotonic offset at the previous conversion and when
-/// it was read (packed; 0 before the first). Lock-free: every conversion swaps in its own pair
-/// and compares with the pair it replaced, so of two threads that see the same step only the
-/// first counts it. A pair torn between two conversions mixes readings a moment apart, whose
-/// offsets differ by drift alone.
-#[derive(Debug)]
-struct Offsets {
-    offset: AtomicI64,
-    at: AtomicU64,
-}
-
-impl Offsets {
-    const fn new() -> Self {
-        Self {
-            offset: AtomicI64::new(0),
-            at: AtomicU64::new(0),
-        }
-    }
-}
-
-static LAST_OFFSET: Offsets = Offsets::new();
+/// The converter's memory: the offset at the previous conversion and when it was read.
+static LAST_OFFSET: Mutex<Option<(i128, Instant)>> = Mutex::new(None);
 
 /// Converts a `CLOCK_REALTIME` stamp (time since the Unix epoch) to the monotonic timeline, with
 /// the clocks read now. `None` when the stamp cannot be trusted: a wall-clock step since the
@@ -123,33 +104,33 @@ pub fn stamp_to_instant(stamp: Duration) -> Option<Instant> {
     convert(stamp, SystemTime::now(), Instant::now(), &LAST_OFFSET)
 }
 
-/// Nanoseconds as `i64` (REALTIME fits until 2262).
-fn nanos(d: Duration) -> Option<i64> {
-    i64::try_from(d.as_nanos()).ok()
-}
-
 fn convert(
     stamp: Duration,
     real_now: SystemTime,
     mono_now: Instant,
-    last: &Offsets,
+    last: &Mutex<Option<(i128, Instant)>>,
 ) -> Option<Instant> {
-    let real_ns = nanos(real_now.duration_since(UNIX_EPOCH).ok()?)?;
-    let mono = pack(mono_now);
-    let offset = real_ns - i64::try_from(mono).ok()?;
-    let prev_at = last.at.swap(mono, Ordering::Relaxed);
-    let prev = last.offset.swap(offset, Ordering::Relaxed);
-    if prev_at != 0 && offset.abs_diff(prev) > step_tolerance(mono.saturating_sub(prev_at)) {
-        CLOCK_STEPS.fetch_add(1, Ordering::Relaxed);
-        return None;
+    let real_ns = real_now.duration_since(UNIX_EPOCH).ok()?.as_nanos() as i128;
+    let mono_ns = mono_now.saturating_duration_since(epoch()).as_nanos() as i128;
+    let offset = real_ns - mono_ns;
+    {
+        let mut prev = last.lock();
+        if let Some((o, at)) = *prev {
+            if (offset - o).abs() > step_tolerance(mono_now.saturating_duration_since(at)) {
+                *prev = Some((offset, mono_now));
+                CLOCK_STEPS.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+        }
+        *prev = Some((offset, mono_now));
     }
-    let age = real_ns - nanos(stamp)?;
+    let age = real_ns - stamp.as_nanos() as i128;
     // The kernel stamps before we read the clock; a stamp ahead of it by more than a little is
     // wrong.
-    if !(-1_000_000..=nanos(MAX_AGE)?).contains(&age) {
+    if age < -1_000_000 || age > MAX_AGE.as_nanos() as i128 {
         return None;
     }
-    mono_now.checked_sub(Duration::from_nanos(age.max(0).unsigned_abs()))
+    mono_now.checked_sub(Duration::from_nanos(u64::try_from(age.max(0)).ok()?))
 }
 
 /// Asks the kernel to stamp what `socket` receives (`SO_TIMESTAMPNS`). On a listener, accepted
@@ -186,8 +167,6 @@ pub struct StampedTcp {
     /// Bytes zeroed and offered to the next `recvmsg`: doubled when a read fills it, halved
     /// when reads use a quarter of it, between `MIN_READ` and `MAX_READ`.
     window: usize,
-    /// Read readiness is polled only after it woke the task (stamped reads).
-    read_gate: crate::util::gate::WakeGate,
 }
 
 impl StampedTcp {
@@ -212,7 +191,6 @@ impl StampedTcp {
             rx: Arc::new(AtomicU64::new(0)),
             fresh: None,
             window: 4 << 10,
-            read_gate: crate::util::gate::WakeGate::new(),
         }
     }
 
@@ -255,11 +233,7 @@ impl StampedTcp {
             return Poll::Ready(Ok(()));
         }
         loop {
-            // Behind the gate: the task is woken per chunk for other reasons (the upstream
-            // socket of the response this client connection carries), and a readiness poll
-            // that finds nothing is a coop-budget check and a lock.
-            let inner = &self.inner;
-            std::task::ready!(self.read_gate.poll_with(cx, |cx| inner.poll_read_ready(cx)))?;
+            std::task::ready!(self.inner.poll_read_ready(cx))?;
             let fd = self.inner.as_raw_fd();
             // A slice must be initialized to be handed to `recvmsg`: only the window is zeroed,
             // not all the spare capacity of a large buffer on every read.
@@ -556,7 +530,7 @@ mod tests {
 
     #[test]
     fn realtime_stamps_land_on_the_monotonic_timeline() {
-        let last = Offsets::new();
+        let last = Mutex::new(None);
         let mono = Instant::now() + Duration::from_secs(5);
         let real = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
         // A stamp 250 ms before the clocks were read is 250 ms before `mono`.
@@ -579,7 +553,7 @@ mod tests {
 
     #[test]
     fn a_wall_clock_step_is_refused_and_counted_then_trusted_again() {
-        let last = Offsets::new();
+        let last = Mutex::new(None);
         let mono = Instant::now() + Duration::from_secs(5);
         let real = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
         let s = Duration::from_secs(1_800_000_000);
@@ -614,7 +588,7 @@ mod tests {
 
     #[test]
     fn stamps_from_the_future_or_too_old_are_not_believed() {
-        let last = Offsets::new();
+        let last = Mutex::new(None);
         let mono = Instant::now() + Duration::from_secs(5);
         let real = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
         let s = Duration::from_secs(1_800_000_000);

@@ -422,38 +422,20 @@ where
     let mut quiet_since = accepted;
     let mut stopping = false;
     loop {
-        // The tick and the shutdown signal, behind a gate: the connection's task is woken per
-        // chunk of every response it carries, these only every half timeout and once.
-        let active = !stopping;
-        let side = async {
-            let check = async {
-                match tick {
-                    Some(t) if active => tokio::time::sleep(t).await,
-                    _ => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                _ = stop.changed(), if active => true,
-                () = check => false,
+        let check = async {
+            match tick {
+                Some(t) if !stopping => tokio::time::sleep(t).await,
+                _ => std::future::pending().await,
             }
         };
-        let mut side = std::pin::pin!(side);
-        let mut gate = crate::util::gate::WakeGate::new();
-        let woke = std::future::poll_fn(|cx| {
-            if let Poll::Ready(r) = conn.as_mut().poll(cx) {
-                return Poll::Ready(Err(r));
-            }
-            gate.poll(side.as_mut(), cx).map(Ok)
-        })
-        .await;
-        match woke {
-            Err(r) => return Some(r),
-            Ok(true) => {
+        tokio::select! {
+            r = conn.as_mut() => return Some(r),
+            _ = stop.changed(), if !stopping => {
                 stopping = true;
                 conn.as_mut().graceful_shutdown();
                 continue;
             }
-            Ok(false) => {}
+            () = check => {}
         }
         let now = Instant::now();
         let ops = state.io_ops.load(Ordering::Relaxed);

@@ -17,11 +17,11 @@
 use super::batch::Parts;
 use super::measure::{End, Meter, StripPlan};
 use crate::sse::OpenBlock;
-use crate::util::gate::WakeGate;
 use bytes::{Buf, Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use std::collections::VecDeque;
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use tokio::time::Instant;
@@ -49,9 +49,8 @@ pin_project! {
         abort: Option<&'static str>,
         // The abort yielded once, so the server could flush what was handed on before it.
         abort_yielded: bool,
-        // Deadlines (first token, idle, total): one timer, re-armed when it fires, never
-        // reallocated; polled only when it fired (the task is woken per chunk by the sockets).
-        timer: Option<(Pin<Box<Sleep>>, WakeGate)>,
+        // Deadlines (first token, idle, total): one timer, re-armed per frame, never reallocated.
+        timer: Option<Pin<Box<Sleep>>>,
         last_frame: Instant,
         // The upstream body's trailers: its end (a server writes them and drops the body), so
         // they go last, after what is queued and after the record is written.
@@ -106,8 +105,7 @@ impl<B: Body> MeteredBody<B> {
         // An empty body (`content-length: 0`) has ended already: servers write its head and
         // drop it without polling, and that is a complete response.
         let upstream_done = inner.is_end_stream();
-        let timer = next_deadline(&meter, now)
-            .map(|at| (Box::pin(tokio::time::sleep_until(at)), WakeGate::new()));
+        let timer = next_deadline(&meter, now).map(|at| Box::pin(tokio::time::sleep_until(at)));
         Self {
             inner,
             meter: Some(meter),
@@ -213,11 +211,10 @@ where
             let polled = match this.inner.as_mut().poll_frame(cx) {
                 Poll::Ready(item) => item,
                 Poll::Pending => {
-                    let (Some((timer, gate)), Some(m)) = (this.timer.as_mut(), this.meter.as_ref())
-                    else {
+                    let (Some(timer), Some(m)) = (this.timer.as_mut(), this.meter.as_ref()) else {
                         return Poll::Pending;
                     };
-                    if gate.poll(timer.as_mut(), cx).is_pending() {
+                    if timer.as_mut().poll(cx).is_pending() {
                         return Poll::Pending;
                     }
                     let now = Instant::now();
@@ -237,7 +234,6 @@ where
                         None => {
                             if let Some(at) = next_deadline(m, *this.last_frame) {
                                 timer.as_mut().reset(at);
-                                gate.rearm();
                                 cx.waker().wake_by_ref();
                             }
                             return Poll::Pending;
@@ -296,7 +292,7 @@ where
                         // timer-wheel update, and no deadline arithmetic, per frame.
                         debug_assert!(!matches!(
                             (this.timer.as_ref(), next_deadline(m, now)),
-                            (Some((timer, _)), Some(at)) if at < timer.deadline()
+                            (Some(timer), Some(at)) if at < timer.deadline()
                         ));
                         m.sent(data.remaining());
                         if last {

@@ -1,10 +1,9 @@
 //! Small shared pieces with no home of their own: stable hashing, a seeded RNG, request and span
-//! ids, time formatting, a gate that polls a side future only when it woke, a JSON object writer, error chains and sparse error logging, bounded label strings, the one
+//! ids, time formatting, a JSON object writer, error chains and sparse error logging, bounded label strings, the one
 //! Prometheus text writer and a reader of backends' expositions. Nothing here depends on another
 //! module of the crate.
 
 pub mod errors;
-pub mod gate;
 pub mod hash;
 pub mod ids;
 pub mod json;

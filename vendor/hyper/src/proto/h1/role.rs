@@ -513,6 +513,10 @@ impl Http1Transaction for Server {
     fn is_server() -> bool {
         true
     }
+
+    fn update_date() {
+        date::update();
+    }
 }
 
 #[cfg(feature = "server")]
@@ -981,9 +985,6 @@ impl Server {
         if !wrote_date && msg.date_header {
             dst.reserve(date::DATE_VALUE_LENGTH + 8);
             header_name_writer.write_header_name_with_colon(dst, "date: ", header::DATE);
-            // The cached date is brought up to date here, where it is written, instead of at
-            // every poll of the connection (once per body chunk).
-            date::update();
             date::extend(dst);
             extend(dst, b"\r\n\r\n");
         } else {
