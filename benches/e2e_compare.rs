@@ -17,12 +17,16 @@
 //!    quota), so the proxy is the bottleneck: requests/s on the same share of a core;
 //!    `short` (not in the default set): both again with 16-chunk streams, where the fixed cost
 //!    of a request (head, body inspection, routing, record, log line) weighs most;
-//! 5. concurrent streams: `STREAMS` (default 10,000) streams held at once, 16 chunks 1 s apart,
+//! 5. `paired` (not in the default set): two proxies at the same time on the same core, each
+//!    with its own open-loop client, streams of 1, 16 and 64 chunks 20 ms apart (1,000 req/s;
+//!    250 for 64 chunks): the ratio of
+//!    their CPU per request, round by round (`PAIRS`, default `nginx:inferscope`; `PAIRED_TOKENS`);
+//! 6. concurrent streams: `STREAMS` (default 10,000) streams held at once, 16 chunks 1 s apart,
 //!    over HTTP/2 from the client (100 streams per connection) and HTTP/1.1 upstream (HTTP/2 for
 //!    `inferscope-h2`): peak proxy RSS and how many completed.
 //!
 //! Run: `cargo bench --bench e2e_compare` (needs `nginx` and `taskset` on PATH; environment:
-//! `KERNEL_CLOCK` (true: the gateway's `limits.kernel_clock`), `ROUNDS` (3), `RATE_ROUNDS` (5, the open-loop phase), `LEVELS` (1,64,512), `STREAMS` (10000), `PHASES` (latency,rate,throughput,capped,streams; also short), `CAP_PCT` (25),
+//! `KERNEL_CLOCK` (true: the gateway's `limits.kernel_clock`), `ROUNDS` (3), `RATE_ROUNDS` (5, the open-loop phase), `LEVELS` (1,64,512), `STREAMS` (10000), `PHASES` (latency,rate,throughput,capped,streams; also short, paired), `CAP_PCT` (25),
 //! `TARGETS` (direct,inferscope,inferscope-h2,nginx: `inferscope-h2` is inferscope with HTTP/2
 //! upstream connections, h2c with prior knowledge; `inferscope-base` is the build `BASE_BIN`
 //! names, in the default set when it is given, for before/after tables from one run;
@@ -469,7 +473,8 @@ http {{
 
 /// One `inferscope bench` run on core 1 against target `t` on `port`; its JSON report.
 fn client(dir: &Path, t: Target, port: u16, args: &[String]) -> Value {
-    let out = dir.join("client.json");
+    // One report file per target: the paired phase runs two clients at once.
+    let out = dir.join(format!("client-{}.json", t.name()));
     let _ = std::fs::remove_file(&out);
     let status = pinned(1, BIN)
         .args([
@@ -597,8 +602,11 @@ struct Stage {
 
 impl Stage {
     fn new(dir: &Path, ttft_ms: f64, tpot_ms: f64) -> Stage {
+        Stage::with(dir, ttft_ms, tpot_ms, Target::chosen())
+    }
+    fn with(dir: &Path, ttft_ms: f64, tpot_ms: f64, targets: Vec<Target>) -> Stage {
         let (sim, sim_port) = sim(dir, "sim", ttft_ms, tpot_ms);
-        let proxies = Target::chosen()
+        let proxies = targets
             .into_iter()
             .filter_map(|t| match t {
                 Target::Direct => None,
@@ -802,6 +810,101 @@ fn latency_rows(label: &str, rounds: &[Vec<(Target, Run)>], out: &mut Vec<Value>
     }
 }
 
+/// The pairs `PAIRS` names (`a:b,…`; by default `nginx:inferscope`, and
+/// `inferscope-base:inferscope` when `BASE_BIN` is set).
+fn pairs() -> Vec<(Target, Target)> {
+    let default = if std::env::var_os("BASE_BIN").is_some() {
+        "nginx:inferscope,inferscope-base:inferscope"
+    } else {
+        "nginx:inferscope"
+    };
+    let by_name = |n: &str| {
+        Target::ALL
+            .into_iter()
+            .find(|t| t.name() == n.trim())
+            .unwrap_or_else(|| panic!("PAIRS: no target {n:?}"))
+    };
+    env_or("PAIRS", default)
+        .split(',')
+        .map(|p| {
+            let (a, b) = p.split_once(':').expect("PAIRS: a:b,c:d");
+            // One process cannot be measured against itself: both clients would load it.
+            assert_ne!(a.trim(), b.trim(), "PAIRS: a pair of two different targets");
+            (by_name(a), by_name(b))
+        })
+        .collect()
+}
+
+/// Two proxies measured over the same seconds: each gets its own client (both on core 1) with
+/// the same open-loop load, both proxies share core 0 and the simulator, so whatever else the
+/// machine does weighs on both alike. The figure is the ratio of their CPU per request in each
+/// round (b over a), which stays within ~1% between rounds where either proxy's own figure
+/// moves by 15% from one run to the next. Loads: streams of `PAIRED_TOKENS` (1,16,64) chunks
+/// 20 ms apart, 1,000 req/s (past 16 chunks 16,000 chunks a second), 8 s each.
+fn paired(dir: &Path, rounds: usize, rows: &mut Vec<Value>) {
+    let pairs = pairs();
+    let mut targets: Vec<Target> = pairs.iter().flat_map(|&(a, b)| [a, b]).collect();
+    targets.sort_by_key(|t| Target::ALL.iter().position(|x| x == t));
+    targets.dedup();
+    let stage = Stage::with(dir, 50.0, 20.0, targets);
+    let tokens: Vec<u32> = env_or("PAIRED_TOKENS", "1,16,64")
+        .split(',')
+        .map(|s| s.trim().parse().unwrap())
+        .collect();
+    for n in tokens {
+        // Past 16 chunks, fewer streams a second: the same chunks a second as at 16, which the
+        // simulator and both clients on core 1 keep up with (at 500 req/s of 64 chunks the
+        // TTFT p99 through either proxy tripled: core 1, not the proxies, was the limit).
+        let rate: u32 = if n > 16 { 16_000 / n } else { 1000 };
+        let a = args(&[
+            "--rate",
+            &rate.to_string(),
+            "--requests",
+            &(rate * 8).to_string(),
+            "--max-tokens",
+            &n.to_string(),
+        ]);
+        // Warm-up: the connections the run keeps busy, with room.
+        let busy = f64::from(rate) * (50.0 + 20.0 * f64::from(n)) / 1000.0;
+        let warmup = ((busy * 1.4) as usize).max(64);
+        for &(x, y) in &pairs {
+            let per_round: Vec<(Run, Run)> = (0..rounds)
+                .map(|_| {
+                    std::thread::scope(|s| {
+                        let ry = s.spawn(|| run(&stage, dir, y, &a, warmup));
+                        let rx = run(&stage, dir, x, &a, warmup);
+                        (rx, ry.join().unwrap())
+                    })
+                })
+                .collect();
+            // The CPU counted includes the warm-up's requests, which are the same requests.
+            let per_req =
+                |r: &Run| r.cpu_s * 1e6 / (f(&r.report["successful"]) + warmup as f64).max(1.0);
+            let ratios: Vec<f64> = per_round
+                .iter()
+                .map(|(rx, ry)| ((per_req(ry) / per_req(rx)) * 1000.0).round() / 1000.0)
+                .collect();
+            let med = |g: &dyn Fn(&(Run, Run)) -> f64| median(per_round.iter().map(g).collect());
+            let row = json!({
+                "phase": format!("paired open loop {rate} req/s, {n} chunks"),
+                "a": x.name(),
+                "b": y.name(),
+                "cpu_ratio_b_over_a": median(ratios.clone()),
+                "cpu_ratio_per_round": ratios,
+                "a_cpu_us_per_request": med(&|p| per_req(&p.0)),
+                "b_cpu_us_per_request": med(&|p| per_req(&p.1)),
+                "a_user_us_per_request": med(&|p| per_req(&p.0) * p.0.user_share),
+                "b_user_us_per_request": med(&|p| per_req(&p.1) * p.1.user_share),
+                "a_ttft_p99_ms": med(&|p| f(&p.0.report["ttft_ms"]["p99"])),
+                "b_ttft_p99_ms": med(&|p| f(&p.1.report["ttft_ms"]["p99"])),
+                "failed": per_round.iter().map(|p| f(&p.0.report["failed"]) + f(&p.1.report["failed"])).sum::<f64>(),
+            });
+            println!("{row}");
+            rows.push(row);
+        }
+    }
+}
+
 /// A cgroup (v1 `cpu` controller) holding the proxies to `pct`% of one core, removed on drop.
 struct CpuCap(PathBuf);
 
@@ -985,6 +1088,9 @@ fn main() {
             "short streams c=64 (16 chunks)",
             &mut rows,
         );
+    }
+    if phases.contains("paired") {
+        paired(&dir, rounds, &mut rows);
     }
     if phases.contains("streams") {
         rows.extend(streams(&dir, n_streams));
