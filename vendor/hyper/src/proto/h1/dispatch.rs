@@ -25,6 +25,9 @@ pub(crate) struct Dispatcher<D, Bs: Body, I, T> {
     body_tx: SenderDropGuard,
     body_rx: Pin<Box<Option<Bs>>>,
     is_closing: bool,
+    /// The last `poll_write` went pending on the next message or on the body, whose poll
+    /// registered the task's waker: polling it again before that wakes cannot make progress.
+    write_waits: bool,
 }
 
 pub(crate) trait Dispatch {
@@ -84,6 +87,7 @@ where
             body_tx: SenderDropGuard::none(),
             body_rx: Box::pin(None),
             is_closing: false,
+            write_waits: false,
         }
     }
 
@@ -178,7 +182,11 @@ where
             // write again. If we return `Ready(Ok(())` here, we will yield
             // without a guaranteed wake-up from the write side of the connection.
             // This would lead to a deadlock if we also don't expect reads.
-            let wants_write_again = self.can_write_again() && (write_ready || flush_ready);
+            //
+            // A write that went pending on the body (or the next message) is woken by it: a
+            // ready flush says nothing about the body, so it is not polled again for it.
+            let wants_write_again =
+                self.can_write_again() && (write_ready || (flush_ready && !self.write_waits));
 
             // This could happen if reading paused before blocking on IO,
             // such as getting to the end of a framed message, but then
@@ -354,6 +362,7 @@ where
     }
 
     fn poll_write(&mut self, cx: &mut Context<'_>) -> Poll<crate::Result<()>> {
+        self.write_waits = false;
         loop {
             if self.is_closing {
                 return Poll::Ready(Ok(()));
@@ -361,7 +370,11 @@ where
                 && self.conn.can_write_head()
                 && self.dispatch.should_poll()
             {
-                if let Some(msg) = ready!(Pin::new(&mut self.dispatch).poll_msg(cx)) {
+                let Poll::Ready(msg) = Pin::new(&mut self.dispatch).poll_msg(cx) else {
+                    self.write_waits = true;
+                    return Poll::Pending;
+                };
+                if let Some(msg) = msg {
                     let (head, body) = msg.map_err(crate::Error::new_user_service)?;
 
                     let body_type = if body.is_end_stream() {
@@ -398,7 +411,10 @@ where
                         continue;
                     }
 
-                    let item = ready!(body.as_mut().poll_frame(cx));
+                    let Poll::Ready(item) = body.as_mut().poll_frame(cx) else {
+                        self.write_waits = true;
+                        return Poll::Pending;
+                    };
                     if let Some(item) = item {
                         let frame = item.map_err(|e| {
                             *clear_body = true;
