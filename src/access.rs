@@ -27,6 +27,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
+/// Anthropic's key header, built at compile time (a `&str` key is parsed at every use).
+const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+
 /// Why a key could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
@@ -142,7 +145,7 @@ impl Keys {
             })
             .map(str::trim);
         let x_api_key = headers
-            .get("x-api-key")
+            .get(X_API_KEY)
             .and_then(|v| v.to_str().ok())
             .map(str::trim);
         [bearer, x_api_key]
@@ -155,7 +158,7 @@ impl Keys {
     /// Removes the credential headers (before the request goes upstream).
     pub fn strip(headers: &mut HeaderMap) {
         headers.remove(http::header::AUTHORIZATION);
-        headers.remove("x-api-key");
+        headers.remove(X_API_KEY);
     }
 }
 

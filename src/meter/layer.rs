@@ -22,6 +22,8 @@ use tower::{Layer, Service};
 
 /// Header carrying the request id back to the client.
 pub const REQUEST_ID_HEADER: &str = "x-inferscope-request-id";
+/// The same, as a header name built at compile time (a `&str` key is parsed at every use).
+const REQUEST_ID_NAME: http::HeaderName = http::HeaderName::from_static(REQUEST_ID_HEADER);
 
 /// Where finished records go. Called once per request, on the task that finished it (often the
 /// one writing the response): it must not block — queue the record if the work is slow.
@@ -594,7 +596,7 @@ where
         match result {
             Ok(mut resp) => {
                 if let Some(h) = this.header.take() {
-                    resp.headers_mut().insert(REQUEST_ID_HEADER, h);
+                    resp.headers_mut().insert(REQUEST_ID_NAME, h);
                 }
                 Poll::Ready(Ok(notes.meter_response(resp)))
             }

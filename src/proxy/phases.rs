@@ -528,7 +528,9 @@ async fn attempt_once(
     }
     // The backend's spans join this trace as children of this attempt's CLIENT span.
     if let Some(v) = traceparent.and_then(|t| HeaderValue::try_from(t).ok()) {
-        headers.insert("traceparent", v);
+        // Built at compile time: a `&str` key is parsed at every use.
+        const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
+        headers.insert(TRACEPARENT, v);
     }
     let mut up = Request::new(body);
     *up.method_mut() = method.clone();

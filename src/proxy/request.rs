@@ -526,7 +526,11 @@ pub fn upstream_headers(h: &mut HeaderMap, client: Option<std::net::IpAddr>) {
     let Some(ip) = client else {
         return;
     };
-    let xff = HeaderName::from_static("x-forwarded-for");
+    // Names built at compile time: a `&str` key, or `from_static` at run time, is parsed at
+    // every use.
+    const XFF: HeaderName = HeaderName::from_static("x-forwarded-for");
+    const XFP: HeaderName = HeaderName::from_static("x-forwarded-proto");
+    let xff = XFF;
     let mut joined = String::with_capacity(64);
     if let Some(prior) = h.get(&xff).and_then(|v| v.to_str().ok()) {
         if !prior.trim().is_empty() {
@@ -560,8 +564,8 @@ pub fn upstream_headers(h: &mut HeaderMap, client: Option<std::net::IpAddr>) {
     if let Ok(v) = HeaderValue::try_from(forwarded) {
         h.insert(header::FORWARDED, v);
     }
-    if !h.contains_key("x-forwarded-proto") {
-        h.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+    if !h.contains_key(&XFP) {
+        h.insert(XFP, HeaderValue::from_static("http"));
     }
 }
 

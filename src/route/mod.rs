@@ -184,6 +184,8 @@ pub struct Experiment {
 
 /// Request header that forces a variant (when the experiment allows it).
 pub use crate::experiment::VARIANT_HEADER as VARIANT_OVERRIDE;
+/// The same, built at compile time (a `&str` key is parsed at every use).
+const VARIANT_OVERRIDE_NAME: http::HeaderName = http::HeaderName::from_static(VARIANT_OVERRIDE);
 
 /// Where a route sends traffic.
 #[derive(Debug)]
@@ -457,7 +459,11 @@ impl Router {
             Target::Experiment(x) => {
                 let forced = x
                     .allow_override
-                    .then(|| headers.get(VARIANT_OVERRIDE).and_then(|v| v.to_str().ok()))
+                    .then(|| {
+                        headers
+                            .get(VARIANT_OVERRIDE_NAME)
+                            .and_then(|v| v.to_str().ok())
+                    })
                     .flatten()
                     .and_then(|name| x.split.by_name(name));
                 let (mut i, mut name, mut pool) =
