@@ -19,8 +19,8 @@
 //!    of a request (head, body inspection, routing, record, log line) weighs most;
 //! 5. `paired` (not in the default set): two proxies at the same time on the same core, each
 //!    with its own open-loop client, streams of 1, 16 and 64 chunks 20 ms apart (1,000 req/s;
-//!    250 for 64 chunks): the ratio of
-//!    their CPU per request, round by round (`PAIRS`, default `nginx:inferscope`; `PAIRED_TOKENS`);
+//!    250 for 64 chunks): the ratio of their CPU per request, round by round (`PAIRS`, default
+//!    `nginx:inferscope`; `PAIRED_TOKENS`);
 //! 6. concurrent streams: `STREAMS` (default 10,000) streams held at once, 16 chunks 1 s apart,
 //!    over HTTP/2 from the client (100 streams per connection) and HTTP/1.1 upstream (HTTP/2 for
 //!    `inferscope-h2`): peak proxy RSS and how many completed.
