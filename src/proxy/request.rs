@@ -530,9 +530,8 @@ pub fn upstream_headers(h: &mut HeaderMap, client: Option<std::net::IpAddr>) {
     // every use.
     const XFF: HeaderName = HeaderName::from_static("x-forwarded-for");
     const XFP: HeaderName = HeaderName::from_static("x-forwarded-proto");
-    let xff = XFF;
     let mut joined = String::with_capacity(64);
-    if let Some(prior) = h.get(&xff).and_then(|v| v.to_str().ok()) {
+    if let Some(prior) = h.get(&XFF).and_then(|v| v.to_str().ok()) {
         if !prior.trim().is_empty() {
             joined.push_str(prior);
             joined.push_str(", ");
@@ -540,7 +539,7 @@ pub fn upstream_headers(h: &mut HeaderMap, client: Option<std::net::IpAddr>) {
     }
     push_ip(&mut joined, ip);
     if let Ok(v) = HeaderValue::try_from(joined) {
-        h.insert(xff, v);
+        h.insert(XFF, v);
     }
     let mut forwarded = String::with_capacity(64);
     if let Some(prior) = h.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
