@@ -366,3 +366,93 @@ async fn truth_comments_pass_through_and_bound_the_measurement() {
     assert_eq!(log[0]["output_tokens"], 3);
     assert!(ms(&log[0], "ttft_ms") + Duration::from_micros(1) >= Duration::from_micros(t_us));
 }
+
+/// hyper's HTTP/1.1 server as patched in `vendor/hyper` (PATCHED.md, change 4): a response body
+/// that waits between frames is polled once for each frame and once to wait for the next, not
+/// again after every flush — and no wake is lost for it: every frame arrives, each as it is made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paced_body_is_polled_once_for_each_frame_and_once_to_wait() {
+    use bytes::Bytes;
+    use hyper::body::{Body, Frame};
+    use std::convert::Infallible;
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::{Context, Poll};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    const FRAMES: usize = 40;
+    const FRAME: &[u8] = b"data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n";
+
+    struct Paced {
+        left: usize,
+        sleep: Pin<Box<tokio::time::Sleep>>,
+        polls: Arc<AtomicUsize>,
+    }
+
+    impl Body for Paced {
+        type Data = Bytes;
+        type Error = Infallible;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+            self.polls.fetch_add(1, Ordering::Relaxed);
+            if self.left == 0 {
+                return Poll::Ready(None);
+            }
+            std::task::ready!(self.sleep.as_mut().poll(cx));
+            self.left -= 1;
+            let next = tokio::time::Instant::now() + Duration::from_millis(2);
+            self.sleep.as_mut().reset(next);
+            Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(FRAME)))))
+        }
+    }
+
+    let polls = Arc::new(AtomicUsize::new(0));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let counted = Arc::clone(&polls);
+    let server = tokio::spawn(async move {
+        let (io, _) = listener.accept().await.unwrap();
+        let service = hyper::service::service_fn(move |_req| {
+            let body = Paced {
+                left: FRAMES,
+                sleep: Box::pin(tokio::time::sleep(Duration::from_millis(2))),
+                polls: Arc::clone(&counted),
+            };
+            async move { Ok::<_, Infallible>(hyper::Response::new(body)) }
+        });
+        hyper::server::conn::http1::Builder::new()
+            .serve_connection(hyper_util::rt::TokioIo::new(io), service)
+            .await
+            .unwrap();
+    });
+
+    let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
+    client
+        .write_all(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), client.read_to_end(&mut got))
+        .await
+        .expect("a lost wake-up stalls the stream")
+        .unwrap();
+    server.await.unwrap();
+
+    let text = String::from_utf8(got).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.ends_with("0\r\n\r\n"), "{text}");
+    let frames = text.matches(std::str::from_utf8(FRAME).unwrap()).count();
+    assert_eq!(frames, FRAMES);
+    // Each frame: the poll that finds it ready and the one that waits for the next (plus the
+    // first wait and the end). Unpatched, hyper polls a third time after every flush.
+    let polls = polls.load(Ordering::Relaxed);
+    assert!(
+        (2 * FRAMES..=2 * FRAMES + 3).contains(&polls),
+        "{polls} polls for {FRAMES} frames"
+    );
+}
