@@ -5,7 +5,9 @@
 //! (`inferscope bench`) to core 1, so both proxies get the same core and nothing else on it.
 //!
 //! Phases (each repeated `ROUNDS` times, the order of the targets rotated per round; a
-//! figure is the median over rounds of the per-round value):
+//! figure is the median over rounds of the per-round value). Each run first sends warm-up
+//! requests (about as many as it keeps open at once), left out of the report; the proxy's CPU
+//! is counted over them and the measured ones, and CPU per request divides by both:
 //! 1. latency: closed loop at concurrency 1, 64 and 512, streams of 64 chunks 20 ms apart; added
 //!    TTFT and added inter-chunk gap (p50, p99) = proxied minus direct in the same round; proxy CPU
 //!    time per request (in phases 1–4 also the user-space share of it, `cpu_user_share`, from
@@ -646,7 +648,10 @@ impl Stage {
 /// One measured run of one target: the client's report plus the proxy's CPU and memory.
 struct Run {
     report: Value,
+    /// The proxy's CPU over the warm-up and the measured requests.
     cpu_s: f64,
+    /// Requests sent before the measured ones (their CPU is in `cpu_s`).
+    warmup: usize,
     /// The user-space share of `cpu_s` (NaN when no tick was counted).
     user_share: f64,
     rss_mib: f64,
@@ -654,6 +659,14 @@ struct Run {
     /// inferscope only: p99 of its own `overhead_ms` (time from accepting the request to handing
     /// it upstream, plus time spent observing chunks) over this run's access-log lines.
     overhead_p99_ms: Option<f64>,
+}
+
+impl Run {
+    /// The proxy's CPU seconds per request: the CPU counted includes the warm-up's requests,
+    /// which are the same requests, so they are counted too.
+    fn cpu_per_request_s(&self) -> f64 {
+        self.cpu_s / (f(&self.report["successful"]) + self.warmup as f64).max(1.0)
+    }
 }
 
 fn access_lines(dir: &Path, t: Target) -> Vec<String> {
@@ -666,7 +679,7 @@ fn access_lines(dir: &Path, t: Target) -> Vec<String> {
 
 /// `warmup` requests are sent at once before the measured ones, by the same client process (so
 /// its connections, and the proxy's upstream ones, are open when the measured run starts), and
-/// left out of the report; the proxy's CPU time includes them.
+/// left out of the report; the proxy's CPU time includes them, so CPU per request counts them.
 fn run(stage: &Stage, dir: &Path, t: Target, a: &[String], warmup: usize) -> Run {
     // The access log is flushed within 100 ms.
     std::thread::sleep(Duration::from_millis(300));
@@ -698,6 +711,7 @@ fn run(stage: &Stage, dir: &Path, t: Target, a: &[String], warmup: usize) -> Run
     Run {
         report,
         cpu_s,
+        warmup,
         user_share,
         rss_mib,
         peak_rss_mib,
@@ -774,7 +788,6 @@ fn latency_rows(label: &str, rounds: &[Vec<(Target, Run)>], out: &mut Vec<Value>
                     .collect(),
             )
         };
-        let requests = |r: &Run| f(&r.report["successful"]).max(1.0);
         let rounds_of = |key: &str, q: &str| -> Vec<f64> {
             rounds
                 .iter()
@@ -799,8 +812,8 @@ fn latency_rows(label: &str, rounds: &[Vec<(Target, Run)>], out: &mut Vec<Value>
             "req_per_s": median(rounds.iter().map(|r| f(&get(r, t).report["request_throughput"])).collect()),
             "direct_req_per_s": median(rounds.iter().map(|r| f(&get(r, Target::Direct).report["request_throughput"])).collect()),
             "failed": rounds.iter().map(|r| f(&get(r, t).report["failed"])).sum::<f64>(),
-            "cpu_us_per_request": median(rounds.iter().map(|r| get(r, t).cpu_s * 1e6 / requests(get(r, t))).collect()),
-            "cpu_util": median(rounds.iter().map(|r| get(r, t).cpu_s / f(&get(r, t).report["duration_s"])).collect()),
+            "cpu_us_per_request": median(rounds.iter().map(|r| get(r, t).cpu_per_request_s() * 1e6).collect()),
+            "cpu_util": median(rounds.iter().map(|r| get(r, t).cpu_per_request_s() * f(&get(r, t).report["successful"]) / f(&get(r, t).report["duration_s"])).collect()),
             "cpu_user_share": median(rounds.iter().map(|r| get(r, t).user_share).collect()),
             "rss_mib": median(rounds.iter().map(|r| get(r, t).rss_mib).collect()),
             "peak_rss_mib": rounds.iter().map(|r| get(r, t).peak_rss_mib).fold(0.0, f64::max),
@@ -877,9 +890,7 @@ fn paired(dir: &Path, rounds: usize, rows: &mut Vec<Value>) {
                     })
                 })
                 .collect();
-            // The CPU counted includes the warm-up's requests, which are the same requests.
-            let per_req =
-                |r: &Run| r.cpu_s * 1e6 / (f(&r.report["successful"]) + warmup as f64).max(1.0);
+            let per_req = |r: &Run| r.cpu_per_request_s() * 1e6;
             let ratios: Vec<f64> = per_round
                 .iter()
                 .map(|(rx, ry)| ((per_req(ry) / per_req(rx)) * 1000.0).round() / 1000.0)
