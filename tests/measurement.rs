@@ -369,7 +369,7 @@ async fn truth_comments_pass_through_and_bound_the_measurement() {
 
 /// hyper's HTTP/1.1 server as patched in `vendor/hyper` (PATCHED.md, change 4): a response body
 /// that waits between frames is polled once for each frame and once to wait for the next, not
-/// again after every flush — and no wake is lost for it: every frame arrives, each as it is made.
+/// again after every flush — and no wake is lost for it: every frame arrives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paced_body_is_polled_once_for_each_frame_and_once_to_wait() {
     use bytes::Bytes;
