@@ -5,6 +5,9 @@ use crate::util::ids::{hex, hex_str};
 use http::HeaderMap;
 use std::sync::Arc;
 
+/// The W3C trace-context header, built at compile time (a `&str` key is parsed at every use).
+pub const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
+
 /// Trace and span ids of one request, fixed when the request arrives.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TraceContext {
@@ -76,7 +79,7 @@ fn sample(trace_id: u128, ratio: f64) -> bool {
 
 /// `(trace id, parent span id, sampled)` of a valid `traceparent` header.
 pub fn parse_traceparent(h: &HeaderMap) -> Option<(u128, u64, bool)> {
-    let v = h.get("traceparent")?.to_str().ok()?.trim();
+    let v = h.get(TRACEPARENT)?.to_str().ok()?.trim();
     let mut parts = v.split('-');
     let (version, trace, parent, flags) =
         (parts.next()?, parts.next()?, parts.next()?, parts.next()?);

@@ -528,9 +528,7 @@ async fn attempt_once(
     }
     // The backend's spans join this trace as children of this attempt's CLIENT span.
     if let Some(v) = traceparent.and_then(|t| HeaderValue::try_from(t).ok()) {
-        // Built at compile time: a `&str` key is parsed at every use.
-        const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
-        headers.insert(TRACEPARENT, v);
+        headers.insert(crate::meter::trace::TRACEPARENT, v);
     }
     let mut up = Request::new(body);
     *up.method_mut() = method.clone();
@@ -640,7 +638,7 @@ impl ShadowCopy {
         let mut headers = self.headers.clone();
         upstream_headers(&mut headers, self.client);
         headers.remove(header::CONTENT_LENGTH);
-        headers.remove("traceparent");
+        headers.remove(crate::meter::trace::TRACEPARENT);
         headers.insert(super::SHADOW_HEADER, HeaderValue::from_static("1"));
         let first_token_at = nonzero(route.timeouts.first_token).map(|d| t0 + d);
         let (_, result) = attempt_once(
