@@ -125,7 +125,8 @@ impl Keys {
                 path: p.display().to_string(),
                 reason,
             };
-            let text = std::fs::read_to_string(p).map_err(|e| file(e.to_string()))?;
+            let text = crate::util::fs::read_to_string(p, crate::util::fs::SECRET_CAP)
+                .map_err(|e| file(e.to_string()))?;
             if text.trim().is_empty() {
                 return Err(file("is empty".into()));
             }
@@ -134,15 +135,12 @@ impl Keys {
         Err(KeyError::BadDigest(k.name.clone()))
     }
 
-    /// The name of the key `headers` present, if it is one of ours.
+    /// The name of the key `headers` present, if it is one of ours (as `Authorization: Bearer`,
+    /// the scheme in any case, or `x-api-key`).
     pub fn identify(&self, headers: &HeaderMap) -> Option<Arc<str>> {
         let bearer = headers
             .get(http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| {
-                v.strip_prefix("Bearer ")
-                    .or_else(|| v.strip_prefix("bearer "))
-            })
+            .and_then(|v| bearer_credentials(v.as_bytes()))
             .map(str::trim);
         let x_api_key = headers
             .get(X_API_KEY)
@@ -436,10 +434,31 @@ impl RecordSink for Limiter {
     }
 }
 
+/// The credentials of an `Authorization` value whose scheme is `Bearer` in any letter case (RFC
+/// 7235 §2.1: the scheme is case-insensitive), after the spaces that follow it; `None` for another
+/// scheme or a value that is not text.
+pub fn bearer_credentials(value: &[u8]) -> Option<&str> {
+    let value = std::str::from_utf8(value).ok()?;
+    let (scheme, rest) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| rest.trim_start_matches(' '))
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn the_bearer_scheme_is_matched_in_any_case() {
+        for v in ["Bearer k", "bearer k", "BEARER  k", "bEaReR k"] {
+            assert_eq!(bearer_credentials(v.as_bytes()), Some("k"), "{v}");
+        }
+        for v in ["Basic k", "Bearerk", "Bearer", "Token k"] {
+            assert_eq!(bearer_credentials(v.as_bytes()), None, "{v}");
+        }
+    }
 
     fn limits(rpm: Option<u64>, tpm: Option<u64>) -> RateLimitsConfig {
         RateLimitsConfig {

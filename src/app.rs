@@ -68,6 +68,9 @@ pub struct Reloader {
     stop_sims: watch::Receiver<bool>,
     /// Modification time of the file as last loaded (so the watcher does not load it twice).
     loaded_mtime: parking_lot::Mutex<Option<std::time::SystemTime>>,
+    /// The last rejection's text: the same file rejected again for the same reason (the watcher
+    /// saw the edit, then the operator sent SIGHUP) is logged once.
+    last_rejection: parking_lot::Mutex<Option<String>>,
     /// Outcomes.
     pub counters: Arc<ReloadCounters>,
     keys: Arc<arc_swap::ArcSwapOption<crate::access::Keys>>,
@@ -132,11 +135,17 @@ impl Reloader {
         match &result {
             Ok(()) => {
                 self.counters.ok.fetch_add(1, Ordering::Relaxed);
+                *self.last_rejection.lock() = None;
                 tracing::info!(path = %path.display(), "config reloaded");
             }
             Err(e) => {
                 self.counters.failed.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(error = %e, "config reload rejected; the previous config keeps serving");
+                let text = e.to_string();
+                if self.last_rejection.lock().replace(text.clone()).as_ref() == Some(&text) {
+                    tracing::debug!(error = %text, "config reload rejected again for the same reason");
+                } else {
+                    tracing::error!(error = %text, "config reload rejected; the previous config keeps serving");
+                }
             }
         }
         result
@@ -379,6 +388,7 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         loaded_mtime: parking_lot::Mutex::new(
             overrides.config_path.as_deref().and_then(file_mtime),
         ),
+        last_rejection: parking_lot::Mutex::default(),
         counters: Arc::default(),
         keys,
         limiter: Arc::clone(&limiter),
@@ -409,6 +419,7 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         reloads: Arc::clone(&reloader.counters),
         accepting: Arc::clone(&accepting),
         connections: Arc::clone(&connections),
+        admin_connections: Arc::clone(&admin_connections),
         token: admin_token,
         limiter,
         hosts: (admin_addr, config.admin.allowed_hosts.clone()),
@@ -527,8 +538,9 @@ async fn server_tls(
 
 /// Reloads listener certificates (SIGHUP, or a changed file): off the runtime, keeping the
 /// running ones when the new files are bad.
-async fn reload_tls(tls: &[Arc<crate::tls::ServerTls>], forced: bool) {
+async fn reload_tls(tls: &[Arc<crate::tls::ServerTls>], forced: bool, counters: &ReloadCounters) {
     for t in tls {
+        let t2 = Arc::clone(t);
         let t = Arc::clone(t);
         let outcome = tokio::task::spawn_blocking(move || {
             let r = if forced {
@@ -541,10 +553,18 @@ async fn reload_tls(tls: &[Arc<crate::tls::ServerTls>], forced: bool) {
         .await;
         match outcome {
             Ok((Some(Ok(())), cert)) => {
+                counters.tls_ok.fetch_add(1, Ordering::Relaxed);
+                t2.note_rejection(None);
                 tracing::info!(cert = %cert.display(), "TLS certificate reloaded")
             }
             Ok((Some(Err(e)), _)) => {
-                tracing::error!(error = %e, "TLS reload rejected; the running certificate stays")
+                counters.tls_failed.fetch_add(1, Ordering::Relaxed);
+                let text = e.to_string();
+                if t2.note_rejection(Some(text.clone())) {
+                    tracing::error!(error = %text, "TLS reload rejected; the running certificate stays")
+                } else {
+                    tracing::debug!(error = %text, "TLS reload rejected again for the same reason")
+                }
             }
             _ => {}
         }
@@ -604,7 +624,7 @@ async fn watch_config(
                 if path.is_some() {
                     let _ = reloader.reload().await;
                 }
-                reload_tls(&tls, true).await;
+                reload_tls(&tls, true, &reloader.counters).await;
             }
             _ = tick.tick() => {
                 if let Some(path) = &path {
@@ -613,7 +633,7 @@ async fn watch_config(
                         let _ = reloader.reload().await;
                     }
                 }
-                reload_tls(&tls, false).await;
+                reload_tls(&tls, false, &reloader.counters).await;
             }
             () = &mut stop => return,
         }

@@ -713,7 +713,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             };
             if perplexity {
                 let path = corpus.context("--corpus is required")?;
-                let text = std::fs::read_to_string(&path)
+                let text = crate::util::fs::read_to_string(&path, crate::util::fs::DATA_CAP)
                     .with_context(|| format!("reading {}", path.display()))?;
                 anyhow::ensure!(
                     window > 0 && stride > 0,
@@ -834,7 +834,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 crate::tls::Connector::for_url(&url, ca_file, alpn).context("--ca-file")?;
             let prompts = match &dataset {
                 Some(p) => loadgen::load_prompts(
-                    &std::fs::read_to_string(p)
+                    &crate::util::fs::read_to_string(p, crate::util::fs::DATA_CAP)
                         .with_context(|| format!("reading {}", p.display()))?,
                 )
                 .with_context(|| p.display().to_string())?,
@@ -969,8 +969,8 @@ fn with_rooflines(
     let cfg = config::load(config)?;
     let mut lines = Vec::new();
     for f in files {
-        let text =
-            std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+        let text = crate::util::fs::read_to_string(f, crate::util::fs::DATA_CAP)
+            .with_context(|| format!("reading {}", f.display()))?;
         lines.extend(
             text.lines()
                 .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()),
@@ -1092,7 +1092,8 @@ fn read_quality(
     files
         .iter()
         .map(|f| {
-            let bytes = std::fs::read(f).with_context(|| format!("--quality {}", f.display()))?;
+            let bytes = crate::util::fs::read(f, crate::util::fs::DATA_CAP)
+                .with_context(|| format!("--quality {}", f.display()))?;
             crate::experiment::quality::QualityResult::parse(&bytes)
                 .with_context(|| format!("--quality {}", f.display()))
         })
@@ -1227,7 +1228,8 @@ fn read_report_sources(
     }
     for s in sources.iter().filter(|s| !urls.contains(s)) {
         let path = PathBuf::from(s);
-        let text = std::fs::read_to_string(&path).with_context(|| s.clone())?;
+        let text = crate::util::fs::read_to_string(&path, crate::util::fs::DATA_CAP)
+            .with_context(|| s.clone())?;
         match serde_json::from_str::<serde_json::Value>(&text) {
             Ok(v) if v["format"] == crate::stats::hdr::FORMAT => docs.push(v),
             _ => logs.push(path),

@@ -62,7 +62,8 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 
 /// Every certificate in a PEM file (at least one).
 pub fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let pem = std::fs::read(path).map_err(|e| file_error(path, e))?;
+    let pem =
+        crate::util::fs::read(path, crate::util::fs::PEM_CAP).map_err(|e| file_error(path, e))?;
     let certs = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| file_error(path, format!("not PEM certificates: {e}")))?;
@@ -74,7 +75,8 @@ pub fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError>
 
 /// The private key in a PEM file (PKCS#8, PKCS#1 or SEC1).
 pub fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    let pem = std::fs::read(path).map_err(|e| file_error(path, e))?;
+    let pem =
+        crate::util::fs::read(path, crate::util::fs::PEM_CAP).map_err(|e| file_error(path, e))?;
     PrivateKeyDer::from_pem_slice(&pem)
         .map_err(|e| file_error(path, format!("no usable PEM private key: {e}")))
 }
@@ -149,6 +151,7 @@ pub struct ServerTls {
     files: ServerFiles,
     current: ArcSwap<ServerConfig>,
     loaded: parking_lot::Mutex<Vec<Option<SystemTime>>>,
+    last_rejection: parking_lot::Mutex<Option<String>>,
 }
 
 impl ServerTls {
@@ -160,6 +163,7 @@ impl ServerTls {
             files,
             current: ArcSwap::from_pointee(config),
             loaded: parking_lot::Mutex::new(stamps),
+            last_rejection: parking_lot::Mutex::default(),
         })
     }
 
@@ -181,6 +185,15 @@ impl ServerTls {
         let config = self.files.build()?;
         self.current.store(Arc::new(config));
         Ok(())
+    }
+
+    /// Remembers the last reload's rejection (`None` after a success); true when `rejection` is
+    /// news, i.e. differs from the one before (so the same bad file is logged once).
+    pub fn note_rejection(&self, rejection: Option<String>) -> bool {
+        let mut last = self.last_rejection.lock();
+        let news = rejection.is_some() && *last != rejection;
+        *last = rejection;
+        news
     }
 
     /// Reloads when a file's modification time differs from the one last loaded; `None` when

@@ -52,6 +52,18 @@ async fn a_token_guards_everything_but_the_probes() {
     let lower = page.to_ascii_lowercase();
     assert!(lower.contains("content-security-policy: default-src 'none'"));
     assert!(lower.contains("x-frame-options: deny"));
+    // Its script runs by its hash; no inline script is allowed as such.
+    let csp = lower
+        .lines()
+        .find(|l| l.starts_with("content-security-policy:"))
+        .unwrap();
+    assert!(csp.contains("script-src 'sha256-"), "{csp}");
+    assert!(!csp.contains("script-src 'unsafe-inline'"), "{csp}");
+    // The scheme is case-insensitive (RFC 7235), as on the data plane.
+    let lower_case = format!(
+        "GET /stats HTTP/1.1\r\nhost: localhost\r\nauthorization: bearer {TOKEN}\r\nconnection: close\r\n\r\n"
+    );
+    assert_eq!(raw(a, &lower_case).await.0, 200);
     for path in ["/stats", "/metrics", "/experiments", "/stats?format=hdr"] {
         let (code, text) = raw(a, &get(path, None)).await;
         assert_eq!(code, 401, "{path}");

@@ -434,13 +434,17 @@ async fn huge_and_hostile_model_names_are_bounded_labels() {
         let r = post(gw.data_addr, "/v1/chat/completions", &body, &[]).await;
         assert_eq!(r.status, 200);
     }
+    // Controls, and a right-to-left override that would show `demo-4tpg` as `demo-gpt4`.
     let evil = r#"{"model":"a\n{\"fake\":1}\u001b[2J","messages":[],"max_tokens":2}"#;
-    assert_eq!(
-        post(gw.data_addr, "/v1/chat/completions", evil, &[])
-            .await
-            .status,
-        200
-    );
+    let bidi = r#"{"model":"demo-\u202e4tpg\u2066","messages":[],"max_tokens":2}"#;
+    for body in [evil, bidi] {
+        assert_eq!(
+            post(gw.data_addr, "/v1/chat/completions", body, &[])
+                .await
+                .status,
+            200
+        );
+    }
     let (_, stats) = admin_get(gw.admin_addr, "/stats").await;
     assert!(stats.len() < 256 << 10, "/stats is {} bytes", stats.len());
     let (_, metrics) = admin_get(gw.admin_addr, "/metrics").await;
@@ -450,12 +454,14 @@ async fn huge_and_hostile_model_names_are_bounded_labels() {
         metrics.len()
     );
     assert!(!metrics.contains('\u{1b}'));
+    assert!(!metrics.contains('\u{202e}') && !stats.contains('\u{202e}'));
     let log = stop_and_read_log(gw, &dir).await;
-    assert_eq!(log.len(), 4);
+    assert_eq!(log.len(), 5);
     let model = log[0]["model"].as_str().unwrap();
     assert_eq!(model.len(), 256 + '…'.len_utf8());
     assert!(model.ends_with('…'));
     assert_eq!(log[3]["model"], "a?{\"fake\":1}?[2J");
+    assert_eq!(log[4]["model"], "demo-?4tpg?");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

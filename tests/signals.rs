@@ -20,7 +20,10 @@ async fn sighup_with_a_bad_config_keeps_serving_and_sigterm_drains() {
         sim.addr
     );
     std::fs::write(&path, &good).unwrap();
-    let (mut child, data, admin) = serve(&path);
+    let stderr = std::fs::File::create(dir.join("stderr.txt")).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_inferscope"));
+    cmd.stderr(stderr);
+    let (mut child, data, admin) = serve_with(cmd, &path);
     let pid = child.id();
 
     assert_eq!(
@@ -50,6 +53,15 @@ async fn sighup_with_a_bad_config_keeps_serving_and_sigterm_drains() {
         200,
         "old config still serving"
     );
+    // The same bad file again (the watcher saw the edit, the operator sends SIGHUP): counted,
+    // but logged once.
+    let failures = || metric(admin, "inferscope_config_reload_failures_total");
+    let before = failures().await;
+    signal(pid, "-HUP");
+    until(Duration::from_secs(10), "the second reload", || async {
+        failures().await > before
+    })
+    .await;
 
     // SIGTERM while a stream is in flight: it completes, then the process exits 0.
     let stream =
@@ -75,6 +87,12 @@ async fn sighup_with_a_bad_config_keeps_serving_and_sigterm_drains() {
         log.lines().count(),
         3,
         "every request logged and flushed before exit"
+    );
+    let stderr = std::fs::read_to_string(dir.join("stderr.txt")).unwrap();
+    assert_eq!(
+        stderr.matches("config reload rejected").count(),
+        1,
+        "{stderr}"
     );
 }
 

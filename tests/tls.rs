@@ -318,6 +318,65 @@ async fn a_replaced_certificate_is_served_without_a_restart() {
     gw.shutdown();
 }
 
+/// A certificate path swapped for a FIFO nobody writes, then for `/dev/zero` (a mistaken symlink
+/// during a rotation): each reload is refused at once, the running certificate keeps serving, and
+/// a valid certificate written afterwards is picked up.
+#[cfg(unix)]
+#[tokio::test]
+async fn a_certificate_path_that_is_not_a_regular_file_is_refused_and_watching_goes_on() {
+    let dir = common::temp_dir();
+    let p = pki::make(&dir);
+    let sim = common::start_sim(common::exact(1.0, 1.0), 1).await;
+    let yaml = format!(
+        "{}backends:\n  - {{ name: a, url: \"http://{}\" }}\nroutes:\n  - {{ name: main, backends: [a] }}\n",
+        listener_tls(&p, false),
+        sim.addr
+    );
+    let gw = common::start_yaml(&yaml).await;
+    let old = pki::client_config(&p.ca, None, &[b"http/1.1"]);
+    assert_eq!(try_request(gw.data_addr, Arc::clone(&old)).await, Ok(200));
+    let failures = || common::metric(gw.admin_addr, "inferscope_tls_reload_failures_total");
+    // A FIFO: opening it for reading would block until a writer comes, which none does.
+    std::fs::remove_file(&p.server_cert).unwrap();
+    let made = std::process::Command::new("mkfifo")
+        .arg(&p.server_cert)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    common::until(Duration::from_secs(10), "the FIFO is refused", || async {
+        failures().await >= 1.0
+    })
+    .await;
+    assert_eq!(try_request(gw.data_addr, Arc::clone(&old)).await, Ok(200));
+    // A symlink to /dev/zero: reading it would never end.
+    std::fs::remove_file(&p.server_cert).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &p.server_cert).unwrap();
+    common::until(Duration::from_secs(10), "/dev/zero is refused", || async {
+        failures().await >= 2.0
+    })
+    .await;
+    assert_eq!(try_request(gw.data_addr, Arc::clone(&old)).await, Ok(200));
+    // A valid certificate afterwards: the watcher is still watching.
+    std::fs::remove_file(&p.server_cert).unwrap();
+    let new_ca = dir.join("new-ca.pem");
+    pki::reissue_server(&dir, &new_ca);
+    let new = pki::client_config(&new_ca, None, &[b"http/1.1"]);
+    common::until(
+        Duration::from_secs(10),
+        "the new certificate is served",
+        || {
+            let new = Arc::clone(&new);
+            async move { try_request(gw.data_addr, new).await == Ok(200) }
+        },
+    )
+    .await;
+    assert_eq!(
+        common::metric(gw.admin_addr, "inferscope_tls_reloads_total").await,
+        1.0
+    );
+    gw.shutdown();
+}
+
 async fn otlp_over_tls(protocol: &str) {
     let dir = common::temp_dir();
     let p = pki::make(&dir);
@@ -469,6 +528,29 @@ async fn an_admin_plane_behind_mtls_serves_only_certified_clients() {
         }
     };
     assert!(refused, "no certificate, no admin page");
+    // The refused handshake is counted like the data plane's.
+    let certified =
+        pki::client_config(&p.ca, Some((&p.client_cert, &p.client_key)), &[b"http/1.1"]);
+    common::until(
+        Duration::from_secs(5),
+        "the admin handshake failure is counted",
+        || {
+            let certified = Arc::clone(&certified);
+            async move {
+                let tls = pki::connect(gw.admin_addr, certified).await.unwrap();
+                let r = common::Client::over(tls)
+                    .await
+                    .send("GET", "/metrics", "", &[])
+                    .await;
+                String::from_utf8(r.body())
+                    .unwrap()
+                    .lines()
+                    .find_map(|l| l.strip_prefix("inferscope_tls_handshake_failures_total "))
+                    .is_some_and(|v| v.trim().parse::<f64>().unwrap() >= 1.0)
+            }
+        },
+    )
+    .await;
     gw.shutdown();
 }
 

@@ -22,6 +22,10 @@ pub struct ReloadCounters {
     pub ok: std::sync::atomic::AtomicU64,
     /// Reloads rejected.
     pub failed: std::sync::atomic::AtomicU64,
+    /// Listener certificates reloaded.
+    pub tls_ok: std::sync::atomic::AtomicU64,
+    /// Listener certificate reloads rejected (the running certificate kept serving).
+    pub tls_failed: std::sync::atomic::AtomicU64,
 }
 
 /// What the admin endpoints read.
@@ -41,6 +45,8 @@ pub struct AdminState {
     pub accepting: Arc<AtomicBool>,
     /// The data plane's connection counters.
     pub connections: Arc<crate::server::ConnCounters>,
+    /// The admin listener's own connection counters (its TLS handshake failures are shown).
+    pub admin_connections: Arc<crate::server::ConnCounters>,
     /// Bearer token every endpoint but `/healthz` and `/readyz` requires, when set.
     pub token: Option<String>,
     /// Per-key counters and unauthorized requests.
@@ -92,9 +98,33 @@ fn authorized(state: &AdminState, req: &Request<hyper::body::Incoming>) -> bool 
     }
     req.headers()
         .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(|v| crate::access::bearer_credentials(v.as_bytes()))
         .is_some_and(|given| same_secret(given.trim().as_bytes(), token.as_bytes()))
+}
+
+/// The dashboard's Content-Security-Policy: its one inline script runs because the policy names
+/// the script's SHA-256, so no other inline script (an injected one included) can; computed once.
+fn dashboard_policy(page: &str) -> HeaderValue {
+    static POLICY: std::sync::OnceLock<HeaderValue> = std::sync::OnceLock::new();
+    POLICY
+        .get_or_init(|| {
+            use base64::Engine as _;
+            let hashes: String = page
+                .split("<script>")
+                .skip(1)
+                .filter_map(|s| s.split_once("</script>").map(|(body, _)| body))
+                .map(|body| {
+                    let d = ring::digest::digest(&ring::digest::SHA256, body.as_bytes());
+                    let b = base64::engine::general_purpose::STANDARD.encode(d.as_ref());
+                    format!(" 'sha256-{b}'")
+                })
+                .collect();
+            HeaderValue::try_from(format!(
+                "default-src 'none'; script-src{hashes}; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'"
+            ))
+            .unwrap_or(HeaderValue::from_static("default-src 'none'"))
+        })
+        .clone()
 }
 
 /// The dashboard page: self-contained (its script and styles inline, no other origin), allowed
@@ -103,12 +133,7 @@ fn dashboard() -> Response<Full<Bytes>> {
     const PAGE: &str = include_str!("dashboard.html");
     let mut r = reply(StatusCode::OK, "text/html; charset=utf-8", PAGE);
     let h = r.headers_mut();
-    h.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(
-            "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
-        ),
-    );
+    h.insert(header::CONTENT_SECURITY_POLICY, dashboard_policy(PAGE));
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     h.insert(
         header::X_CONTENT_TYPE_OPTIONS,
@@ -354,6 +379,16 @@ fn metrics_body(state: &AdminState, router: &Router, protobuf: bool) -> (&'stati
             "Config reloads rejected (invalid config); the previous config kept serving.",
             state.reloads.failed.load(Relaxed),
         ),
+        counter(
+            "inferscope_tls_reloads_total",
+            "Listener certificates reloaded (SIGHUP or a change of a file).",
+            state.reloads.tls_ok.load(Relaxed),
+        ),
+        counter(
+            "inferscope_tls_reload_failures_total",
+            "Listener certificate reloads rejected (unreadable, not a regular file, too large, invalid); the running certificate kept serving.",
+            state.reloads.tls_failed.load(Relaxed),
+        ),
     ];
     let c = &state.connections;
     scalars.push(gauge(
@@ -367,13 +402,17 @@ fn metrics_body(state: &AdminState, router: &Router, protobuf: bool) -> (&'stati
         ("inferscope_client_connections_at_capacity_total", "Times accepting paused because max_connections were open.", &c.at_capacity),
         ("inferscope_accept_errors_total", "accept() failures (e.g. out of file descriptors); each backs off.", &c.accept_errors),
         ("inferscope_http_refused_total", "Request heads the HTTP layer refused (malformed 400, oversize 431, incomplete 408).", &c.refused),
-        ("inferscope_tls_handshake_failures_total", "TLS handshakes on the data plane that failed or timed out (e.g. no client certificate the CA signed).", &c.tls_failures),
     ];
     scalars.extend(
         connection_counters
             .into_iter()
             .map(|(name, help, v)| counter(name, help, v.load(Relaxed))),
     );
+    scalars.push(counter(
+        "inferscope_tls_handshake_failures_total",
+        "TLS handshakes on the data plane or the admin listener that failed or timed out (e.g. no client certificate the CA signed).",
+        c.tls_failures.load(Relaxed) + state.admin_connections.tls_failures.load(Relaxed),
+    ));
     if let Some(t) = &rec.telemetry {
         scalars.extend(t.counters.scalars());
     }

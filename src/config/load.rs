@@ -36,12 +36,14 @@ fn location(line: Option<usize>, column: Option<usize>) -> String {
 /// Reads, parses and validates the config file at `path`.
 pub fn load(path: &Path) -> Result<Arc<Config>, ConfigError> {
     let file = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-        file: file.clone(),
-        line: None,
-        column: None,
-        key: "(file)".into(),
-        message: format!("cannot read: {e}"),
+    let text = crate::util::fs::read_to_string(path, crate::util::fs::CONFIG_CAP).map_err(|e| {
+        ConfigError {
+            file: file.clone(),
+            line: None,
+            column: None,
+            key: "(file)".into(),
+            message: format!("cannot read: {e}"),
+        }
     })?;
     parse(&text, &file).map(Arc::new)
 }
@@ -112,7 +114,8 @@ pub fn check_environment(
     c: &Config,
     env: impl Fn(&str) -> Option<String>,
 ) -> Result<(), ConfigError> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let text =
+        crate::util::fs::read_to_string(path, crate::util::fs::CONFIG_CAP).unwrap_or_default();
     environment(c, &env).map_err(|(keys, message)| ConfigError {
         file: path.display().to_string(),
         line: locate(&text, &keys),
@@ -219,7 +222,7 @@ fn environment(c: &Config, env: &dyn Fn(&str) -> Option<String>) -> Result<(), I
                 }
             }
             if let Some(p) = &k.key_file {
-                match std::fs::read_to_string(p) {
+                match crate::util::fs::read_to_string(p, crate::util::fs::SECRET_CAP) {
                     Ok(t) if !t.trim().is_empty() => {}
                     Ok(_) => return err(at("key_file"), format!("{} is empty", p.display())),
                     Err(e) => return err(at("key_file"), format!("{}: {e}", p.display())),
@@ -621,10 +624,11 @@ pub fn sim_profile(name: &str) -> Result<Profile, ProfileError> {
     if let Some(p) = Profile::named(name) {
         return Ok(p);
     }
-    let text = std::fs::read_to_string(name).map_err(|error| ProfileError::Unreadable {
-        name: name.into(),
-        error,
-    })?;
+    let text = crate::util::fs::read_to_string(Path::new(name), crate::util::fs::CONFIG_CAP)
+        .map_err(|error| ProfileError::Unreadable {
+            name: name.into(),
+            error,
+        })?;
     let p: Profile = serde_yaml_ng::from_str(&text).map_err(|error| ProfileError::Parse {
         name: name.into(),
         error,

@@ -501,14 +501,18 @@ fn read(path: &Path) -> Result<String, DatasetError> {
     let name = path.display().to_string();
     if path.extension().is_some_and(|x| x == "gz") {
         use std::io::Read as _;
-        let file = std::fs::File::open(path).map_err(|e| bad(&name, 0, e.to_string()))?;
+        let file = crate::util::fs::open(path, crate::util::fs::DATA_CAP)
+            .map_err(|e| bad(&name, 0, e.to_string()))?;
         let mut text = String::new();
+        // The decompressed text is capped too: a gzip bomb stops at the cap.
         flate2::read::GzDecoder::new(file)
+            .take(crate::util::fs::DATA_CAP)
             .read_to_string(&mut text)
             .map_err(|e| bad(&name, 0, format!("not gzipped UTF-8 text: {e}")))?;
         return Ok(text);
     }
-    std::fs::read_to_string(path).map_err(|e| bad(&name, 0, e.to_string()))
+    crate::util::fs::read_to_string(path, crate::util::fs::DATA_CAP)
+        .map_err(|e| bad(&name, 0, e.to_string()))
 }
 
 /// One MMLU subject file (`SUBJECT_test.csv`), with `shots` examples from `../dev/SUBJECT_dev.csv`
@@ -739,7 +743,7 @@ fn item_id(item: &EvalItem) -> String {
 
 /// What an `--out` file already holds: (variant, index) → (id, correct), for answered items.
 fn done_items(path: &Path) -> std::collections::HashMap<(String, usize), (String, bool)> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let text = crate::util::fs::read_to_string(path, crate::util::fs::DATA_CAP).unwrap_or_default();
     text.lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .filter(|v| v["failed"] == false)

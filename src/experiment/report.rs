@@ -113,10 +113,13 @@ pub fn report(o: &ReportOptions) -> Result<String, ReportError> {
     let mut labels: BTreeMap<Arc<str>, [BTreeSet<String>; 3]> = BTreeMap::new();
     let mut bad = 0;
     for file in &o.files {
-        let text = std::fs::read_to_string(file).map_err(|error| ReportError::Read {
-            path: file.clone(),
-            error,
-        })?;
+        let text =
+            crate::util::fs::read_to_string(file, crate::util::fs::DATA_CAP).map_err(|error| {
+                ReportError::Read {
+                    path: file.clone(),
+                    error,
+                }
+            })?;
         for (i, line) in text.lines().enumerate() {
             if line.trim().is_empty() {
                 continue;

@@ -193,7 +193,10 @@ fn grpc_tls(
     files: &crate::tls::ClientFiles,
 ) -> Result<opentelemetry_otlp::tonic_types::transport::ClientTlsConfig, String> {
     use opentelemetry_otlp::tonic_types::transport::{Certificate, ClientTlsConfig, Identity};
-    let read = |p: &std::path::Path| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
+    let read = |p: &std::path::Path| {
+        crate::util::fs::read(p, crate::util::fs::PEM_CAP)
+            .map_err(|e| format!("{}: {e}", p.display()))
+    };
     let mut t = match files.roots {
         crate::tls::Roots::Webpki => ClientTlsConfig::new().with_webpki_roots(),
         crate::tls::Roots::Native => ClientTlsConfig::new().with_native_roots(),

@@ -4,6 +4,7 @@
 //! module of the crate.
 
 pub mod errors;
+pub mod fs;
 pub mod hash;
 pub mod ids;
 pub mod json;

@@ -304,6 +304,28 @@ pub async fn admin_get(addr: SocketAddr, path: &str) -> (u16, String) {
     (r.status, String::from_utf8(r.body()).unwrap())
 }
 
+/// The value of an unlabelled series `name` on the admin listener's `/metrics` (0 when absent).
+pub async fn metric(admin: SocketAddr, name: &str) -> f64 {
+    let (_, text) = admin_get(admin, "/metrics").await;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .map_or(0.0, |v| v.trim().parse().unwrap())
+}
+
+/// Polls `check` every 20 ms until it holds; panics naming `what` after `limit`. (Tests wait on
+/// a condition, never on a sleep.)
+pub async fn until<F, Fut>(limit: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    while !check().await {
+        assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// The `/stats` entry of backend `name` (health, ejection, in-flight).
 pub async fn backend_stats(admin: SocketAddr, name: &str) -> Value {
     let (_, stats) = admin_get(admin, "/stats").await;
