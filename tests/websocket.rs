@@ -173,3 +173,62 @@ async fn refused_and_unreachable_handshakes_are_answered_and_logged() {
     assert_eq!(log[1]["status"], 502, "{}", log[1]);
     assert_eq!(log[1]["outcome"], "backend_error", "{}", log[1]);
 }
+
+/// A backend that takes the handshake and never answers: the route's head timeout
+/// (`timeouts.first_token`) applies, the client gets a 504 and the log says `upstream_timeout`.
+/// A client that gives up first is logged 499 (no 101 was ever sent), and nothing holds its slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handshake_the_backend_never_answers_times_out_and_is_logged_as_sent() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let backend = listener.local_addr().unwrap();
+    let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let heads = Arc::clone(&seen);
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((mut s, _)) = listener.accept().await {
+            read_head(&mut s).await;
+            heads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            held.push(s);
+        }
+    });
+    let dir = temp_dir();
+    let yaml = format!(
+        "access_log: {{ path: {:?} }}\nlimits: {{ max_concurrent_requests: 1 }}\nbackends:\n  - {{ name: mute, url: \"http://{backend}\" }}\n\
+         routes:\n  - {{ name: quick, match: {{ path_prefix: /quick }}, backends: [mute], timeouts: {{ first_token: 300ms }} }}\n  - {{ name: slow, backends: [mute] }}\n",
+        dir.join("access.jsonl")
+    );
+    let gw = start_yaml(&yaml).await;
+    let mut c = TcpStream::connect(gw.data_addr).await.unwrap();
+    c.write_all(HANDSHAKE.replace("/v1/realtime", "/quick/realtime").as_bytes())
+        .await
+        .unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(5), read_head(&mut c))
+        .await
+        .expect("the handshake was not timed out");
+    assert!(resp.starts_with("HTTP/1.1 504"), "{resp}");
+    // A client that gives up while the backend is silent (the route allows 120 s).
+    let mut c = TcpStream::connect(gw.data_addr).await.unwrap();
+    c.write_all(HANDSHAKE.as_bytes()).await.unwrap();
+    until(Duration::from_secs(5), "the backend saw the second handshake", || async {
+        seen.load(std::sync::atomic::Ordering::SeqCst) == 2
+    })
+    .await;
+    drop(c);
+    // Its slot (the only one) is free again: a request gets through to the backend.
+    until(Duration::from_secs(5), "the slot is freed", || async {
+        let mut c = TcpStream::connect(gw.data_addr).await.unwrap();
+        c.write_all(HANDSHAKE.replace("/v1/realtime", "/quick/realtime").as_bytes())
+            .await
+            .unwrap();
+        read_head(&mut c).await.starts_with("HTTP/1.1 504")
+    })
+    .await;
+    let log = stop_and_read_log(gw, &dir).await;
+    assert!(log.len() >= 3, "{log:?}");
+    assert_eq!(log[0]["status"], 504, "{}", log[0]);
+    assert_eq!(log[0]["error"], "upstream_timeout", "{}", log[0]);
+    let gone = log.iter().find(|l| l["route"] == "slow").unwrap();
+    assert_eq!(gone["status"], 499, "{gone}");
+    assert_eq!(gone["outcome"], "client_cancelled", "{gone}");
+    assert!(log.iter().all(|l| l["status"] != 101), "{log:?}");
+}

@@ -320,6 +320,7 @@ impl Annotations {
         Some(Session {
             notes: Some(notes),
             metering: Arc::clone(&self.0.metering),
+            switched: false,
         })
     }
 
@@ -415,6 +416,9 @@ impl Annotations {
 pub struct Session {
     notes: Option<Notes>,
     metering: Arc<Metering>,
+    /// The 101 is on its way to the client (else a session dropped early never switched, and
+    /// its record says 499, what nginx logs for a client that went away).
+    switched: bool,
 }
 
 impl Session {
@@ -428,6 +432,11 @@ impl Session {
     /// The gateway is cutting what is left at the end of its shutdown grace period.
     pub fn cutting(&self) -> bool {
         self.metering.cutting()
+    }
+
+    /// The backend switched protocols and its 101 goes back to the client.
+    pub fn switched(&mut self) {
+        self.switched = true;
     }
 
     /// Writes the session's record.
@@ -456,7 +465,8 @@ impl Drop for Session {
             } else {
                 (Outcome::ClientCancelled, "client_disconnected")
             };
-            let rec = RequestRecord::without_body(n.meta, 101, outcome, Some(error), 0);
+            let status = if self.switched { 101 } else { 499 };
+            let rec = RequestRecord::without_body(n.meta, status, outcome, Some(error), 0);
             drop(n.held);
             self.metering.finish(rec);
         }

@@ -149,6 +149,7 @@ impl Ctx {
             idle: nonzero(t.idle),
             until: nonzero(t.total).map(|d| self.t0 + d),
             connect: self.gw.limits.connect_timeout,
+            handshake: nonzero(t.first_token),
         };
         let headers = std::mem::take(&mut self.headers);
         let pq = self.path_and_query.clone();

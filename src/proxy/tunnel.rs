@@ -51,6 +51,10 @@ pub struct Limits {
     pub until: Option<Instant>,
     /// Connecting to the backend gives up after this.
     pub connect: Duration,
+    /// The backend's answer to the handshake must arrive within this (the route's
+    /// `timeouts.first_token`, the head's timeout for any request); past it, or past `until`:
+    /// 504 `upstream_timeout`.
+    pub handshake: Option<Duration>,
 }
 
 /// Sends the handshake to `backend` (`headers`: the client's, already cleaned for upstream, and
@@ -68,8 +72,21 @@ pub async fn open(
     session: Session,
     limits: Limits,
 ) -> Result<Response<ProxyBody>, (ProxyError, Session)> {
-    let mut resp = match handshake(backend, path_and_query, headers, upgrade, limits.connect).await
-    {
+    let deadline = [
+        limits.handshake.map(|d| Instant::now() + d),
+        limits.until,
+    ]
+    .into_iter()
+    .flatten()
+    .min();
+    let exchange = handshake(backend, path_and_query, headers, upgrade, limits.connect);
+    let answered = match deadline {
+        Some(t) => tokio::time::timeout_at(t, exchange)
+            .await
+            .unwrap_or(Err(ProxyError::UpstreamTimeout)),
+        None => exchange.await,
+    };
+    let mut resp = match answered {
         Ok(r) => r,
         Err(e) => return Err((e, session)),
     };
@@ -95,6 +112,8 @@ pub async fn open(
     }
     let upstream = hyper::upgrade::on(&mut resp);
     let (parts, _) = resp.into_parts();
+    let mut session = session;
+    session.switched();
     tokio::spawn(relay(client, upstream, session, limits));
     // The 101 as the backend sent it (its Upgrade, Connection and Sec-WebSocket-* headers).
     Ok(Response::from_parts(
