@@ -669,3 +669,109 @@ async fn one_h2_connection_gets_at_most_h2_max_streams_at_once() {
     );
     assert_eq!(stop_and_read_log(gw, &dir).await.len(), served);
 }
+
+/// A backend answering a streamed chat with three output events and `[DONE]`, encoded as
+/// `encoding` says: `Some("gzip")` gzips when the request accepts it, `Some("gzip!")` gzips
+/// whatever was asked, `Some("br")` claims Brotli. It keeps each request's head.
+async fn encoding_backend(
+    encoding: &'static str,
+) -> (SocketAddr, std::sync::Arc<parking_lot::Mutex<Vec<String>>>) {
+    use std::io::Write as _;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let heads = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let seen = std::sync::Arc::clone(&heads);
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let head = read_request(&mut s).await;
+            let accepts = head
+                .lines()
+                .any(|l| l.starts_with("accept-encoding:") && l.contains("gzip"));
+            seen.lock().push(head);
+            let mut sse = String::new();
+            for w in ["one", "two", "three"] {
+                sse.push_str(&format!(
+                    "data: {{\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"model\":\"demo\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{w} \"}},\"finish_reason\":null}}]}}\n\n"
+                ));
+            }
+            sse.push_str("data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"model\":\"demo\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n");
+            let (label, body) = match encoding {
+                "gzip" | "gzip!" if accepts || encoding == "gzip!" => {
+                    let mut e =
+                        flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+                    e.write_all(sse.as_bytes()).unwrap();
+                    (Some("gzip"), e.finish().unwrap())
+                }
+                "br" => (Some("br"), b"\x0b\x02\x80not really brotli".to_vec()),
+                _ => (None, sse.into_bytes()),
+            };
+            let mut out = String::from("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n");
+            if let Some(l) = label {
+                out.push_str(&format!("content-encoding: {l}\r\n"));
+            }
+            out.push_str("\r\n");
+            let mut bytes = out.into_bytes();
+            // Three pieces, as a server flushing while it compresses would send them.
+            for piece in body.chunks(body.len().div_ceil(3)) {
+                bytes.extend(chunk(piece));
+            }
+            bytes.extend_from_slice(b"0\r\n\r\n");
+            let _ = s.write_all(&bytes).await;
+            let _ = s.shutdown().await;
+        }
+    });
+    (addr, heads)
+}
+
+/// A client that accepts gzip: the gateway asks measured endpoints for `identity`, so a backend
+/// that honours it sends plain SSE (measured, `ok`); one that gzips anyway reaches the client as
+/// it came and is measured through a decoded copy; an encoding the meter cannot read is `ok`
+/// with `unmeasured_encoding`, never `truncated`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compressed_streams_are_measured_or_say_why_not() {
+    use std::io::Read as _;
+    let (polite, polite_heads) = encoding_backend("gzip").await;
+    let (stubborn, _) = encoding_backend("gzip!").await;
+    let (brotli, _) = encoding_backend("br").await;
+    let mut bodies = Vec::new();
+    let mut log = Vec::new();
+    for (name, backend) in [
+        ("polite", polite),
+        ("stubborn", stubborn),
+        ("brotli", brotli),
+    ] {
+        let dir = temp_dir();
+        let gw = start_gateway(&[(name, backend)], &dir, "").await;
+        let r = post(
+            gw.data_addr,
+            "/v1/chat/completions",
+            &chat(true, 3, ""),
+            &[("accept-encoding", "gzip")],
+        )
+        .await;
+        assert_eq!(r.status, 200, "{name}");
+        bodies.push((r.headers.get("content-encoding").cloned(), r.body()));
+        log.extend(stop_and_read_log(gw, &dir).await);
+    }
+    let head = polite_heads.lock()[0].clone();
+    assert!(head.contains("accept-encoding: identity"), "{head}");
+    assert!(!head.contains("gzip"), "{head}");
+    assert_eq!(bodies[0].0, None);
+    assert!(bodies[0].1.ends_with(b"data: [DONE]\n\n"));
+    // The stubborn backend's gzip reaches the client untouched.
+    assert_eq!(bodies[1].0.as_ref().unwrap(), "gzip");
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(&bodies[1].1[..])
+        .read_to_string(&mut text)
+        .unwrap();
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    assert_eq!(log.len(), 3);
+    for l in &log[..2] {
+        assert_eq!(l["outcome"], "ok", "{l}");
+        assert_eq!(l["output_tokens"], 3, "{l}");
+        assert!(l["ttft_ms"].as_f64().is_some(), "{l}");
+        assert!(l["error"].is_null(), "{l}");
+    }
+    assert_eq!(log[2]["outcome"], "ok", "{}", log[2]);
+    assert_eq!(log[2]["error"], "unmeasured_encoding", "{}", log[2]);
+}

@@ -199,9 +199,13 @@ async fn a_handshake_the_backend_never_answers_times_out_and_is_logged_as_sent()
     );
     let gw = start_yaml(&yaml).await;
     let mut c = TcpStream::connect(gw.data_addr).await.unwrap();
-    c.write_all(HANDSHAKE.replace("/v1/realtime", "/quick/realtime").as_bytes())
-        .await
-        .unwrap();
+    c.write_all(
+        HANDSHAKE
+            .replace("/v1/realtime", "/quick/realtime")
+            .as_bytes(),
+    )
+    .await
+    .unwrap();
     let resp = tokio::time::timeout(Duration::from_secs(5), read_head(&mut c))
         .await
         .expect("the handshake was not timed out");
@@ -209,17 +213,23 @@ async fn a_handshake_the_backend_never_answers_times_out_and_is_logged_as_sent()
     // A client that gives up while the backend is silent (the route allows 120 s).
     let mut c = TcpStream::connect(gw.data_addr).await.unwrap();
     c.write_all(HANDSHAKE.as_bytes()).await.unwrap();
-    until(Duration::from_secs(5), "the backend saw the second handshake", || async {
-        seen.load(std::sync::atomic::Ordering::SeqCst) == 2
-    })
+    until(
+        Duration::from_secs(5),
+        "the backend saw the second handshake",
+        || async { seen.load(std::sync::atomic::Ordering::SeqCst) == 2 },
+    )
     .await;
     drop(c);
     // Its slot (the only one) is free again: a request gets through to the backend.
     until(Duration::from_secs(5), "the slot is freed", || async {
         let mut c = TcpStream::connect(gw.data_addr).await.unwrap();
-        c.write_all(HANDSHAKE.replace("/v1/realtime", "/quick/realtime").as_bytes())
-            .await
-            .unwrap();
+        c.write_all(
+            HANDSHAKE
+                .replace("/v1/realtime", "/quick/realtime")
+                .as_bytes(),
+        )
+        .await
+        .unwrap();
         read_head(&mut c).await.starts_with("HTTP/1.1 504")
     })
     .await;

@@ -394,6 +394,9 @@ impl Annotations {
         if let Some((outcome, error)) = n.refused {
             meter.set_refused(outcome, error);
         }
+        if let Some(enc) = parts.headers.get(header::CONTENT_ENCODING) {
+            meter.set_encoding(Some(enc.to_str().unwrap_or("?")));
+        }
         Response::from_parts(parts, MeteredBody::new(body, meter))
     }
 

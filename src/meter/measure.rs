@@ -26,6 +26,86 @@ pub struct Deadlines {
 /// Cap on a non-streaming body kept (as shared `Bytes`, no copy) to read its `usage`.
 const MAX_JSON_CAPTURE: usize = 4 << 20;
 
+/// Most bytes decoded from one encoded response for the meter (a decompression bomb stops here;
+/// the bytes still reach the client as they came).
+const MAX_DECODED: u64 = 256 << 20;
+
+/// A copy of an encoded response body (`Content-Encoding: gzip` or `deflate` from a backend that
+/// encoded although the gateway asked for `identity`), decoded for the meter only: the client
+/// gets the bytes as the backend sent them.
+pub struct Decoder {
+    inner: DecoderKind,
+    decoded: u64,
+}
+
+enum DecoderKind {
+    Gzip(flate2::write::GzDecoder<Vec<u8>>),
+    Zlib(flate2::write::ZlibDecoder<Vec<u8>>),
+}
+
+impl std::fmt::Debug for Decoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Decoder")
+            .field("decoded", &self.decoded)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Decoder {
+    /// A decoder for a `Content-Encoding` value the meter can read through (`gzip`, `x-gzip`,
+    /// `deflate`); `None` for `identity` or none. `Err` names an encoding it cannot read.
+    pub fn for_encoding(value: Option<&str>) -> Result<Option<Self>, ()> {
+        let Some(v) = value.map(str::trim).filter(|v| !v.is_empty()) else {
+            return Ok(None);
+        };
+        let inner = if v.eq_ignore_ascii_case("gzip") || v.eq_ignore_ascii_case("x-gzip") {
+            DecoderKind::Gzip(flate2::write::GzDecoder::new(Vec::new()))
+        } else if v.eq_ignore_ascii_case("deflate") {
+            DecoderKind::Zlib(flate2::write::ZlibDecoder::new(Vec::new()))
+        } else if v.eq_ignore_ascii_case("identity") {
+            return Ok(None);
+        } else {
+            return Err(());
+        };
+        Ok(Some(Self { inner, decoded: 0 }))
+    }
+
+    /// Decodes `parts` into pieces of at most ~32 KiB each; `None` when the data is not valid in
+    /// its encoding or the response decoded past `MAX_DECODED`.
+    fn decode(&mut self, parts: &[Bytes]) -> Option<Vec<Bytes>> {
+        use std::io::Write as _;
+        let mut out = Vec::new();
+        for part in parts {
+            let mut input = &part[..];
+            while !input.is_empty() {
+                let (n, buf) = match &mut self.inner {
+                    DecoderKind::Gzip(d) => (
+                        d.write(input).and_then(|n| d.flush().map(|()| n)).ok()?,
+                        d.get_mut(),
+                    ),
+                    DecoderKind::Zlib(d) => (
+                        d.write(input).and_then(|n| d.flush().map(|()| n)).ok()?,
+                        d.get_mut(),
+                    ),
+                };
+                if n == 0 && buf.is_empty() {
+                    // The encoded stream has ended; whatever follows is not part of it.
+                    break;
+                }
+                input = &input[n..];
+                if !buf.is_empty() {
+                    self.decoded += buf.len() as u64;
+                    if self.decoded > MAX_DECODED {
+                        return None;
+                    }
+                    out.push(Bytes::from(std::mem::take(buf)));
+                }
+            }
+        }
+        Some(out)
+    }
+}
+
 /// How the response body is cut into events.
 #[derive(Debug)]
 pub enum Framing {
@@ -248,6 +328,10 @@ pub struct Meter {
     metering: Arc<Metering>,
     /// The response is the service's own refusal: its outcome and error kind.
     refused: Option<(Outcome, &'static str)>,
+    /// Reads an encoded body through its encoding (a copy, for the meter).
+    decoder: Option<Box<Decoder>>,
+    /// The body was encoded in a way the meter could not read (`unmeasured_encoding`).
+    undecodable: bool,
     /// Kept for the life of the response: concurrency limits count streams, not headers.
     _held: Held,
     /// Deadlines of this response.
@@ -304,8 +388,27 @@ impl Meter {
             sent_packed: 0,
             metering,
             refused: None,
+            decoder: None,
+            undecodable: false,
             _held: held,
             deadlines,
+        }
+    }
+
+    /// The body arrives with this `Content-Encoding`: the meter reads a decoded copy (gzip,
+    /// deflate), or, for an encoding it cannot read, times the stream only and says so in the
+    /// record (`error: unmeasured_encoding`).
+    pub fn set_encoding(&mut self, value: Option<&str>) {
+        match Decoder::for_encoding(value) {
+            Ok(d) => self.decoder = d.map(Box::new),
+            Err(()) => {
+                self.undecodable = true;
+                self.framing = Framing::Opaque;
+            }
+        }
+        if self.decoder.is_some() || self.undecodable {
+            // Encoded bytes cannot be cut: nothing is stripped from them.
+            self.progress.strip_usage = false;
         }
     }
 
@@ -365,6 +468,23 @@ impl Meter {
         let had_output = p.t_tok1.is_some();
         p.drop = None;
         let mut open = None;
+        let decoded;
+        let parts = match &mut self.decoder {
+            Some(d) => match d.decode(parts) {
+                Some(v) => {
+                    decoded = v;
+                    &decoded[..]
+                }
+                None => {
+                    // Not valid in its encoding, or a bomb: timed only from here on.
+                    self.decoder = None;
+                    self.undecodable = true;
+                    self.framing = Framing::Opaque;
+                    parts
+                }
+            },
+            None => parts,
+        };
         for data in parts {
             open = match &mut self.framing {
                 // A piece that is one whole single-line event a learned shape reads skips the
@@ -477,6 +597,7 @@ impl Meter {
             }
             End::Complete if self.status >= 400 => (Outcome::ClientError, None),
             End::Complete if p.error_event => (Outcome::BackendError, Some("stream_error_event")),
+            End::Complete if self.undecodable => (Outcome::Ok, Some("unmeasured_encoding")),
             End::Complete
                 if p.classifier.is_some() && streamed && (!p.done || truncated_partial) =>
             {

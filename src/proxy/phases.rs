@@ -361,6 +361,15 @@ impl Ctx {
     ) -> Result<(Response<UpstreamResponseBody>, BackendGuard), ProxyError> {
         let route = &sel.route;
         upstream_headers(&mut self.headers, self.client);
+        if self.endpoint.is_some() {
+            // Measured endpoints are asked for unencoded bytes: the meter reads them and the
+            // usage chunk can be cut (a gzip stream would be neither). A backend that encodes
+            // anyway is read through a decoded copy (`Meter::set_encoding`).
+            self.headers.insert(
+                header::ACCEPT_ENCODING,
+                HeaderValue::from_static("identity"),
+            );
+        }
         let first_token_at = nonzero(route.timeouts.first_token).map(|d| self.t0 + d);
         let max_attempts = if self.replay.is_some() {
             1 + route.retry.attempts as usize
@@ -474,7 +483,11 @@ impl Ctx {
             .and_then(|v| v.to_str().ok())
             .is_some_and(|c| c.starts_with("text/event-stream"));
         let dialect = self.endpoint.and_then(Endpoint::dialect);
-        let strip = self.strip_usage && sse && dialect.is_some();
+        let encoded = parts
+            .headers
+            .get(header::CONTENT_ENCODING)
+            .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));
+        let strip = self.strip_usage && sse && dialect.is_some() && !encoded;
         if strip {
             parts.headers.remove(header::CONTENT_LENGTH);
         }
@@ -638,6 +651,10 @@ impl ShadowCopy {
         let guard = backend.admit().await.map_err(ProxyError::Busy)?;
         let mut headers = self.headers.clone();
         upstream_headers(&mut headers, self.client);
+        headers.insert(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
         headers.remove(header::CONTENT_LENGTH);
         headers.remove(crate::meter::trace::TRACEPARENT);
         headers.insert(super::SHADOW_HEADER, HeaderValue::from_static("1"));

@@ -72,13 +72,10 @@ pub async fn open(
     session: Session,
     limits: Limits,
 ) -> Result<Response<ProxyBody>, (ProxyError, Session)> {
-    let deadline = [
-        limits.handshake.map(|d| Instant::now() + d),
-        limits.until,
-    ]
-    .into_iter()
-    .flatten()
-    .min();
+    let deadline = [limits.handshake.map(|d| Instant::now() + d), limits.until]
+        .into_iter()
+        .flatten()
+        .min();
     let exchange = handshake(backend, path_and_query, headers, upgrade, limits.connect);
     let answered = match deadline {
         Some(t) => tokio::time::timeout_at(t, exchange)

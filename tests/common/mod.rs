@@ -410,15 +410,16 @@ pub async fn start_raw(pieces: Vec<Vec<u8>>, gap: Duration) -> SocketAddr {
     addr
 }
 
-async fn read_request(s: &mut TcpStream) {
+/// Reads one request (head and `Content-Length` body) and returns its head, lower-cased.
+pub async fn read_request(s: &mut TcpStream) -> String {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     loop {
         let Ok(n) = s.read(&mut chunk).await else {
-            return;
+            return String::new();
         };
         if n == 0 {
-            return;
+            return String::new();
         }
         buf.extend_from_slice(&chunk[..n]);
         if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
@@ -429,7 +430,7 @@ async fn read_request(s: &mut TcpStream) {
                 .and_then(|v| v.trim().parse::<usize>().ok())
                 .unwrap_or(0);
             if buf.len() >= end + 4 + len {
-                return;
+                return head;
             }
         }
     }
