@@ -38,6 +38,16 @@ use tokio::time::Instant;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClientAddr(pub SocketAddr);
 
+/// In every request's extensions: set when the server closed the request's connection because
+/// the client stopped taking response bytes (`ServerOptions::idle_timeout`, 5×), so a response
+/// dropped by that close is recorded as `client_stalled`.
+#[derive(Debug, Clone, Default)]
+pub struct StalledCut(pub Arc<std::sync::atomic::AtomicBool>);
+
+/// A connection whose open requests have not moved a byte either way, or whose client has not
+/// taken a response frame the gateway had ready, for this many idle timeouts is closed.
+pub const STALL_IDLE_TIMEOUTS: u32 = 5;
+
 /// A request the HTTP layer refused before the service saw it (malformed or oversize head, a head
 /// that did not arrive in time): no method, path or id is known.
 #[derive(Debug, Clone, Copy)]
@@ -64,6 +74,10 @@ pub struct ConnCounters {
     pub accepted: AtomicU64,
     /// Closed for silence with no request open, or no first request in time.
     pub closed_idle: AtomicU64,
+    /// Closed with requests open: no byte either way, or a response frame not taken by the
+    /// client, for `STALL_IDLE_TIMEOUTS` idle timeouts (a zero-window h2 client, a client that
+    /// stopped reading).
+    pub closed_stalled: AtomicU64,
     /// `accept` failed (out of file descriptors and the like).
     pub accept_errors: AtomicU64,
     /// Times the loop waited because `max_connections` were open.
@@ -444,6 +458,22 @@ where
             quiet_since = now;
         }
         if state.open.load(Ordering::Relaxed) > 0 {
+            // Requests are open: the connection is closed only when a response waits on the
+            // client — its head or a frame handed on and the body not polled since (a zero-window
+            // h2 stream, a client that stopped reading) — for `STALL_IDLE_TIMEOUTS` idle
+            // timeouts. A request waiting for its backend is the route's timeouts' business.
+            let (Some(limit), Some(tick)) = (idle.map(|t| t * STALL_IDLE_TIMEOUTS), tick) else {
+                continue;
+            };
+            let tick_now = state.tick();
+            let stuck = state
+                .oldest_wait(tick_now)
+                .is_some_and(|ticks| tick * u32::try_from(ticks).unwrap_or(u32::MAX) >= limit);
+            if stuck {
+                state.cut_stalled.0.store(true, Ordering::Relaxed);
+                opts.counters.closed_stalled.fetch_add(1, Ordering::Relaxed);
+                return Some(Ok(()));
+            }
             continue;
         }
         let no_first_request = state.requests.load(Ordering::Relaxed) == 0
@@ -550,12 +580,45 @@ struct ConnState {
     head_rx: AtomicU64,
     /// Kernel stamp of the latest read.
     last_rx: AtomicU64,
+    /// The supervisor's check count (its clock for `waits`).
+    ticks: AtomicU64,
+    /// Per open response body: the tick at which it handed a frame on and has not been polled
+    /// since (0: not waiting on the client).
+    waits: parking_lot::Mutex<Vec<std::sync::Weak<AtomicU64>>>,
+    /// Shared with the connection's requests (`StalledCut`).
+    cut_stalled: StalledCut,
 }
 
 /// `head_rx` when the head's first read carried no stamp.
 const UNSTAMPED: u64 = u64::MAX;
 
 impl ConnState {
+    /// Advances the supervisor's clock; returns the new tick.
+    fn tick(&self) -> u64 {
+        self.ticks.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// How many ticks the longest-waiting response frame has waited for the client to take it.
+    fn oldest_wait(&self, now: u64) -> Option<u64> {
+        let mut waits = self.waits.lock();
+        waits.retain(|w| w.strong_count() > 0);
+        waits
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .map(|w| w.load(Ordering::Relaxed))
+            .filter(|&since| since != 0)
+            .map(|since| now.saturating_sub(since))
+            .max()
+    }
+
+    /// A slot for the wait of a response whose head is handed on now: it waits on the client
+    /// until its body is first polled.
+    fn register_wait(&self) -> Arc<AtomicU64> {
+        let slot = Arc::new(AtomicU64::new(self.ticks.load(Ordering::Relaxed).max(1)));
+        self.waits.lock().push(Arc::downgrade(&slot));
+        slot
+    }
+
     // One writer (the connection's task): plain stores, no locked instruction.
     #[inline]
     fn progressed(&self) {
@@ -728,6 +791,7 @@ where
         }
         let guard = OpenGuard::new(&self.state);
         req.extensions_mut().insert(self.peer);
+        req.extensions_mut().insert(self.state.cut_stalled.clone());
         GuardedFuture {
             inner: self.inner.call(req),
             guard: Some(guard),
@@ -754,18 +818,23 @@ where
         let this = self.project();
         let resp = std::task::ready!(this.inner.poll(cx))?;
         let guard = this.guard.take();
+        let wait = guard.as_ref().map(|g| g.0.register_wait());
         Poll::Ready(Ok(resp.map(|inner| Guarded {
             inner,
+            wait,
             _guard: guard,
         })))
     }
 }
 
 pin_project! {
-    /// A response body that keeps its request counted as open until it is dropped.
+    /// A response body that keeps its request counted as open until it is dropped, and notes
+    /// (in `wait`) when it handed a frame on and was not polled again: the connection waits on
+    /// the client.
     struct Guarded<B> {
         #[pin]
         inner: B,
+        wait: Option<Arc<AtomicU64>>,
         _guard: Option<OpenGuard>,
     }
 }
@@ -779,7 +848,18 @@ impl<B: Body> Body for Guarded<B> {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        self.project().inner.poll_frame(cx)
+        let this = self.project();
+        let r = this.inner.poll_frame(cx);
+        if let (Some(wait), Some(g)) = (this.wait.as_ref(), this._guard.as_ref()) {
+            // One writer (the connection's task): plain stores. A frame handed on starts a wait
+            // that the next poll ends; the supervisor reads how long the oldest has lasted.
+            let since = match &r {
+                Poll::Ready(Some(Ok(_))) => g.0.ticks.load(Ordering::Relaxed).max(1),
+                _ => 0,
+            };
+            wait.store(since, Ordering::Relaxed);
+        }
+        r
     }
 
     fn is_end_stream(&self) -> bool {

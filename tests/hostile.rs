@@ -775,3 +775,90 @@ async fn compressed_streams_are_measured_or_say_why_not() {
     assert_eq!(log[2]["outcome"], "ok", "{}", log[2]);
     assert_eq!(log[2]["error"], "unmeasured_encoding", "{}", log[2]);
 }
+
+/// An h2 client that opens its streams with a zero window and never sends WINDOW_UPDATE: no
+/// response byte can leave, and its streams hold slots. With nothing moving either way for 5×
+/// `client_idle_timeout` its connection is closed, every stream is logged, and the slots come
+/// back; while they are held, the in-flight count and the limit agree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_streams_a_client_never_opens_its_window_to_are_closed() {
+    let (_sim, gw, dir) =
+        gateway("limits:\n  client_idle_timeout: 300ms\n  max_concurrent_requests: 4\n").await;
+    let stream = TcpStream::connect(gw.data_addr).await.unwrap();
+    let (send, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .initial_stream_window_size(0)
+            .handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    let conn = tokio::spawn(conn);
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let req = http::Request::post("/v1/chat/completions")
+            .header("content-type", "application/json")
+            .body(http_body_util::Full::new(bytes::Bytes::from(chat(
+                true, 50, "",
+            ))))
+            .unwrap();
+        let resp = send.clone().send_request(req).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        held.push(resp);
+    }
+    // The four streams fill the limit: another client is turned away, and the count says 4.
+    let t = Instant::now();
+    let other = post(
+        gw.data_addr,
+        "/v1/chat/completions",
+        &chat(false, 2, ""),
+        &[],
+    )
+    .await;
+    assert_eq!(
+        other.status, 503,
+        "a fifth request while four slots are held"
+    );
+    assert_eq!(
+        common::metric(gw.admin_addr, "inferscope_in_flight_requests").await,
+        4.0
+    );
+    // Closed after 5 × 300 ms of silence, and the slots are free again.
+    until(
+        Duration::from_secs(10),
+        "the stuck connection is closed",
+        || async { conn.is_finished() },
+    )
+    .await;
+    assert!(
+        t.elapsed() >= Duration::from_millis(1200),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(
+        common::metric(
+            gw.admin_addr,
+            "inferscope_client_connections_stalled_closed_total"
+        )
+        .await,
+        1.0
+    );
+    until(Duration::from_secs(5), "the slots come back", || async {
+        post(
+            gw.data_addr,
+            "/v1/chat/completions",
+            &chat(false, 2, ""),
+            &[],
+        )
+        .await
+        .status
+            == 200
+    })
+    .await;
+    drop(held);
+    let log = stop_and_read_log(gw, &dir).await;
+    let stuck: Vec<_> = log.iter().filter(|l| l["protocol"] == "HTTP/2.0").collect();
+    assert_eq!(stuck.len(), 4, "{log:?}");
+    for l in stuck {
+        assert_eq!(l["outcome"], "client_cancelled", "{l}");
+        assert_eq!(l["error"], "client_stalled", "{l}");
+    }
+}

@@ -179,7 +179,13 @@ impl Metering {
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
             .unwrap_or(0);
-        self.start_with(meta)
+        let notes = self.start_with(meta);
+        if let Some(cut) = req.extensions().get::<crate::server::StalledCut>() {
+            if let Some(n) = notes.0.notes.lock().as_mut() {
+                n.stalled = Some(cut.clone());
+            }
+        }
+        notes
     }
 
     /// Records a request the HTTP layer refused before any service saw it (a malformed or
@@ -207,6 +213,7 @@ impl Metering {
                 measure: None,
                 refused: None,
                 held: Held::default(),
+                stalled: None,
             })),
             metering: Arc::clone(self),
         }))
@@ -243,6 +250,8 @@ struct Notes {
     measure: Option<MeasureOptions>,
     refused: Option<(Outcome, &'static str)>,
     held: Held,
+    /// The server's flag for a connection it closed on a stalled client (`server::StalledCut`).
+    stalled: Option<crate::server::StalledCut>,
 }
 
 #[derive(Debug)]
@@ -393,6 +402,9 @@ impl Annotations {
         ));
         if let Some((outcome, error)) = n.refused {
             meter.set_refused(outcome, error);
+        }
+        if let Some(cut) = n.stalled {
+            meter.set_stalled_flag(cut);
         }
         if let Some(enc) = parts.headers.get(header::CONTENT_ENCODING) {
             meter.set_encoding(Some(enc.to_str().unwrap_or("?")));

@@ -332,6 +332,8 @@ pub struct Meter {
     decoder: Option<Box<Decoder>>,
     /// The body was encoded in a way the meter could not read (`unmeasured_encoding`).
     undecodable: bool,
+    /// Set by the server when it closed the connection on a client that stopped taking bytes.
+    stalled: Option<crate::server::StalledCut>,
     /// Kept for the life of the response: concurrency limits count streams, not headers.
     _held: Held,
     /// Deadlines of this response.
@@ -390,9 +392,16 @@ impl Meter {
             refused: None,
             decoder: None,
             undecodable: false,
+            stalled: None,
             _held: held,
             deadlines,
         }
+    }
+
+    /// The server's flag that says its connection was closed on a stalled client: a response
+    /// dropped after it is set is recorded `client_stalled`.
+    pub fn set_stalled_flag(&mut self, flag: crate::server::StalledCut) {
+        self.stalled = Some(flag);
     }
 
     /// The body arrives with this `Content-Encoding`: the meter reads a decoded copy (gzip,
@@ -588,6 +597,14 @@ impl Meter {
         let streamed = matches!(self.framing, Framing::Sse(_) | Framing::Ndjson(_));
         let judged = match end {
             End::Dropped if self.metering.cutting() => (Outcome::Shutdown, Some("shutdown")),
+            End::Dropped
+                if self
+                    .stalled
+                    .as_ref()
+                    .is_some_and(|s| s.0.load(std::sync::atomic::Ordering::Relaxed)) =>
+            {
+                (Outcome::ClientCancelled, Some("client_stalled"))
+            }
             End::Dropped => (Outcome::ClientCancelled, Some("client_disconnected")),
             End::TimedOut(kind) => (Outcome::Timeout, Some(kind)),
             End::BodyError => (Outcome::Truncated, Some("upstream_body_error")),
