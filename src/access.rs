@@ -83,6 +83,8 @@ pub struct Keys {
     by_digest: HashMap<[u8; 32], Arc<str>>,
     /// Send the client's credential headers upstream.
     pub forward_client_key: bool,
+    /// Failed key checks one address may make per minute (0: no limit).
+    pub max_failures_per_minute: u32,
 }
 
 impl Keys {
@@ -98,6 +100,7 @@ impl Keys {
         Ok(Self {
             by_digest,
             forward_client_key: c.forward_client_key,
+            max_failures_per_minute: c.max_failures_per_minute,
         })
     }
 
@@ -284,7 +287,36 @@ pub struct Limiter {
     counts: Mutex<BTreeMap<Arc<str>, KeyCounts>>,
     /// Requests refused for a missing or unknown key.
     pub unauthorized: std::sync::atomic::AtomicU64,
+    /// Failed key checks by client address, for `auth.max_failures_per_minute`.
+    failures: FailedChecks,
 }
+
+/// Most addresses whose failed key checks are remembered at once (a flood of addresses cannot
+/// grow the table; past it, the oldest windows are forgotten first).
+const MAX_FAILING_ADDRESSES: usize = 16_384;
+
+/// Failed key checks per client address in one-minute windows, and a log line about them at
+/// most every 10 s (with the count since the last), so a guesser neither gets unlimited tries
+/// nor floods the gateway's own log.
+#[derive(Debug)]
+struct FailedChecks {
+    by_addr: Mutex<HashMap<std::net::IpAddr, (std::time::Instant, u32)>>,
+    log: Mutex<crate::util::errors::Sparse>,
+}
+
+impl Default for FailedChecks {
+    fn default() -> Self {
+        Self {
+            by_addr: Mutex::default(),
+            log: Mutex::new(crate::util::errors::Sparse::every(
+                std::time::Duration::from_secs(10),
+            )),
+        }
+    }
+}
+
+/// The window failed key checks are counted in.
+const FAILURE_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl Limiter {
     /// A limiter for `config` (absent: no limits).
@@ -322,6 +354,43 @@ impl Limiter {
             }
         }
         r
+    }
+
+    /// True when `addr` has used up its failed key checks (`max` a minute; 0: no limit): its
+    /// request is refused without a key check.
+    pub fn auth_throttled(&self, addr: std::net::IpAddr, max: u32) -> bool {
+        if max == 0 {
+            return false;
+        }
+        let now = std::time::Instant::now();
+        self.failures
+            .by_addr
+            .lock()
+            .get(&addr)
+            .is_some_and(|(start, n)| now.duration_since(*start) < FAILURE_WINDOW && *n >= max)
+    }
+
+    /// Counts a failed key check from `addr` (and says so in the gateway's log, sparsely).
+    pub fn auth_failed(&self, addr: Option<std::net::IpAddr>) {
+        self.unauthorized
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Some(addr) = addr {
+            let now = std::time::Instant::now();
+            let mut map = self.failures.by_addr.lock();
+            if map.len() >= MAX_FAILING_ADDRESSES && !map.contains_key(&addr) {
+                map.retain(|_, (start, _)| now.duration_since(*start) < FAILURE_WINDOW);
+            }
+            if map.len() < MAX_FAILING_ADDRESSES || map.contains_key(&addr) {
+                let e = map.entry(addr).or_insert((now, 0));
+                if now.duration_since(e.0) >= FAILURE_WINDOW {
+                    *e = (now, 0);
+                }
+                e.1 = e.1.saturating_add(1);
+            }
+        }
+        if let Some(failures) = self.failures.log.lock().hit() {
+            tracing::warn!(failures, last_client = ?addr, "requests with a missing or unknown key");
+        }
     }
 
     /// Admits one request on `route`.
@@ -511,6 +580,7 @@ mod tests {
                 key_file: None,
             }],
             forward_client_key: false,
+            max_failures_per_minute: 30,
         };
         let keys = Keys::load(&c, |_| Some("sk-secret".into())).unwrap();
         assert!(!format!("{keys:?}").contains("sk-secret"));
@@ -535,6 +605,7 @@ mod tests {
                 key_file: None,
             }],
             forward_client_key: false,
+            max_failures_per_minute: 30,
         };
         // SHA-256 of `abc`, given in upper case.
         let keys = Keys::load(&hashed, |_| None).unwrap();

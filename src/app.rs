@@ -356,6 +356,10 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         meter_settings,
         Some(Arc::clone(&heartbeat)),
     );
+    let slots = Arc::new(crate::proxy::Slots::new(
+        limits.max_concurrent_requests,
+        limits.overload_at,
+    ));
     let gateway = Arc::new(
         Gateway::new(
             Arc::clone(&routes),
@@ -363,7 +367,8 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
             limits.clone(),
             trace,
         )
-        .with_access(Arc::clone(&keys), Arc::clone(&limiter)),
+        .with_access(Arc::clone(&keys), Arc::clone(&limiter))
+        .with_slots(Arc::clone(&slots)),
     );
 
     // The data-plane stack, outermost first. (The HTTP/1 header-read timeout is enforced by the
@@ -373,7 +378,7 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         // carries x-inferscope-request-id.
         .layer(MeterLayer::with_metering(Arc::clone(&metering)))
         // Caps requests in flight, counted until their body ends; over it: 503, `rejected`.
-        .layer(InFlightLimitLayer::new(limits.max_concurrent_requests))
+        .layer(InFlightLimitLayer::over(slots))
         .service(ProxyService::new(gateway));
     let data_service = TowerToHyperService::new(stack);
 
@@ -472,6 +477,7 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         on_cut: Some(Arc::new(move || cut.cut_at_shutdown())),
         tls: data_tls.clone(),
         kernel_clock: limits.kernel_clock,
+        overload_at: limits.overload_at,
     };
     let data_task = tokio::spawn(server::run(
         data_listener,

@@ -87,6 +87,8 @@ pub struct ConnCounters {
     /// TLS handshakes that failed or timed out (no certificate the CA signed, plain HTTP on a
     /// TLS port, a scanner…).
     pub tls_failures: AtomicU64,
+    /// Connections closed at once because, under pressure, their address held its share.
+    pub refused_share: AtomicU64,
 }
 
 /// Connection-level settings.
@@ -118,6 +120,10 @@ pub struct ServerOptions {
     pub tls: Option<Arc<crate::tls::ServerTls>>,
     /// Read with kernel receive stamps (Linux) and give each request its `clock::Arrival`.
     pub kernel_clock: bool,
+    /// Fraction of `max_connections` open from which an address holding its fair share (the
+    /// connections divided by the addresses holding any) has a new connection closed at once;
+    /// 1: never.
+    pub overload_at: f64,
 }
 
 impl std::fmt::Debug for ServerOptions {
@@ -150,6 +156,7 @@ impl Default for ServerOptions {
             on_cut: None,
             tls: None,
             kernel_clock: true,
+            overload_at: 1.0,
         }
     }
 }
@@ -191,6 +198,12 @@ where
     // Accepted sockets inherit the option.
     let stamps = opts.kernel_clock && crate::clock::enable_rx_stamps(&listener);
     let slots = Arc::new(Semaphore::new(opts.max_connections.max(1)));
+    let shares: Arc<crate::util::shares::Shares<std::net::IpAddr>> = Arc::default();
+    let pressure_at = if opts.overload_at >= 1.0 {
+        usize::MAX
+    } else {
+        ((opts.max_connections as f64) * opts.overload_at.max(0.0)).ceil() as usize
+    };
     let mut accept_errors = AcceptBackoff::default();
     // Connection tasks, so those still open when the grace period ends can be cut (their
     // requests' records are written as they are dropped).
@@ -227,6 +240,21 @@ where
             },
             () = &mut shutdown => break,
         };
+        // Under pressure an address holding its share of the connections gets no more.
+        let share = if pressure_at == usize::MAX {
+            None
+        } else {
+            let pressured = opts.counters.open.load(Ordering::Relaxed) >= pressure_at;
+            match shares.admit_among_holders(peer.ip(), opts.max_connections, pressured) {
+                Some(g) => Some(g),
+                None => {
+                    opts.counters.refused_share.fetch_add(1, Ordering::Relaxed);
+                    drop(stream);
+                    drop(permit);
+                    continue;
+                }
+            }
+        };
         // Small SSE writes must leave at once: Nagle would hold them for the peer's delayed ACK.
         let _ = stream.set_nodelay(true);
         opts.counters.accepted.fetch_add(1, Ordering::Relaxed);
@@ -254,7 +282,7 @@ where
                 let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
                 let result = supervise(conn, &state, &opts, accepted, stop).await;
                 ended(result, &state, &opts, peer, accepted);
-                drop(permit);
+                drop((permit, share));
             }),
             Some(tls) => conns.spawn(async move {
                 let accepted = Instant::now();
@@ -278,7 +306,7 @@ where
                     }
                 };
                 ended(result, &state, &opts, peer, accepted);
-                drop(permit);
+                drop((permit, share));
             }),
         };
     }

@@ -862,3 +862,104 @@ async fn h2_streams_a_client_never_opens_its_window_to_are_closed() {
         assert_eq!(l["error"], "client_stalled", "{l}");
     }
 }
+
+/// Connects to `addr` from the loopback address `from` (127.0.0.0/8: a client of its own).
+async fn connect_from(from: [u8; 4], addr: SocketAddr) -> std::io::Result<TcpStream> {
+    let sock = tokio::net::TcpSocket::new_v4()?;
+    sock.bind(SocketAddr::from((from, 0)))?;
+    sock.connect(addr).await
+}
+
+/// One uploader of the slow-upload attacker: a 100 KB body sent at ~1.1 KB/s (just above the
+/// default minimum pace), from 127.0.0.2, reconnecting whenever it is cut. Counts its cuts.
+async fn slow_uploader(addr: SocketAddr, cuts: std::sync::Arc<std::sync::atomic::AtomicU64>) {
+    loop {
+        let Ok(s) = connect_from([127, 0, 0, 2], addr).await else {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        };
+        let (mut rd, mut wr) = s.into_split();
+        let head = "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100000\r\n\r\n{";
+        if wr.write_all(head.as_bytes()).await.is_err() {
+            continue;
+        }
+        let drip = async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                if wr.write_all(&[b' '; 110]).await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+        };
+        // Whatever answer comes (408 cut, 503 refused), or the connection closing, it starts over.
+        tokio::select! {
+            _ = status_line(&mut rd, Duration::from_secs(120)) => {}
+            () = drip => {}
+        }
+        cuts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// The slow-upload attacker of the second hostile review: 20 uploads at 1.1 KB/s from one address
+/// hold all 20 slots of a 20-slot gateway, reconnecting when cut. Another address's requests still
+/// get through (each within a few retries): under pressure the body pace tightens and cuts the
+/// uploads, and the attacker, holding more than its share while another client waits, is refused
+/// more slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_uploads_from_one_address_cannot_keep_others_out() {
+    let (_sim, gw, dir) = gateway("limits:\n  max_concurrent_requests: 20\n").await;
+    let addr = gw.data_addr;
+    let cuts = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let attackers: Vec<_> = (0..20)
+        .map(|_| tokio::spawn(slow_uploader(addr, std::sync::Arc::clone(&cuts))))
+        .collect();
+    until(
+        Duration::from_secs(5),
+        "the attacker holds every slot",
+        || async { common::metric(gw.admin_addr, "inferscope_in_flight_requests").await >= 20.0 },
+    )
+    .await;
+    // Ten requests from 127.0.0.1, one after another, each retried on 503 (as its Retry-After
+    // says, but faster): each gets through within 5 s.
+    let mut tries = Vec::new();
+    for _ in 0..10 {
+        let t = Instant::now();
+        let mut n = 0;
+        loop {
+            n += 1;
+            let r = post(addr, "/v1/chat/completions", &chat(false, 2, ""), &[]).await;
+            if r.status == 200 {
+                break;
+            }
+            assert_eq!(r.status, 503, "only refusals for want of room");
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "a request from another address was kept out for 5 s ({n} tries)"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tries.push(n);
+    }
+    for a in attackers {
+        a.abort();
+    }
+    assert!(
+        cuts.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "the uploads were never cut"
+    );
+    let log = stop_and_read_log(gw, &dir).await;
+    let from_others: Vec<_> = log
+        .iter()
+        .filter(|l| {
+            l["client"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("127.0.0.1:"))
+        })
+        .collect();
+    assert_eq!(
+        from_others.iter().filter(|l| l["status"] == 200).count(),
+        10
+    );
+    let shared = log.iter().filter(|l| l["error"] == "client_share").count();
+    eprintln!("tries per request: {tries:?}; attacker refused its share {shared} times");
+}

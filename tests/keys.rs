@@ -225,3 +225,46 @@ async fn token_limits_per_route_charge_measured_usage_after_the_response() {
     );
     assert_eq!(log[1]["outcome"], "rate_limited");
 }
+
+/// A key guesser: past `auth.max_failures_per_minute` failed checks, its address gets 429
+/// `auth_throttled` (`Retry-After: 60`) without a key check — a right key included — while other
+/// addresses are served; every request is still one log line.
+#[tokio::test]
+async fn failed_key_checks_are_throttled_per_address() {
+    let dir = temp_dir();
+    let sim = sim_keeping_credentials().await;
+    let yaml = auth_yaml(&dir, false).replace("auth:\n", "auth:\n  max_failures_per_minute: 5\n");
+    let gw = start_gateway(&[("a", sim.addr)], &dir, &yaml).await;
+    let from = |key: String| async move {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind("127.0.0.3:0".parse().unwrap()).unwrap();
+        let io = sock.connect(gw.data_addr).await.unwrap();
+        Client::over(io)
+            .await
+            .send(
+                "POST",
+                "/v1/chat/completions",
+                &chat(false, 2, ""),
+                &[("authorization", &key)],
+            )
+            .await
+    };
+    for i in 0..5 {
+        let r = from(format!("Bearer sk-guess-{i}")).await;
+        assert_eq!(r.status, 401, "guess {i}");
+    }
+    let r = from(format!("Bearer {TEAM_A}")).await;
+    assert_eq!(r.status, 429);
+    assert_eq!(r.headers["x-inferscope-error"], "auth_throttled");
+    assert_eq!(retry_after(&r), 60);
+    let bearer = format!("Bearer {TEAM_A}");
+    assert_eq!(
+        ask(gw.data_addr, &[("authorization", &bearer)])
+            .await
+            .status,
+        200
+    );
+    let log = stop_and_read_log(gw, &dir).await;
+    assert_eq!(log.len(), 7);
+    assert_eq!(log[5]["error"], "auth_throttled", "{}", log[5]);
+}

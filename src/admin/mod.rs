@@ -400,6 +400,7 @@ fn metrics_body(state: &AdminState, router: &Router, protobuf: bool) -> (&'stati
         ("inferscope_client_connections_total", "Client connections accepted on the data plane.", &c.accepted),
         ("inferscope_client_connections_idle_closed_total", "Client connections closed for silence with no request open (or no first request in time).", &c.closed_idle),
         ("inferscope_client_connections_stalled_closed_total", "Client connections closed because a response waited 5 idle timeouts for the client to take it (a zero-window h2 stream, a client that stopped reading).", &c.closed_stalled),
+        ("inferscope_client_connections_share_refused_total", "Client connections closed at once: under pressure (limits.overload_at), their address held its fair share.", &c.refused_share),
         ("inferscope_client_connections_at_capacity_total", "Times accepting paused because max_connections were open.", &c.at_capacity),
         ("inferscope_accept_errors_total", "accept() failures (e.g. out of file descriptors); each backs off.", &c.accept_errors),
         ("inferscope_http_refused_total", "Request heads the HTTP layer refused (malformed 400, oversize 431, incomplete 408).", &c.refused),

@@ -302,6 +302,12 @@ pub fn validate(c: &Config) -> Result<(), Invalid> {
             return err(vec![K("limits"), K(k)], "must be longer than 0");
         }
     }
+    if !(l.overload_at > 0.0 && l.overload_at <= 1.0) {
+        return err(
+            vec![K("limits"), K("overload_at")],
+            "must be a fraction above 0 and at most 1 (1: never under pressure)",
+        );
+    }
     if let Some(a) = &c.access_log {
         if a.queue == 0 {
             return err(vec![K("access_log"), K("queue")], "must be greater than 0");

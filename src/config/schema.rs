@@ -48,6 +48,9 @@ pub struct Config {
 
 /// Defaults of keys in structs that also have required keys (so cannot default as a whole).
 mod defaults {
+    pub fn auth_failures_per_minute() -> u32 {
+        30
+    }
     use std::net::SocketAddr;
     use std::time::Duration;
 
@@ -138,6 +141,10 @@ pub struct AuthConfig {
     /// so a gateway key never reaches a backend; a backend `api_key_env` replaces it either way).
     #[serde(default)]
     pub forward_client_key: bool,
+    /// Failed key checks one client address may make per minute; past them its requests get
+    /// 429 `auth_throttled` without a key check until the minute is over (0: no limit).
+    #[serde(default = "defaults::auth_failures_per_minute")]
+    pub max_failures_per_minute: u32,
 }
 
 /// One client key: a name (what stats, log and spans show) and where its secret comes from —
@@ -266,6 +273,12 @@ pub struct Limits {
     /// Request bodies held in memory at once across all requests; beyond it new inference
     /// requests get 503 with `Retry-After`.
     pub max_buffered_body_bytes: usize,
+    /// Fraction of `max_concurrent_requests` (and of `max_connections`) taken from which the
+    /// gateway is under pressure: a client address (or key) holding its fair share — the slots
+    /// divided by the clients holding any — gets 503 `client_share` (a new connection from it is
+    /// closed), and request bodies must keep 8× `body_min_bytes_per_sec` after 1 s. A lone
+    /// client's share is every slot. 1 turns it off.
+    pub overload_at: f64,
     /// Longest model name kept for stats, labels and logs (longer ones are cut, marked `…`).
     pub max_model_name_bytes: usize,
     /// Time requests from the kernel's receive stamp of their first byte (Linux), not from when
@@ -298,6 +311,7 @@ impl Default for Limits {
             body_read_timeout: Duration::from_secs(30),
             body_min_bytes_per_sec: 1024,
             max_buffered_body_bytes: 1 << 30,
+            overload_at: 0.75,
             max_model_name_bytes: 256,
             kernel_clock: true,
             lateness_warning: Duration::from_millis(50),

@@ -20,17 +20,29 @@ use tokio::time::{Instant, Sleep};
 /// Time a body may take before the minimum rate applies.
 pub const RATE_GRACE: Duration = Duration::from_secs(5);
 
+/// Under pressure (`limit::Slots::pressured`) the minimum rate is this many times higher…
+pub const PRESSURE_RATE_FACTOR: u64 = 8;
+/// …and applies after this grace instead of `RATE_GRACE` (as Envoy's overload manager shortens
+/// timeouts when resources run low): a body that keeps a slot at just above the relaxed pace is
+/// cut once slots run out.
+pub const PRESSURE_GRACE: Duration = Duration::from_secs(1);
+
+/// How often a body waiting at the relaxed pace looks again whether pressure has come.
+const PRESSURE_RECHECK: Duration = Duration::from_millis(250);
+
 /// The pace a request body must keep.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Pace {
     /// Longest silence between body bytes (and before the first).
     pub silence: Duration,
     /// Slowest average rate after `RATE_GRACE`, bytes/s (0: no minimum).
     pub min_rate: u64,
+    /// The slots whose pressure tightens the rate (`None`: never tightened).
+    pub slots: Option<Arc<super::limit::Slots>>,
 }
 
 /// One body's progress against its `Pace`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Progress {
     pace: Pace,
     started: Instant,
@@ -54,8 +66,13 @@ impl Progress {
         self.last = Instant::now();
     }
 
-    /// When the body is too slow unless more bytes arrive first.
+    /// When the body is too slow unless more bytes arrive first, at the pace that holds now.
     fn deadline(&self) -> Instant {
+        let pressured = self.pace.slots.as_ref().is_some_and(|s| s.pressured());
+        self.deadline_at(pressured)
+    }
+
+    fn deadline_at(&self, pressured: bool) -> Instant {
         // A year stands in for "never" (a configured duration may not fit an `Instant`).
         let never = || self.last + Duration::from_secs(365 * 86_400);
         let silent = self
@@ -65,11 +82,36 @@ impl Progress {
         if self.pace.min_rate == 0 {
             return silent;
         }
+        let (rate, grace) = if pressured {
+            (
+                self.pace.min_rate.saturating_mul(PRESSURE_RATE_FACTOR),
+                PRESSURE_GRACE,
+            )
+        } else {
+            (self.pace.min_rate, RATE_GRACE)
+        };
         // rate = received / elapsed falls below the minimum once elapsed > received / min_rate.
-        let earned = Duration::try_from_secs_f64(self.received as f64 / self.pace.min_rate as f64)
+        let earned = Duration::try_from_secs_f64(self.received as f64 / rate as f64)
             .unwrap_or(Duration::MAX)
-            .max(RATE_GRACE);
+            .max(grace);
         silent.min(self.started.checked_add(earned).unwrap_or_else(never))
+    }
+
+    /// When to look again: the deadline, or sooner while pressure could still come and tighten
+    /// it.
+    fn wake(&self) -> Instant {
+        let deadline = self.deadline();
+        match &self.pace.slots {
+            Some(s) if self.pace.min_rate > 0 && !s.pressured() => {
+                deadline.min(Instant::now() + PRESSURE_RECHECK)
+            }
+            _ => deadline,
+        }
+    }
+
+    /// The body has fallen behind the pace that holds now.
+    fn too_slow(&self) -> bool {
+        Instant::now() >= self.deadline()
     }
 }
 
@@ -155,8 +197,9 @@ where
     let mut len = 0usize;
     tokio::pin!(body);
     loop {
-        let frame = match tokio::time::timeout_at(progress.deadline(), body.frame()).await {
-            Err(_) => return Err(ProxyError::BodyTimeout),
+        let frame = match tokio::time::timeout_at(progress.wake(), body.frame()).await {
+            Err(_) if progress.too_slow() => return Err(ProxyError::BodyTimeout),
+            Err(_) => continue,
             Ok(None) => break,
             Ok(Some(Err(e))) => {
                 let e: crate::meter::BoxError = e.into();
@@ -233,7 +276,7 @@ impl<B> PacedBody<B> {
         let progress = Progress::new(pace);
         Self {
             inner,
-            timer: Box::pin(tokio::time::sleep_until(progress.deadline())),
+            timer: Box::pin(tokio::time::sleep_until(progress.wake())),
             progress,
             fresh: true,
         }
@@ -265,7 +308,7 @@ where
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(d) = frame.data_ref() {
                     this.progress.got(bytes::Buf::remaining(d));
-                    this.timer.as_mut().reset(this.progress.deadline());
+                    this.timer.as_mut().reset(this.progress.wake());
                 }
                 *this.fresh = true;
                 Poll::Ready(Some(Ok(frame)))
@@ -279,9 +322,15 @@ where
                     let at = Instant::now() + this.progress.pace.silence.min(RATE_GRACE);
                     this.timer.as_mut().reset(at);
                 }
-                match this.timer.as_mut().poll(cx) {
-                    Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(TooSlow)))),
-                    Poll::Pending => Poll::Pending,
+                loop {
+                    match this.timer.as_mut().poll(cx) {
+                        Poll::Ready(()) if this.progress.too_slow() => {
+                            return Poll::Ready(Some(Err(Box::new(TooSlow))))
+                        }
+                        // Woken to look whether pressure came: not too slow yet.
+                        Poll::Ready(()) => this.timer.as_mut().reset(this.progress.wake()),
+                        Poll::Pending => return Poll::Pending,
+                    }
                 }
             }
         }

@@ -47,6 +47,9 @@ pub enum ProxyError {
     /// Too many requests in flight.
     #[error("the gateway is at its concurrency limit; retry later")]
     Overloaded,
+    /// The gateway is under pressure and this client (address or key) holds its fair share.
+    #[error("the gateway is busy and this client holds its share of it; retry later")]
+    ClientShare,
     /// The backend could not be reached or failed before answering.
     #[error("{}", if .0.is_connect() { "the backend could not be reached" } else { "the backend failed before sending a response" })]
     Upstream(#[source] super::upstream::UpstreamError),
@@ -64,6 +67,9 @@ pub enum ProxyError {
         "missing or invalid API key: send it as `Authorization: Bearer KEY` or `x-api-key: KEY`"
     )]
     Unauthorized,
+    /// The client's address made too many failed key checks this minute.
+    #[error("too many requests with a missing or invalid API key from this address; retry later")]
+    AuthThrottled,
     /// A rate limit of the client's key or of the route.
     #[error("rate limit reached for this {}; retry after {:.1} s", .0.scope, .0.retry_after.as_secs_f64())]
     RateLimited(crate::access::Limited),
@@ -81,6 +87,7 @@ impl ProxyError {
             ProxyError::BodyBudget => "body_budget",
             ProxyError::JsonTooDeep(_) => "json_too_deep",
             ProxyError::Overloaded => "overloaded",
+            ProxyError::ClientShare => "client_share",
             ProxyError::Upstream(e) if e.is_connect() => "upstream_connect",
             ProxyError::Upstream(_) => "upstream_failed",
             ProxyError::BadUpstreamRequest => "bad_upstream_request",
@@ -88,6 +95,7 @@ impl ProxyError {
             ProxyError::Busy(crate::route::Busy::QueueFull) => "backend_queue_full",
             ProxyError::Busy(crate::route::Busy::QueueTimeout) => "backend_queue_timeout",
             ProxyError::Unauthorized => "invalid_api_key",
+            ProxyError::AuthThrottled => "auth_throttled",
             ProxyError::RateLimited(_) => "rate_limit_exceeded",
         }
     }
@@ -102,9 +110,11 @@ impl ProxyError {
             | ProxyError::ClientGone
             | ProxyError::JsonTooDeep(_)
             | ProxyError::Unauthorized
+            | ProxyError::AuthThrottled
             | ProxyError::RateLimited(_) => Blame::Downstream,
             ProxyError::Upstream(_) | ProxyError::UpstreamTimeout => Blame::Upstream,
             ProxyError::Overloaded
+            | ProxyError::ClientShare
             | ProxyError::BodyBudget
             | ProxyError::BadUpstreamRequest
             | ProxyError::Busy(_) => Blame::Gateway,
@@ -121,13 +131,14 @@ impl ProxyError {
             // Nobody reads it; recorded as nginx logs a client that left.
             ProxyError::ClientGone => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
             ProxyError::BodyBudget => StatusCode::SERVICE_UNAVAILABLE,
-            ProxyError::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::Overloaded | ProxyError::ClientShare => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
             ProxyError::BadUpstreamRequest => StatusCode::INTERNAL_SERVER_ERROR,
             ProxyError::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::Busy(crate::route::Busy::QueueFull) => StatusCode::TOO_MANY_REQUESTS,
             ProxyError::Busy(crate::route::Busy::QueueTimeout) => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ProxyError::AuthThrottled => StatusCode::TOO_MANY_REQUESTS,
             ProxyError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
         }
     }
@@ -139,7 +150,7 @@ impl ProxyError {
             ProxyError::Upstream(_) => Outcome::BackendError,
             ProxyError::UpstreamTimeout => Outcome::Timeout,
             ProxyError::ClientGone => Outcome::ClientCancelled,
-            ProxyError::RateLimited(_) => Outcome::RateLimited,
+            ProxyError::RateLimited(_) | ProxyError::AuthThrottled => Outcome::RateLimited,
             _ => Outcome::Rejected,
         }
     }
@@ -164,9 +175,15 @@ impl ProxyError {
         h.insert("x-inferscope-error", HeaderValue::from_static(self.kind()));
         if matches!(
             self,
-            ProxyError::Overloaded | ProxyError::BodyBudget | ProxyError::Busy(_)
+            ProxyError::Overloaded
+                | ProxyError::ClientShare
+                | ProxyError::BodyBudget
+                | ProxyError::Busy(_)
         ) {
             h.insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if let ProxyError::AuthThrottled = &self {
+            h.insert(http::header::RETRY_AFTER, HeaderValue::from_static("60"));
         }
         if let ProxyError::RateLimited(l) = &self {
             // Whole seconds, rounded up: a client that waits that long is admitted.

@@ -17,7 +17,7 @@ mod upstream;
 
 pub use body::{BodyBudget, Pace, PacedBody, Reservation, TooSlow, RATE_GRACE};
 pub use error::{Blame, ProxyError};
-pub use limit::{InFlightLimit, InFlightLimitLayer};
+pub use limit::{InFlightLimit, InFlightLimitLayer, Slots};
 pub use request::{
     prepare_body, remove_hop_headers, upstream_headers, Prepared, TooDeep, MAX_JSON_DEPTH,
     OWN_PREFIX,

@@ -196,17 +196,30 @@ impl Ctx {
         let Some(keys) = keys.as_ref() else {
             return Ok(());
         };
-        let Some(name) = keys.identify(&self.headers) else {
+        let addr = self.client;
+        if addr.is_some_and(|a| {
             self.gw
                 .limiter
-                .unauthorized
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                .auth_throttled(a, keys.max_failures_per_minute)
+        }) {
+            return Err(ProxyError::AuthThrottled);
+        }
+        let Some(name) = keys.identify(&self.headers) else {
+            self.gw.limiter.auth_failed(addr);
             return Err(ProxyError::Unauthorized);
         };
         if !keys.forward_client_key {
             crate::access::Keys::strip(&mut self.headers);
         }
         self.notes.update(|m| m.key = Some(Arc::clone(&name)));
+        if let Some(slots) = &self.gw.slots {
+            // A key's share of the slots, like an address's (its own slot is taken already).
+            let share = slots
+                .by_key
+                .admit(Arc::clone(&name), slots.max(), slots.pressured_before_one())
+                .ok_or(ProxyError::ClientShare)?;
+            self.notes.hold(share);
+        }
         self.rate = self
             .gw
             .limiter

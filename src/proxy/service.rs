@@ -57,6 +57,9 @@ pub struct Gateway {
     pub keys: Arc<arc_swap::ArcSwapOption<crate::access::Keys>>,
     /// Rate limits and per-key accounting.
     pub limiter: Arc<crate::access::Limiter>,
+    /// The request slots shared with `InFlightLimitLayer`: keys' shares under pressure, and the
+    /// pressure that tightens body pace (absent: neither).
+    pub slots: Option<Arc<super::limit::Slots>>,
     pub(super) client: UpstreamClient,
 }
 
@@ -79,6 +82,7 @@ impl Gateway {
             trace,
             keys: Arc::default(),
             limiter: Arc::default(),
+            slots: None,
             client,
         }
     }
@@ -94,11 +98,18 @@ impl Gateway {
         self
     }
 
+    /// Shares `slots` with the in-flight limit in front of it.
+    pub fn with_slots(mut self, slots: Arc<super::limit::Slots>) -> Self {
+        self.slots = Some(slots);
+        self
+    }
+
     /// The pace client request bodies must keep.
     pub fn pace(&self) -> Pace {
         Pace {
             silence: self.limits.body_read_timeout,
             min_rate: self.limits.body_min_bytes_per_sec,
+            slots: self.slots.clone(),
         }
     }
 }
