@@ -324,6 +324,148 @@ async fn trickler(addr: SocketAddr, shared: Arc<Shared>) {
     }
 }
 
+/// Connects from the loopback address `from` (a client address of its own).
+async fn connect_from(from: [u8; 4], addr: SocketAddr) -> Option<TcpStream> {
+    let sock = tokio::net::TcpSocket::new_v4().ok()?;
+    sock.bind(SocketAddr::from((from, 0))).ok()?;
+    sock.connect(addr).await.ok()
+}
+
+/// Uploads a 100 KB body at ~1.1 KB/s (just above the default minimum pace) from 127.0.0.2, and
+/// starts over whenever it is cut or refused: holding a slot for as long as the pace allows.
+async fn paced_uploader(addr: SocketAddr, shared: Arc<Shared>) {
+    while !shared.stop_hostile.load(Ordering::Relaxed) {
+        let Some(s) = connect_from([127, 0, 0, 2], addr).await else {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        };
+        let (mut rd, mut wr) = s.into_split();
+        let head = "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\ncontent-length: 100000\r\n\r\n{";
+        if wr.write_all(head.as_bytes()).await.is_err() {
+            continue;
+        }
+        shared.requests.fetch_add(1, Ordering::Relaxed);
+        shared.did("paced_upload");
+        let stop = &shared.stop_hostile;
+        let drip = async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                if stop.load(Ordering::Relaxed) || wr.write_all(&[b' '; 110]).await.is_err() {
+                    // Stopped or cut: hold the write side until the answer is read.
+                    std::future::pending::<()>().await;
+                }
+            }
+        };
+        let status = tokio::select! {
+            s = read_status(&mut rd, Duration::from_secs(120)) => s,
+            () = drip => None,
+        };
+        shared.got(status);
+    }
+}
+
+async fn read_status<R: tokio::io::AsyncRead + Unpin>(
+    rd: &mut R,
+    within: Duration,
+) -> Option<String> {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    let deadline = Instant::now() + within;
+    while !got.windows(2).any(|w| w == b"\r\n") {
+        match tokio::time::timeout_at(deadline, rd.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => got.extend_from_slice(&buf[..n]),
+            _ => return None,
+        }
+    }
+    let text = String::from_utf8_lossy(&got).into_owned();
+    text.lines()
+        .next()
+        .map(|l| l.split_whitespace().take(2).collect::<Vec<_>>().join(" "))
+}
+
+/// An h2 client from 127.0.0.3 whose streams start with a zero window and that never sends
+/// WINDOW_UPDATE: 16 streaming requests on one connection, held until the gateway closes it.
+async fn zero_window_h2(addr: SocketAddr, shared: Arc<Shared>) {
+    while !shared.stop_hostile.load(Ordering::Relaxed) {
+        let Some(s) = connect_from([127, 0, 0, 3], addr).await else {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        };
+        let Ok((send, conn)) =
+            hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                .initial_stream_window_size(0)
+                .handshake(hyper_util::rt::TokioIo::new(s))
+                .await
+        else {
+            continue;
+        };
+        let conn = tokio::spawn(conn);
+        let mut held = Vec::new();
+        for _ in 0..16 {
+            let req = http::Request::post("/v1/chat/completions")
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(chat("good", true, 64))))
+                .unwrap();
+            shared.requests.fetch_add(1, Ordering::Relaxed);
+            shared.did("zero_window_stream");
+            match send.clone().send_request(req).await {
+                Ok(r) => {
+                    shared.got(Some(format!("HTTP/2 {}", r.status().as_u16())));
+                    held.push(r);
+                }
+                Err(_) => shared.got(None),
+            }
+        }
+        // Held until the gateway closes the connection (or the end).
+        while !conn.is_finished() && !shared.stop_hostile.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if conn.is_finished() {
+            shared.did("zero_window_connection_closed");
+        }
+        drop(held);
+        conn.abort();
+    }
+}
+
+/// WebSocket handshakes from 127.0.0.4 to a backend that takes them and never answers; the
+/// route's head timeout must answer each.
+async fn hung_upgrade(addr: SocketAddr, shared: Arc<Shared>) {
+    while !shared.stop_hostile.load(Ordering::Relaxed) {
+        let Some(mut s) = connect_from([127, 0, 0, 4], addr).await else {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        };
+        let hs = "GET /mute/realtime HTTP/1.1\r\nhost: gw\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n\r\n";
+        if s.write_all(hs.as_bytes()).await.is_err() {
+            continue;
+        }
+        shared.requests.fetch_add(1, Ordering::Relaxed);
+        shared.did("hung_upgrade");
+        let status = status_line(&mut s, Duration::from_secs(30)).await;
+        shared.got(status);
+    }
+}
+
+/// A backend that reads each request and never answers.
+async fn mute_backend() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = s.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
 /// Loops one kind of malformed or oversize request.
 async fn repeat(addr: SocketAddr, shared: Arc<Shared>, what: &'static str, bytes: Vec<u8>) {
     while !shared.stop_hostile.load(Ordering::Relaxed) {
@@ -363,6 +505,7 @@ pub async fn run(quiet: f64, abuse: f64, normal: usize, silent_conns: usize) -> 
     ));
     std::fs::create_dir_all(&dir).unwrap();
     let log = dir.join("access.jsonl");
+    let mute = mute_backend().await;
     let yaml = format!(
         "access_log: {{ path: {log:?} }}
 limits:
@@ -373,7 +516,9 @@ limits:
 backends:
   - {{ name: good, url: \"http://{}\" }}
   - {{ name: bad, url: \"http://{}\" }}
+  - {{ name: mute, url: \"http://{mute}\" }}
 routes:
+  - {{ name: mute, match: {{ path_prefix: /mute }}, backends: [mute], timeouts: {{ first_token: 1s }} }}
   - {{ name: bad, match: {{ model: bad }}, backends: [bad], retry: {{ attempts: 0 }} }}
   - {{ name: good, backends: [good] }}
 ",
@@ -413,6 +558,13 @@ routes:
     }
     for _ in 0..20 {
         hostile.push(tokio::spawn(trickler(addr, Arc::clone(&shared))));
+        hostile.push(tokio::spawn(paced_uploader(addr, Arc::clone(&shared))));
+    }
+    for _ in 0..2 {
+        hostile.push(tokio::spawn(zero_window_h2(addr, Arc::clone(&shared))));
+    }
+    for _ in 0..4 {
+        hostile.push(tokio::spawn(hung_upgrade(addr, Arc::clone(&shared))));
     }
     let mut many = String::from("GET /v1/models HTTP/1.1\r\nhost: gw\r\n");
     for i in 0..300 {

@@ -73,6 +73,11 @@ impl Slots {
         self.in_use().saturating_sub(1) >= self.pressure_at
     }
 
+    /// Shares (and the tighter pace) can apply: `overload_at` is below 1.
+    pub fn shares_apply(&self) -> bool {
+        self.pressure_at != usize::MAX
+    }
+
     /// All slots.
     pub fn max(&self) -> usize {
         self.max
@@ -143,7 +148,7 @@ where
             })
             .and_then(|permit| {
                 let pressured = slots.pressured_before_one();
-                let share = match client {
+                let share = match client.filter(|_| slots.pressure_at != usize::MAX) {
                     Some(ip) => Some(
                         slots
                             .by_client

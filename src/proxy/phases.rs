@@ -212,7 +212,7 @@ impl Ctx {
             crate::access::Keys::strip(&mut self.headers);
         }
         self.notes.update(|m| m.key = Some(Arc::clone(&name)));
-        if let Some(slots) = &self.gw.slots {
+        if let Some(slots) = self.gw.slots.as_ref().filter(|s| s.shares_apply()) {
             // A key's share of the slots, like an address's (its own slot is taken already).
             let share = slots
                 .by_key
