@@ -963,3 +963,62 @@ async fn slow_uploads_from_one_address_cannot_keep_others_out() {
     let shared = log.iter().filter(|l| l["error"] == "client_share").count();
     eprintln!("tries per request: {tries:?}; attacker refused its share {shared} times");
 }
+
+/// Connections: once `overload_at` of `max_connections` are open, an address holding its fair
+/// share among the addresses holding any has a new connection closed at once, while another
+/// address still gets in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_pressure_one_address_cannot_take_every_connection() {
+    let (_sim, gw, _dir) = gateway("limits:\n  max_connections: 8\n").await;
+    let addr = gw.data_addr;
+    // A normal client holds one kept-alive connection.
+    let mut normal = Client::connect(addr).await;
+    assert_eq!(
+        normal
+            .send("POST", "/v1/chat/completions", &chat(false, 2, ""), &[])
+            .await
+            .status,
+        200
+    );
+    // The hog opens connections from 127.0.0.2 until one is closed on it at once.
+    let mut hog = Vec::new();
+    let mut refused_after = None;
+    for i in 0..8 {
+        let mut s = connect_from([127, 0, 0, 2], addr).await.unwrap();
+        if closed_within(&mut s, Duration::from_millis(300))
+            .await
+            .is_some()
+        {
+            refused_after = Some(i);
+            break;
+        }
+        hog.push(s);
+    }
+    // With 6 open (5 of them the hog's), 0.75 × 8 is reached: the hog's share among two
+    // addresses is 4, and it holds 5.
+    assert_eq!(
+        refused_after,
+        Some(5),
+        "the hog got {} connections",
+        hog.len()
+    );
+    assert_eq!(
+        common::metric(
+            gw.admin_addr,
+            "inferscope_client_connections_share_refused_total"
+        )
+        .await,
+        1.0
+    );
+    // The other address still gets in, on its kept connection and on a new one.
+    assert_eq!(
+        normal
+            .send("POST", "/v1/chat/completions", &chat(false, 2, ""), &[])
+            .await
+            .status,
+        200
+    );
+    let r = post(addr, "/v1/chat/completions", &chat(false, 2, ""), &[]).await;
+    assert_eq!(r.status, 200);
+    drop(hog);
+}
