@@ -193,7 +193,12 @@ where
         return Err(ProxyError::BodyTooLarge(limit));
     }
     let mut progress = Progress::new(pace);
-    let mut parts: Vec<Bytes> = Vec::new();
+    // One frame is kept as it came; from the second on, the bytes are copied into one buffer as
+    // they arrive (once, as joining them at the end would). A frame is a slice of the connection's
+    // read buffer: kept as slices, a body dripped a few bytes at a time would pin a whole read
+    // buffer per drip, far more memory than the bytes the budget counts.
+    let mut first: Option<Bytes> = None;
+    let mut joined: Option<BytesMut> = None;
     let mut len = 0usize;
     tokio::pin!(body);
     loop {
@@ -223,18 +228,23 @@ where
         if more > 0 {
             budget.grow(&mut reservation, more)?;
         }
-        parts.push(data);
-    }
-    let bytes = match parts.len() {
-        0 => Bytes::new(),
-        1 => parts.pop().unwrap_or_default(),
-        _ => {
-            let mut b = BytesMut::with_capacity(len);
-            for p in &parts {
-                b.extend_from_slice(p);
+        match (&mut joined, first.take()) {
+            (Some(b), _) => b.extend_from_slice(&data),
+            (None, None) => first = Some(data),
+            (None, Some(f)) => {
+                // Grown as bytes arrive, not sized by the declared length: a head alone must not
+                // make the gateway allocate.
+                let mut b = BytesMut::with_capacity(len);
+                b.extend_from_slice(&f);
+                b.extend_from_slice(&data);
+                joined = Some(b);
             }
-            b.freeze()
         }
+    }
+    let bytes = match (joined, first) {
+        (Some(b), _) => b.freeze(),
+        (None, Some(f)) => f,
+        (None, None) => Bytes::new(),
     };
     Ok((bytes, reservation))
 }
