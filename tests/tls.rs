@@ -281,18 +281,30 @@ routes:
     assert_eq!(log[0]["error"], "upstream_connect", "{}", log[0]);
 }
 
+/// A gateway serving TLS from `p`'s server certificate in front of a fresh simulator, and a
+/// client that trusts `p`'s CA.
+async fn tls_gateway(
+    p: &pki::Pki,
+) -> (
+    SimHandle,
+    inferscope::app::Running,
+    Arc<rustls::ClientConfig>,
+) {
+    let sim = common::start_sim(common::exact(1.0, 1.0), 1).await;
+    let yaml = format!(
+        "{}backends:\n  - {{ name: a, url: \"http://{}\" }}\nroutes:\n  - {{ name: main, backends: [a] }}\n",
+        listener_tls(p, false),
+        sim.addr
+    );
+    let gw = common::start_yaml(&yaml).await;
+    (sim, gw, pki::client_config(&p.ca, None, &[b"http/1.1"]))
+}
+
 #[tokio::test]
 async fn a_replaced_certificate_is_served_without_a_restart() {
     let dir = common::temp_dir();
     let p = pki::make(&dir);
-    let sim = common::start_sim(common::exact(1.0, 1.0), 1).await;
-    let yaml = format!(
-        "{}backends:\n  - {{ name: a, url: \"http://{}\" }}\nroutes:\n  - {{ name: main, backends: [a] }}\n",
-        listener_tls(&p, false),
-        sim.addr
-    );
-    let gw = common::start_yaml(&yaml).await;
-    let old = pki::client_config(&p.ca, None, &[b"http/1.1"]);
+    let (_sim, gw, old) = tls_gateway(&p).await;
     assert_eq!(try_request(gw.data_addr, Arc::clone(&old)).await, Ok(200));
     // A broken file is refused and the running certificate stays.
     std::fs::write(&p.server_cert, "not a certificate").unwrap();
@@ -326,14 +338,7 @@ async fn a_replaced_certificate_is_served_without_a_restart() {
 async fn a_certificate_path_that_is_not_a_regular_file_is_refused_and_watching_goes_on() {
     let dir = common::temp_dir();
     let p = pki::make(&dir);
-    let sim = common::start_sim(common::exact(1.0, 1.0), 1).await;
-    let yaml = format!(
-        "{}backends:\n  - {{ name: a, url: \"http://{}\" }}\nroutes:\n  - {{ name: main, backends: [a] }}\n",
-        listener_tls(&p, false),
-        sim.addr
-    );
-    let gw = common::start_yaml(&yaml).await;
-    let old = pki::client_config(&p.ca, None, &[b"http/1.1"]);
+    let (_sim, gw, old) = tls_gateway(&p).await;
     assert_eq!(try_request(gw.data_addr, Arc::clone(&old)).await, Ok(200));
     let failures = || common::metric(gw.admin_addr, "inferscope_tls_reload_failures_total");
     // A FIFO: opening it for reading would block until a writer comes, which none does.

@@ -235,7 +235,10 @@ async fn normal_client(addr: SocketAddr, shared: Arc<Shared>, model: &'static st
 }
 
 /// Reads until a status line arrives (or the peer closes); returns it.
-async fn status_line(s: &mut TcpStream, within: Duration) -> Option<String> {
+async fn status_line<R: tokio::io::AsyncRead + Unpin>(
+    s: &mut R,
+    within: Duration,
+) -> Option<String> {
     let mut got = Vec::new();
     let mut buf = [0u8; 2048];
     let deadline = Instant::now() + within;
@@ -357,30 +360,11 @@ async fn paced_uploader(addr: SocketAddr, shared: Arc<Shared>) {
             }
         };
         let status = tokio::select! {
-            s = read_status(&mut rd, Duration::from_secs(120)) => s,
+            s = status_line(&mut rd, Duration::from_secs(120)) => s,
             () = drip => None,
         };
         shared.got(status);
     }
-}
-
-async fn read_status<R: tokio::io::AsyncRead + Unpin>(
-    rd: &mut R,
-    within: Duration,
-) -> Option<String> {
-    let mut got = Vec::new();
-    let mut buf = [0u8; 1024];
-    let deadline = Instant::now() + within;
-    while !got.windows(2).any(|w| w == b"\r\n") {
-        match tokio::time::timeout_at(deadline, rd.read(&mut buf)).await {
-            Ok(Ok(n)) if n > 0 => got.extend_from_slice(&buf[..n]),
-            _ => return None,
-        }
-    }
-    let text = String::from_utf8_lossy(&got).into_owned();
-    text.lines()
-        .next()
-        .map(|l| l.split_whitespace().take(2).collect::<Vec<_>>().join(" "))
 }
 
 /// An h2 client from 127.0.0.3 whose streams start with a zero window and that never sends
