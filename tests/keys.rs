@@ -268,3 +268,44 @@ async fn failed_key_checks_are_throttled_per_address() {
     assert_eq!(log.len(), 7);
     assert_eq!(log[5]["error"], "auth_throttled", "{}", log[5]);
 }
+
+/// Under pressure (`overload_at`), a key holding its share of the slots among the keys holding
+/// any gets 503 `client_share`; another key still gets in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_pressure_a_key_gets_its_share_of_the_slots() {
+    let dir = temp_dir();
+    let sim = start_sim(exact(1.0, 40.0), 1).await;
+    let yaml = format!(
+        "{}limits: {{ max_concurrent_requests: 4, overload_at: 0.5 }}\n",
+        auth_yaml(&dir, false)
+    );
+    let gw = start_gateway(&[("a", sim.addr)], &dir, &yaml).await;
+    let (a, b) = (format!("Bearer {TEAM_A}"), format!("Bearer {TEAM_B}"));
+    let open = |key: String| async move {
+        let mut c = Client::connect(gw.data_addr).await;
+        // Reads the head and the first frame, keeping the stream (its slot) open.
+        let r = c
+            .send_until(
+                "POST",
+                "/v1/chat/completions",
+                &chat(true, 50, ""),
+                &[("authorization", &key)],
+                1,
+            )
+            .await;
+        (r, c)
+    };
+    let (rb, _hold_b) = open(b.clone()).await;
+    assert_eq!(rb.status, 200);
+    let (ra1, _hold_a1) = open(a.clone()).await;
+    assert_eq!(ra1.status, 200);
+    // Two slots taken of four: pressure. Team A holds 1, its share among two keys is 2.
+    let (ra2, _hold_a2) = open(a.clone()).await;
+    assert_eq!(ra2.status, 200);
+    let (ra3, _) = open(a.clone()).await;
+    assert_eq!(ra3.status, 503);
+    assert_eq!(ra3.headers["x-inferscope-error"], "client_share");
+    // Team B is below its share: it gets the last slot.
+    let (rb2, _hold_b2) = open(b.clone()).await;
+    assert_eq!(rb2.status, 200);
+}

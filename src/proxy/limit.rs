@@ -7,12 +7,13 @@
 //! (recorded as `rejected`, `overloaded`) — and its permit is held by the request's meter until
 //! the response body ends.
 //!
-//! **Shares.** Once `overload_at` of the slots are taken, a client address (and, with keys, a
-//! key) that already holds its fair share — the slots divided by the clients holding any,
-//! counting the newcomer — gets 503 `client_share` instead of one more: one address cannot take
-//! the rest while others wait, and a deployment whose traffic all comes from one address (a load
-//! balancer) keeps every slot, its fair share being all of them. The same pressure tightens the
-//! pace request bodies must keep (`body::Pace`).
+//! **Shares.** Once `overload_at` of the slots are taken, a client address that already holds its
+//! fair share while another address waits — the slots divided by the addresses holding any or
+//! refused for want of room within 2 s — gets 503 `client_share` instead of one more; so does a
+//! key holding its share among the keys holding any. One address cannot take the rest while
+//! others wait, and a deployment whose traffic all comes from one address (a load balancer)
+//! keeps every slot, its fair share being all of them. The same pressure tightens the pace
+//! request bodies must keep (`body::Pace`).
 
 use super::error::ProxyError;
 use super::service::{ProxyBody, ProxyFuture};

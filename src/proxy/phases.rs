@@ -213,10 +213,12 @@ impl Ctx {
         }
         self.notes.update(|m| m.key = Some(Arc::clone(&name)));
         if let Some(slots) = self.gw.slots.as_ref().filter(|s| s.shares_apply()) {
-            // A key's share of the slots, like an address's (its own slot is taken already).
+            // A key's share of the slots among the keys holding any (its own slot is taken
+            // already). A key refused for want of room is not known (the refusal comes before
+            // authentication), so keys share by what they hold, not by who waits.
             let share = slots
                 .by_key
-                .admit(Arc::clone(&name), slots.max(), slots.pressured_before_one())
+                .admit_among_holders(Arc::clone(&name), slots.max(), slots.pressured_before_one())
                 .ok_or(ProxyError::ClientShare)?;
             self.notes.hold(share);
         }
