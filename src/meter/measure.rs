@@ -323,6 +323,10 @@ pub struct Meter {
     progress: Progress,
     bytes_out: u64,
     observe_cost: Duration,
+    /// The receipt instant `observe_cost` was last charged from, and how much of the time since
+    /// it was charged: the pieces of one frame, observed one at a time with the frame's one
+    /// instant, are charged that frame's time once, not once per piece.
+    cost_from: Option<(Instant, Duration)>,
     /// `meta.t_sent` packed, once a frame needed it (0: not yet).
     sent_packed: u64,
     metering: Arc<Metering>,
@@ -387,6 +391,7 @@ impl Meter {
             },
             bytes_out: 0,
             observe_cost: Duration::ZERO,
+            cost_from: None,
             sent_packed: 0,
             metering,
             refused: None,
@@ -526,7 +531,15 @@ impl Meter {
             // Only one usage-only chunk is ever added; after it, frames pass untouched.
             p.strip_usage = false;
         }
-        self.observe_cost += now.elapsed();
+        // The time from the frame's receipt to now is the gateway's; a frame observed a piece at
+        // a time is charged only what came since its last piece (no preemption counted twice).
+        let spent = now.elapsed();
+        let charged = match self.cost_from {
+            Some((from, charged)) if from == now => charged,
+            _ => Duration::ZERO,
+        };
+        self.observe_cost += spent.saturating_sub(charged);
+        self.cost_from = Some((now, spent.max(charged)));
         plan
     }
 
@@ -696,5 +709,62 @@ impl Meter {
             meta: self.meta,
         };
         (rec, self.metering)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::meter::{MeterSettings, RecordSink};
+
+    #[derive(Default, Clone)]
+    struct Collect(Arc<parking_lot::Mutex<Vec<Arc<RequestRecord>>>>);
+
+    impl RecordSink for Collect {
+        fn record(&self, rec: &Arc<RequestRecord>) {
+            self.0.lock().push(Arc::clone(rec));
+        }
+    }
+
+    /// A frame of many pieces, observed a piece at a time with the frame's one instant (the
+    /// usage-stripping path) after a preemption between its receipt and its observation: the
+    /// preemption is charged to the gateway once, and the overhead stays within the request's
+    /// whole time.
+    #[test]
+    fn a_frame_observed_piece_by_piece_is_charged_once() {
+        let sink = Collect::default();
+        let metering = Metering::new(sink.clone(), Arc::default(), MeterSettings::default());
+        let mut meta = RequestMeta::new(http::Method::POST, "/v1/chat/completions");
+        let t0 = Instant::now();
+        meta.t0 = t0;
+        meta.t_sent = Some(t0);
+        let dialect = crate::dialect::Endpoint::from_path("/v1/chat/completions")
+            .and_then(crate::dialect::Endpoint::dialect);
+        let mut meter = Meter::new(
+            meta,
+            200,
+            Framing::for_response("text/event-stream", dialect, 1 << 20),
+            MeasureOptions {
+                dialect,
+                ..MeasureOptions::default()
+            },
+            metering,
+            Held::default(),
+        );
+        let piece = Bytes::from_static(
+            b"data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"}}]}\n\n",
+        );
+        let now = Instant::now();
+        std::thread::sleep(Duration::from_millis(20));
+        for _ in 0..100 {
+            meter.observe(&piece, now);
+        }
+        meter.observe(&Bytes::from_static(b"data: [DONE]\n\n"), Instant::now());
+        meter.finish(End::Complete);
+        let r = sink.0.lock().pop().unwrap();
+        let overhead = r.overhead.unwrap();
+        assert!(overhead <= r.e2e, "overhead {overhead:?} > e2e {:?}", r.e2e);
+        assert!(overhead >= Duration::from_millis(20), "{overhead:?}");
     }
 }
