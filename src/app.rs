@@ -455,12 +455,23 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
 
     let data_connections = server::connections_within_fd_limit(limits.max_connections);
     if data_connections < limits.max_connections {
-        tracing::warn!(
-            configured = limits.max_connections,
-            effective = data_connections,
-            fd_limit = server::fd_limit().map_or(0, |l| l.0),
-            "max_connections lowered to what the open-file limit holds (raise `ulimit -n`)"
-        );
+        let fd_limit = server::fd_limit().map_or(0, |l| l.0);
+        if limits.max_connections == crate::config::Limits::default().max_connections {
+            // The default, not a number anyone asked for: said, not warned.
+            tracing::info!(
+                default = limits.max_connections,
+                effective = data_connections,
+                fd_limit,
+                "max_connections is what the open-file limit holds"
+            );
+        } else {
+            tracing::warn!(
+                configured = limits.max_connections,
+                effective = data_connections,
+                fd_limit,
+                "max_connections lowered to what the open-file limit holds (raise `ulimit -n`)"
+            );
+        }
     }
     let refused_to = Arc::clone(&metering);
     let cut = Arc::clone(&metering);

@@ -375,6 +375,41 @@ pub struct Heartbeat {
 struct Lateness {
     hist: Option<hdrhistogram::Histogram<u64>>,
     last_warned: Option<Instant>,
+    /// The worst beat over the threshold since the last warning, and how many were over it.
+    worst: Duration,
+    over: u64,
+}
+
+/// Warnings come at most this often.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
+impl Lateness {
+    /// Notes a beat `late` past its due time (over the threshold or not); returns what to warn
+    /// of — the worst beat since the last warning and how many were over the threshold — when
+    /// one is over it and the last warning is `WARN_EVERY` old.
+    fn over(
+        &mut self,
+        late: Duration,
+        threshold: Duration,
+        now: Instant,
+    ) -> Option<(Duration, u64)> {
+        if late <= threshold {
+            return None;
+        }
+        self.worst = self.worst.max(late);
+        self.over += 1;
+        if self
+            .last_warned
+            .is_some_and(|t| now.duration_since(t) <= WARN_EVERY)
+        {
+            return None;
+        }
+        self.last_warned = Some(now);
+        let said = (self.worst, self.over);
+        self.worst = Duration::ZERO;
+        self.over = 0;
+        Some(said)
+    }
 }
 
 /// Where a beat came from.
@@ -395,6 +430,8 @@ impl Heartbeat {
             hist: Mutex::new(Lateness {
                 hist: hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 2).ok(),
                 last_warned: None,
+                worst: Duration::ZERO,
+                over: 0,
             }),
             timer_beats: AtomicU64::new(0),
             frame_beats: AtomicU64::new(0),
@@ -419,21 +456,20 @@ impl Heartbeat {
         if let Some(h) = l.hist.as_mut() {
             h.saturating_record(us.max(1));
         }
-        if late > self.warn_over
-            && l.last_warned
-                .is_none_or(|t| t.elapsed() > Duration::from_secs(10))
-        {
-            l.last_warned = Some(Instant::now());
+        if let Some((worst, late_beats)) = l.over(late, self.warn_over, Instant::now()) {
             drop(l);
-            let late_ms = late.as_secs_f64() * 1e3;
+            // The worst since the last warning (not the beat that happened to cross now).
+            let late_ms = worst.as_secs_f64() * 1e3;
             match from {
                 Beat::Timer => tracing::warn!(
                     late_ms,
-                    "the gateway woke late: its process waits for a CPU, so every latency it reports may be off by as much"
+                    late_beats,
+                    "the gateway woke late: its process waits for a CPU, so every latency it reports may be off by as much (late_ms: the worst since the last warning)"
                 ),
                 Beat::Frame => tracing::warn!(
                     late_ms,
-                    "the gateway handed a frame on late: its process waits for a CPU, so every latency it reports may be off by as much"
+                    late_beats,
+                    "the gateway handed a frame on late: its process waits for a CPU, so every latency it reports may be off by as much (late_ms: the worst since the last warning)"
                 ),
             }
         }
@@ -527,6 +563,29 @@ impl Heartbeat {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+
+    #[test]
+    fn a_lateness_warning_says_the_worst_since_the_last_one() {
+        let mut l = Lateness {
+            hist: None,
+            last_warned: None,
+            worst: Duration::ZERO,
+            over: 0,
+        };
+        let ms = Duration::from_millis;
+        let t = Instant::now();
+        assert_eq!(l.over(ms(10), ms(50), t), None);
+        assert_eq!(l.over(ms(67), ms(50), t), Some((ms(67), 1)));
+        // Within 10 s: kept, not said.
+        assert_eq!(l.over(ms(1556), ms(50), t + ms(1000)), None);
+        assert_eq!(l.over(ms(80), ms(50), t + ms(2000)), None);
+        // The next warning says the worst of them (and the one now), and how many were over.
+        assert_eq!(
+            l.over(ms(60), ms(50), t + Duration::from_secs(11)),
+            Some((ms(1556), 3))
+        );
+        assert_eq!(l.over(ms(70), ms(50), t + Duration::from_secs(12)), None);
+    }
 
     #[test]
     fn realtime_stamps_land_on_the_monotonic_timeline() {

@@ -169,7 +169,7 @@ async fn a_low_fd_limit_caps_connections_keeps_admin_up_and_does_not_flood_the_l
     std::fs::write(
         &path,
         format!(
-            "limits: {{ client_idle_timeout: 1s, header_read_timeout: 1s }}\nbackends:\n  - {{ name: s, url: \"http://{}\" }}\nroutes:\n  - {{ name: all, backends: [s] }}\n",
+            "limits: {{ client_idle_timeout: 1s, header_read_timeout: 1s, max_connections: 1000 }}\nbackends:\n  - {{ name: s, url: \"http://{}\" }}\nroutes:\n  - {{ name: all, backends: [s] }}\n",
             sim.addr
         ),
     )

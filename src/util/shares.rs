@@ -2,9 +2,53 @@
 //! client, and under pressure a client that holds its share is refused one more.
 
 use std::collections::HashMap;
-use std::hash::Hash;
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// A multiply-rotate hasher seeded at random per table: a lookup per request and its release
+/// cost a few instructions instead of SipHash's ~140, and a client that cannot learn the seed
+/// cannot aim its addresses at one bucket (the table holds at most the clients connected).
+#[derive(Debug, Clone, Copy)]
+struct Seeded(u64);
+
+impl Default for Seeded {
+    fn default() -> Self {
+        // One SipHash of nothing under std's random keys: a random seed without a new dependency.
+        Self(std::collections::hash_map::RandomState::new().hash_one(0u8) | 1)
+    }
+}
+
+impl BuildHasher for Seeded {
+    type Hasher = SeededHasher;
+    fn build_hasher(&self) -> SeededHasher {
+        SeededHasher(self.0)
+    }
+}
+
+#[derive(Debug)]
+struct SeededHasher(u64);
+
+impl Hasher for SeededHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(word));
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0 ^ n)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .rotate_left(29);
+    }
+
+    fn finish(&self) -> u64 {
+        let x = self.0 ^ (self.0 >> 32);
+        x.wrapping_mul(0xD6E8_FEB8_6659_FD93) ^ (x >> 29)
+    }
+}
 
 /// How long a client refused for want of room counts as waiting.
 pub const WAITING_FOR: Duration = Duration::from_secs(2);
@@ -21,18 +65,38 @@ pub struct Shares<K: Hash + Eq> {
 
 #[derive(Debug)]
 struct Inner<K> {
-    held: HashMap<K, u32>,
-    waiting: HashMap<K, Instant>,
+    /// Units held per client. A client that gives its last one back keeps its entry (at 0), so
+    /// one request's admission and release update a count rather than insert and remove; entries
+    /// at 0 are swept when they outnumber the holders.
+    held: HashMap<K, u32, Seeded>,
+    /// Clients holding at least one.
+    holders: usize,
+    waiting: HashMap<K, Instant, Seeded>,
 }
 
 impl<K: Hash + Eq> Default for Shares<K> {
     fn default() -> Self {
         Self {
             inner: parking_lot::Mutex::new(Inner {
-                held: HashMap::new(),
-                waiting: HashMap::new(),
+                held: HashMap::default(),
+                holders: 0,
+                waiting: HashMap::default(),
             }),
         }
+    }
+}
+
+impl<K: Hash + Eq> Inner<K> {
+    fn held_by(&self, key: &K) -> u32 {
+        self.held.get(key).copied().unwrap_or(0)
+    }
+
+    fn take(&mut self, key: K) {
+        let n = self.held.entry(key).or_default();
+        if *n == 0 {
+            self.holders += 1;
+        }
+        *n += 1;
     }
 }
 
@@ -46,10 +110,14 @@ pub struct ShareGuard<K: Hash + Eq + Clone> {
 impl<K: Hash + Eq + Clone> Drop for ShareGuard<K> {
     fn drop(&mut self) {
         let mut inner = self.shares.inner.lock();
-        if let Some(n) = inner.held.get_mut(&self.key) {
-            *n -= 1;
-            if *n == 0 {
-                inner.held.remove(&self.key);
+        let Some(n) = inner.held.get_mut(&self.key) else {
+            return;
+        };
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            inner.holders -= 1;
+            if inner.held.len() > 2 * inner.holders + 64 {
+                inner.held.retain(|_, n| *n > 0);
             }
         }
     }
@@ -62,8 +130,8 @@ impl<K: Hash + Eq + Clone> Shares<K> {
     /// got in, may take every unit.
     pub fn admit(self: &Arc<Self>, key: K, max: usize, pressured: bool) -> Option<ShareGuard<K>> {
         let mut inner = self.inner.lock();
-        let mine = inner.held.get(&key).copied().unwrap_or(0);
-        if pressured {
+        let mine = inner.held_by(&key);
+        if pressured && !inner.waiting.is_empty() {
             let now = Instant::now();
             inner
                 .waiting
@@ -73,17 +141,19 @@ impl<K: Hash + Eq + Clone> Shares<K> {
                 let waiting_only = inner
                     .waiting
                     .keys()
-                    .filter(|k| **k != key && !inner.held.contains_key(*k))
+                    .filter(|k| **k != key && inner.held_by(k) == 0)
                     .count();
-                let clients = inner.held.len() + waiting_only + usize::from(mine == 0);
+                let clients = inner.holders + waiting_only + usize::from(mine == 0);
                 let fair = (max / clients.max(1)).max(1);
                 if mine as usize >= fair {
                     return None;
                 }
             }
         }
-        inner.waiting.remove(&key);
-        *inner.held.entry(key.clone()).or_default() += 1;
+        if !inner.waiting.is_empty() {
+            inner.waiting.remove(&key);
+        }
+        inner.take(key.clone());
         Some(ShareGuard {
             shares: Arc::clone(self),
             key,
@@ -100,15 +170,15 @@ impl<K: Hash + Eq + Clone> Shares<K> {
         pressured: bool,
     ) -> Option<ShareGuard<K>> {
         let mut inner = self.inner.lock();
-        let mine = inner.held.get(&key).copied().unwrap_or(0);
-        let others = inner.held.len() - usize::from(mine > 0);
+        let mine = inner.held_by(&key);
+        let others = inner.holders - usize::from(mine > 0);
         if pressured && others > 0 {
             let fair = (max / (others + 1)).max(1);
             if mine as usize >= fair {
                 return None;
             }
         }
-        *inner.held.entry(key.clone()).or_default() += 1;
+        inner.take(key.clone());
         Some(ShareGuard {
             shares: Arc::clone(self),
             key,
@@ -131,7 +201,7 @@ impl<K: Hash + Eq + Clone> Shares<K> {
 
     /// Clients holding any.
     pub fn clients(&self) -> usize {
-        self.inner.lock().held.len()
+        self.inner.lock().holders
     }
 }
 
