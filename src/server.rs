@@ -44,8 +44,8 @@ pub struct ClientAddr(pub SocketAddr);
 #[derive(Debug, Clone, Default)]
 pub struct StalledCut(pub Arc<std::sync::atomic::AtomicBool>);
 
-/// A connection whose open requests have not moved a byte either way, or whose client has not
-/// taken a response frame the gateway had ready, for this many idle timeouts is closed.
+/// A connection with a response that has waited this many idle timeouts for its client to take
+/// it (its head or a frame handed on, the body not polled since) is closed.
 pub const STALL_IDLE_TIMEOUTS: u32 = 5;
 
 /// A request the HTTP layer refused before the service saw it (malformed or oversize head, a head
@@ -74,9 +74,8 @@ pub struct ConnCounters {
     pub accepted: AtomicU64,
     /// Closed for silence with no request open, or no first request in time.
     pub closed_idle: AtomicU64,
-    /// Closed with requests open: no byte either way, or a response frame not taken by the
-    /// client, for `STALL_IDLE_TIMEOUTS` idle timeouts (a zero-window h2 client, a client that
-    /// stopped reading).
+    /// Closed with requests open because a response waited `STALL_IDLE_TIMEOUTS` idle timeouts
+    /// for the client to take it (a zero-window h2 client, a client that stopped reading).
     pub closed_stalled: AtomicU64,
     /// `accept` failed (out of file descriptors and the like).
     pub accept_errors: AtomicU64,
@@ -643,7 +642,15 @@ impl ConnState {
     /// until its body is first polled.
     fn register_wait(&self) -> Arc<AtomicU64> {
         let slot = Arc::new(AtomicU64::new(self.ticks.load(Ordering::Relaxed).max(1)));
-        self.waits.lock().push(Arc::downgrade(&slot));
+        let mut waits = self.waits.lock();
+        // Ended responses are swept here too (the supervisor sweeps only while requests are
+        // open): at each power of two from 32, so a long-lived connection's list stays as long
+        // as its open responses, at amortized constant cost.
+        if waits.len() >= 32 && waits.len().is_power_of_two() {
+            waits.retain(|w| w.strong_count() > 0);
+        }
+        waits.push(Arc::downgrade(&slot));
+        drop(waits);
         slot
     }
 
@@ -896,5 +903,30 @@ impl<B: Body> Body for Guarded<B> {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ended_responses_leave_no_trace_in_a_long_lived_connection() {
+        let state = ConnState::default();
+        // A million short requests on one connection, none open when the supervisor looks.
+        for _ in 0..1_000_000 {
+            drop(state.register_wait());
+        }
+        assert!(
+            state.waits.lock().len() <= 64,
+            "{}",
+            state.waits.lock().len()
+        );
+        // An open response is still seen waiting, and for how long.
+        let open = state.register_wait();
+        let now = state.tick() + 10;
+        assert_eq!(state.oldest_wait(now), Some(10));
+        open.store(0, Ordering::Relaxed);
+        assert_eq!(state.oldest_wait(now), None);
     }
 }
