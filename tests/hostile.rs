@@ -529,37 +529,45 @@ async fn a_very_long_stream_keeps_a_bounded_gap_list_and_every_gap_counted() {
     assert_eq!(counted, Some(gaps), "{stats}");
 }
 
-/// A backend that keeps every request head it receives and answers a small chat completion.
-async fn recording_backend() -> (SocketAddr, std::sync::Arc<parking_lot::Mutex<Vec<String>>>) {
+/// A backend that keeps every request head it receives (lower-cased) and answers each with what
+/// `answer` makes of it, then closes.
+async fn answering_backend(
+    answer: impl Fn(&str) -> Vec<u8> + Send + Sync + 'static,
+) -> (SocketAddr, std::sync::Arc<parking_lot::Mutex<Vec<String>>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let heads = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
     let seen = std::sync::Arc::clone(&heads);
+    let answer = std::sync::Arc::new(answer);
     tokio::spawn(async move {
         while let Ok((mut s, _)) = listener.accept().await {
-            let seen = std::sync::Arc::clone(&seen);
+            let (seen, answer) = (std::sync::Arc::clone(&seen), std::sync::Arc::clone(&answer));
             tokio::spawn(async move {
-                let mut got = Vec::new();
-                let mut buf = [0u8; 4096];
-                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut buf).await {
-                        Ok(n) if n > 0 => got.extend_from_slice(&buf[..n]),
-                        _ => return,
-                    }
+                let head = read_request(&mut s).await;
+                if head.is_empty() {
+                    return;
                 }
-                let head = String::from_utf8_lossy(&got).to_ascii_lowercase();
-                let head = head.split("\r\n\r\n").next().unwrap_or("").to_owned();
+                let resp = answer(&head);
                 seen.lock().push(head);
-                let body = r#"{"id":"x","object":"chat.completion","model":"demo","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}"#;
-                let resp = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = s.write_all(resp.as_bytes()).await;
+                let _ = s.write_all(&resp).await;
+                let _ = s.shutdown().await;
             });
         }
     });
     (addr, heads)
+}
+
+/// A backend that keeps every request head it receives and answers a small chat completion.
+async fn recording_backend() -> (SocketAddr, std::sync::Arc<parking_lot::Mutex<Vec<String>>>) {
+    answering_backend(|_| {
+        let body = r#"{"id":"x","object":"chat.completion","model":"demo","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}"#;
+        format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes()
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -676,51 +684,41 @@ async fn one_h2_connection_gets_at_most_h2_max_streams_at_once() {
 async fn encoding_backend(
     encoding: &'static str,
 ) -> (SocketAddr, std::sync::Arc<parking_lot::Mutex<Vec<String>>>) {
-    use std::io::Write as _;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let heads = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
-    let seen = std::sync::Arc::clone(&heads);
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            let head = read_request(&mut s).await;
-            let accepts = head
-                .lines()
-                .any(|l| l.starts_with("accept-encoding:") && l.contains("gzip"));
-            seen.lock().push(head);
-            let mut sse = String::new();
-            for w in ["one", "two", "three"] {
-                sse.push_str(&format!(
-                    "data: {{\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"model\":\"demo\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{w} \"}},\"finish_reason\":null}}]}}\n\n"
-                ));
-            }
-            sse.push_str("data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"model\":\"demo\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n");
-            let (label, body) = match encoding {
-                "gzip" | "gzip!" if accepts || encoding == "gzip!" => {
-                    let mut e =
-                        flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-                    e.write_all(sse.as_bytes()).unwrap();
-                    (Some("gzip"), e.finish().unwrap())
-                }
-                "br" => (Some("br"), b"\x0b\x02\x80not really brotli".to_vec()),
-                _ => (None, sse.into_bytes()),
-            };
-            let mut out = String::from("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n");
-            if let Some(l) = label {
-                out.push_str(&format!("content-encoding: {l}\r\n"));
-            }
-            out.push_str("\r\n");
-            let mut bytes = out.into_bytes();
-            // Three pieces, as a server flushing while it compresses would send them.
-            for piece in body.chunks(body.len().div_ceil(3)) {
-                bytes.extend(chunk(piece));
-            }
-            bytes.extend_from_slice(b"0\r\n\r\n");
-            let _ = s.write_all(&bytes).await;
-            let _ = s.shutdown().await;
+    answering_backend(move |head| {
+        use std::io::Write as _;
+        let accepts = head
+            .lines()
+            .any(|l| l.starts_with("accept-encoding:") && l.contains("gzip"));
+        let mut sse = String::new();
+        for w in ["one", "two", "three"] {
+            sse.push_str(&format!(
+                "data: {{\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"model\":\"demo\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{w} \"}},\"finish_reason\":null}}]}}\n\n"
+            ));
         }
-    });
-    (addr, heads)
+        sse.push_str("data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"model\":\"demo\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n");
+        let (label, body) = match encoding {
+            "gzip" | "gzip!" if accepts || encoding == "gzip!" => {
+                let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+                e.write_all(sse.as_bytes()).unwrap();
+                (Some("gzip"), e.finish().unwrap())
+            }
+            "br" => (Some("br"), b"\x0b\x02\x80not really brotli".to_vec()),
+            _ => (None, sse.into_bytes()),
+        };
+        let mut out = String::from("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n");
+        if let Some(l) = label {
+            out.push_str(&format!("content-encoding: {l}\r\n"));
+        }
+        out.push_str("\r\n");
+        let mut bytes = out.into_bytes();
+        // Three chunks, as a server flushing while it compresses would send them.
+        for piece in body.chunks(body.len().div_ceil(3)) {
+            bytes.extend(chunk(piece));
+        }
+        bytes.extend_from_slice(b"0\r\n\r\n");
+        bytes
+    })
+    .await
 }
 
 /// A client that accepts gzip: the gateway asks measured endpoints for `identity`, so a backend
