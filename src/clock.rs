@@ -164,6 +164,10 @@ pub struct StampedTcp {
     cmsg: Vec<u8>,
     rx: Arc<AtomicU64>,
     fresh: Option<Instant>,
+    /// The next read first peeks at one byte, for the stamp of the segment that carried it
+    /// (`first`): set by the server while a connection waits for the next head.
+    want_first: bool,
+    first: Option<Instant>,
     /// Bytes zeroed and offered to the next `recvmsg`: doubled when a read fills it, halved
     /// when reads use a quarter of it, between `MIN_READ` and `MAX_READ`.
     window: usize,
@@ -190,6 +194,8 @@ impl StampedTcp {
             cmsg,
             rx: Arc::new(AtomicU64::new(0)),
             fresh: None,
+            want_first: false,
+            first: None,
             window: 4 << 10,
         }
     }
@@ -204,6 +210,25 @@ impl StampedTcp {
     /// data).
     pub fn fresh(&self) -> Option<Instant> {
         self.fresh
+    }
+
+    /// Asks the next read that returns data to report, in `first_byte`, the stamp of the segment
+    /// that carried its first byte.
+    ///
+    /// A read reports the stamp of the last segment it took: when a client wrote a request's head
+    /// and body apart and the gateway read both at once (it was late), that is the body's
+    /// arrival. So the first read of a head first peeks at one byte, which takes only the first
+    /// segment. The kernel keeps a stamp per buffer, not per segment: a segment merged into the
+    /// one before it (on a fresh connection, whose first segments are acknowledged at once)
+    /// carries the later stamp, and then so does the peek. One more `recvmsg` per head.
+    pub fn want_first_byte(&mut self) {
+        self.want_first = self.stamps;
+    }
+
+    /// The stamp of the first byte of the latest read, when `want_first_byte` asked for it and
+    /// the peek had one.
+    pub fn first_byte(&self) -> Option<Instant> {
+        self.first
     }
 
     /// The stamp of the latest read that returned data (`None`: none yet, or stamps off).
@@ -227,7 +252,7 @@ impl StampedTcp {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+        use nix::sys::socket::{recvmsg, MsgFlags};
         use std::os::fd::AsRawFd;
         if buf.remaining() == 0 {
             return Poll::Ready(Ok(()));
@@ -241,21 +266,16 @@ impl StampedTcp {
             let dst = buf.initialize_unfilled_to(want);
             let cmsg = &mut self.cmsg;
             let mut short = None;
+            let peek = self.want_first;
+            let mut first = None;
             let got = self.inner.try_io(tokio::io::Interest::READABLE, || {
+                if peek {
+                    first = peek_stamp(fd, &mut dst[..1], cmsg)?;
+                }
                 let mut iov = [io::IoSliceMut::new(dst)];
                 let msg = recvmsg::<()>(fd, &mut iov, Some(cmsg), MsgFlags::empty())
                     .map_err(io::Error::from)?;
-                let mut stamp = None;
-                if let Ok(cmsgs) = msg.cmsgs() {
-                    for c in cmsgs {
-                        if let ControlMessageOwned::ScmTimestampns(ts) = c {
-                            stamp = Some(Duration::new(
-                                u64::try_from(ts.tv_sec()).unwrap_or(0),
-                                u32::try_from(ts.tv_nsec()).unwrap_or(0),
-                            ));
-                        }
-                    }
-                }
+                let stamp = stamp_of(&msg);
                 // A read that did not fill what it offered drained the socket (epoll is
                 // edge-triggered): the readiness is cleared, as Tokio's own reads do, by
                 // saying "would block" to `try_io` with the data kept aside. Without this the
@@ -274,6 +294,11 @@ impl StampedTcp {
                 Ok((n, stamp)) => {
                     buf.advance(n);
                     self.fresh = None;
+                    self.first = None;
+                    if n > 0 && peek {
+                        self.want_first = false;
+                        self.first = first.and_then(stamp_to_instant);
+                    }
                     if n > 0 {
                         if let Some(at) = stamp.and_then(stamp_to_instant) {
                             self.rx.store(pack(at), Ordering::Relaxed);
@@ -292,6 +317,34 @@ impl StampedTcp {
             }
         }
     }
+}
+
+/// The kernel stamp of the segment holding the socket's next byte, read with `MSG_PEEK` into
+/// `one` (the byte stays queued).
+#[cfg(target_os = "linux")]
+fn peek_stamp(
+    fd: std::os::fd::RawFd,
+    one: &mut [u8],
+    cmsg: &mut Vec<u8>,
+) -> io::Result<Option<Duration>> {
+    use nix::sys::socket::{recvmsg, MsgFlags};
+    let mut iov = [io::IoSliceMut::new(one)];
+    let msg =
+        recvmsg::<()>(fd, &mut iov, Some(cmsg), MsgFlags::MSG_PEEK).map_err(io::Error::from)?;
+    Ok(if msg.bytes == 0 { None } else { stamp_of(&msg) })
+}
+
+/// The `SO_TIMESTAMPNS` stamp a `recvmsg` returned, if any.
+#[cfg(target_os = "linux")]
+fn stamp_of(msg: &nix::sys::socket::RecvMsg<'_, '_, ()>) -> Option<Duration> {
+    use nix::sys::socket::ControlMessageOwned;
+    msg.cmsgs().ok()?.find_map(|c| match c {
+        ControlMessageOwned::ScmTimestampns(ts) => Some(Duration::new(
+            u64::try_from(ts.tv_sec()).unwrap_or(0),
+            u32::try_from(ts.tv_nsec()).unwrap_or(0),
+        )),
+        _ => None,
+    })
 }
 
 impl AsyncRead for StampedTcp {

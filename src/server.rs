@@ -679,8 +679,19 @@ impl ConnState {
         self.head_rx.store(0, Ordering::Relaxed);
     }
 
+    /// The next read may bring a head's first byte: an HTTP/1 connection with no request open
+    /// and nothing read since.
     #[inline]
-    fn read(&self, stamp: Option<std::time::Instant>) {
+    fn awaits_head(&self) -> bool {
+        self.open.load(Ordering::Relaxed) == 0
+            && self.head_rx.load(Ordering::Relaxed) == 0
+            && !self.h2.load(Ordering::Relaxed)
+    }
+
+    /// A read that moved bytes: `stamp` is its kernel stamp, `first` the stamp of the segment
+    /// that carried its first byte (when it was asked for).
+    #[inline]
+    fn read(&self, stamp: Option<std::time::Instant>, first: Option<std::time::Instant>) {
         self.progressed();
         let n = self.reads.load(Ordering::Relaxed);
         self.reads.store(n + 1, Ordering::Relaxed);
@@ -689,8 +700,9 @@ impl ConnState {
             self.last_rx.store(p, Ordering::Relaxed);
         }
         if self.open.load(Ordering::Relaxed) == 0 && self.head_rx.load(Ordering::Relaxed) == 0 {
+            let head = first.map(crate::clock::pack).or(packed);
             self.head_rx
-                .store(packed.unwrap_or(UNSTAMPED), Ordering::Relaxed);
+                .store(head.unwrap_or(UNSTAMPED), Ordering::Relaxed);
         }
     }
 
@@ -730,6 +742,9 @@ impl AsyncRead for Tracked {
     ) -> Poll<std::io::Result<()>> {
         let mut this = self.project();
         let before = buf.filled().len();
+        if this.state.awaits_head() {
+            this.inner.as_mut().get_mut().want_first_byte();
+        }
         let r = this.inner.as_mut().poll_read(cx, buf);
         if buf.filled().len() > before {
             if this.state.reads.load(Ordering::Relaxed) == 0
@@ -737,7 +752,7 @@ impl AsyncRead for Tracked {
             {
                 this.state.h2.store(true, Ordering::Relaxed);
             }
-            this.state.read(this.inner.fresh());
+            this.state.read(this.inner.fresh(), this.inner.first_byte());
         }
         r
     }

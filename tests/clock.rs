@@ -160,3 +160,89 @@ async fn the_instrument_reports_its_clock_lag_and_heartbeat() {
         );
     }
 }
+
+/// Reads a chunked streamed response from `s` to its terminating chunk; returns when the first
+/// content byte arrived.
+fn read_stream(s: &mut std::net::TcpStream) -> std::time::Instant {
+    use std::io::Read as _;
+    let mut got = Vec::new();
+    let mut first = None;
+    let mut buf = [0u8; 4096];
+    while !got.ends_with(b"\r\n0\r\n\r\n") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+        if first.is_none() && got.windows(12).any(|w| w == b"\"content\":\" ") {
+            first = Some(std::time::Instant::now());
+        }
+    }
+    assert!(
+        got.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+    first.expect("a content chunk")
+}
+
+/// A client that writes a request's head and body in two segments 20 ms apart, while the
+/// gateway's only worker is held from before the head until well after the body, so the gateway
+/// reads both at once: the request is timed from the head's arrival, not the body's.
+#[test]
+fn a_head_and_body_written_apart_are_timed_from_the_head() {
+    use std::io::Write as _;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = temp_dir();
+    let (gw, _sim) = rt.block_on(async {
+        let sim = start_sim(exact(30.0, 2.0), 1).await;
+        let gw = start_gateway(&[("s", sim.addr)], &dir, "").await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        (gw, sim)
+    });
+    let body = chat(true, 4, "");
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n",
+        body.len()
+    );
+    let mut s = std::net::TcpStream::connect(gw.data_addr).unwrap();
+    s.set_nodelay(true).unwrap();
+    // A keep-alive connection in steady use, as a benchmark client's is.
+    for _ in 0..3 {
+        s.write_all(format!("{head}{body}").as_bytes()).unwrap();
+        read_stream(&mut s);
+    }
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
+    rt.spawn(async move {
+        held_tx.send(()).unwrap();
+        std::thread::sleep(Duration::from_millis(80));
+    });
+    held_rx.recv().unwrap();
+    let sent = std::time::Instant::now();
+    s.write_all(head.as_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    s.write_all(body.as_bytes()).unwrap();
+    let client_ttft = read_stream(&mut s) - sent;
+    drop(s);
+    let log = rt.block_on(stop_and_read_log(gw, &dir));
+    assert_eq!(log.len(), 4);
+    let line = &log[3];
+    assert_eq!(line["clock"], "kernel", "{line}");
+    let logged = ms(line, "ttft_ms");
+    assert!(
+        client_ttft > Duration::from_millis(100),
+        "the hold happened: {client_ttft:?}"
+    );
+    // Before the first byte's stamp was kept, the log was short by the 20 ms between the writes.
+    let diff = client_ttft.as_secs_f64() - logged.as_secs_f64();
+    assert!(
+        diff.abs() < 0.005,
+        "client {client_ttft:?} vs logged {logged:?}: {line}"
+    );
+    // The gateway says how late it read the head: from before the body until the hold ended.
+    let accept = ms(line, "accept_delay_ms");
+    assert!(accept > Duration::from_millis(50), "{line}");
+}
