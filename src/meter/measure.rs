@@ -767,4 +767,118 @@ mod tests {
         assert!(overhead <= r.e2e, "overhead {overhead:?} > e2e {:?}", r.e2e);
         assert!(overhead >= Duration::from_millis(20), "{overhead:?}");
     }
+
+    /// Random streams, with the gateway preempted at random: before it sends, between an
+    /// upstream read and the frame's observation, and between the pieces of a frame observed a
+    /// piece at a time. Whatever the pattern, a request's time adds up: the overhead is exactly
+    /// the time before sending plus the time frames spent with the gateway, never more than the
+    /// whole; TTFT, the ITL gaps and the backend's share fit inside E2E; the forward lag is the
+    /// longest hold. (Paused Tokio time: every duration is the one the test chose.)
+    #[tokio::test(start_paused = true)]
+    async fn a_requests_time_adds_up_however_the_gateway_is_preempted() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        use tokio::time::advance;
+        let dialect = crate::dialect::Endpoint::from_path("/v1/chat/completions")
+            .and_then(crate::dialect::Endpoint::dialect);
+        let content = Bytes::from_static(
+            b"data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"}}]}\n\n",
+        );
+        let role = Bytes::from_static(
+            b"data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\"}}]}\n\n",
+        );
+        let ms = |rng: &mut crate::util::rng::Rng, hi: u32| {
+            Duration::from_micros(u64::from(rng.range(0, hi * 1000)))
+        };
+        let mut rng = crate::util::rng::Rng::new(42);
+        for case in 0..300 {
+            let sink = Collect::default();
+            let metering = Metering::new(sink.clone(), Arc::default(), MeterSettings::default());
+            let mut meta = RequestMeta::new(http::Method::POST, "/v1/chat/completions");
+            let rx = Arc::new(AtomicU64::new(0));
+            meta.upstream_rx = Some(Arc::clone(&rx));
+            let t0 = Instant::now();
+            meta.t0 = t0;
+            advance(ms(&mut rng, 50)).await;
+            let t_sent = Instant::now();
+            meta.t_sent = Some(t_sent);
+            let before_send = t_sent - t0;
+            let mut meter = Meter::new(
+                meta,
+                200,
+                Framing::for_response("text/event-stream", dialect, 1 << 20),
+                MeasureOptions {
+                    dialect,
+                    ..MeasureOptions::default()
+                },
+                metering,
+                Held::default(),
+            );
+            let mut held = Duration::ZERO;
+            let mut longest_hold = Duration::ZERO;
+            let mut first_output = None;
+            let mut last_output = None;
+            let frames = rng.range(1, 12);
+            for f in 0..frames {
+                // The backend's pace, then the read, then the gateway's wait for a CPU.
+                advance(ms(&mut rng, 40)).await;
+                rx.store(
+                    crate::clock::pack(Instant::now().into_std()),
+                    Ordering::Relaxed,
+                );
+                let read = Instant::now();
+                advance(ms(&mut rng, 30)).await;
+                let now = Instant::now();
+                longest_hold = longest_hold.max(now - read);
+                let mut pieces = vec![];
+                if f == 0 && rng.range(0, 2) == 0 {
+                    pieces.push(role.clone());
+                }
+                for _ in 0..rng.range(1, 6) {
+                    pieces.push(content.clone());
+                }
+                if f + 1 == frames {
+                    pieces.push(Bytes::from_static(b"data: [DONE]\n\n"));
+                }
+                if rng.range(0, 2) == 0 {
+                    meter.observe_parts(&pieces, now);
+                } else {
+                    // A piece at a time, all with the frame's instant, preempted in between.
+                    for (i, piece) in pieces.iter().enumerate() {
+                        if i > 0 {
+                            advance(ms(&mut rng, 10)).await;
+                        }
+                        meter.observe(piece, now);
+                    }
+                }
+                first_output.get_or_insert(now);
+                last_output = Some(now);
+                // The frame was the gateway's from its observation's instant until now.
+                held += Instant::now() - now;
+                advance(ms(&mut rng, 5)).await;
+            }
+            let end = Instant::now();
+            meter.finish(End::Complete);
+            let r = sink.0.lock().pop().unwrap();
+            let ctx = format!("case {case}: {r:?}");
+            let overhead = r.overhead.unwrap();
+            assert_eq!(overhead, before_send + held, "{ctx}");
+            assert!(overhead <= r.e2e, "{ctx}");
+            assert_eq!(r.e2e, end - t0, "{ctx}");
+            let ttft = r.ttft.unwrap();
+            assert_eq!(ttft, first_output.unwrap() - t0, "{ctx}");
+            assert!(r.ttfc.unwrap() <= ttft, "{ctx}");
+            assert!(before_send + r.upstream_ttft.unwrap() <= ttft, "{ctx}");
+            // TTFT and the gaps after it reach the last token (each gap kept to the
+            // microsecond), within the whole.
+            let gaps: Duration = r.itl.samples().iter().map(ItlSample::gap).sum();
+            let to_last = last_output.unwrap() - t0;
+            let slack = Duration::from_micros(r.itl.len());
+            assert!(
+                ttft + gaps <= to_last && to_last <= ttft + gaps + slack,
+                "{ctx}"
+            );
+            assert!(to_last <= r.e2e, "{ctx}");
+            assert_eq!(r.forward_lag, Some(longest_hold), "{ctx}");
+        }
+    }
 }
