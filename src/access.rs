@@ -485,7 +485,7 @@ impl Limiter {
 
 impl RecordSink for Limiter {
     fn record(&self, rec: &Arc<RequestRecord>) {
-        if rec.meta.is_shadow {
+        if rec.meta.purpose == crate::meter::Purpose::Shadow {
             return;
         }
         let input = rec.input_tokens.unwrap_or(0);

@@ -677,8 +677,12 @@ pub fn write_line(r: &RequestRecord, out: &mut Vec<u8>) {
         }
         list.push(b']');
     }
-    if m.is_shadow {
+    o.str(key!("purpose"), m.purpose.as_str());
+    if m.purpose == crate::meter::Purpose::Shadow {
         o.bool(key!("shadow"), true);
+    }
+    if m.variant_forced {
+        o.bool(key!("variant_forced"), true);
     }
     if let Some(met) = r.slo_met() {
         o.bool(key!("slo_met"), met);

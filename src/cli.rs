@@ -167,6 +167,11 @@ enum Cmd {
         /// Extra header NAME:VALUE (repeatable), e.g. x-inferscope-variant:int8.
         #[arg(long = "header")]
         headers: Vec<String>,
+        /// What the requests are to the gateway: `bench` (its own groups in /stats, out of live
+        /// rates and experiment comparisons, where the route has `purpose_header: true`) or
+        /// `live` (standing in for users' traffic).
+        #[arg(long, default_value = "bench", value_parser = ["bench", "live"])]
+        purpose: String,
         /// Write the report as JSON here.
         #[arg(long)]
         out: Option<PathBuf>,
@@ -226,9 +231,14 @@ enum Cmd {
         /// For https:// admin URLs: a PEM CA bundle trusted besides the bundled Mozilla roots.
         #[arg(long)]
         ca_file: Option<PathBuf>,
-        /// Group by `variant`, `backend`, `model` or `route`.
+        /// Group by `variant`, `backend`, `model`, `route`, `purpose` or `stream`.
         #[arg(long, default_value = "variant")]
         by: String,
+        /// Which traffic to read: `live` (with shadow copies, as their own `VARIANT:shadow`
+        /// group: the default), `eval`, `bench`, `shadow`, or `all`. Grouped by variant, a
+        /// variant a client forced is left out unless `all`.
+        #[arg(long, value_name = "PURPOSE")]
+        purpose: Option<String>,
         /// The group the others are compared with (e.g. the control variant).
         #[arg(long)]
         control: Option<String>,
@@ -356,6 +366,7 @@ pub fn main() -> ExitCode {
         token_env,
         ca_file,
         by,
+        purpose,
         control,
         min_samples,
         json,
@@ -385,6 +396,7 @@ pub fn main() -> ExitCode {
         let opts = crate::experiment::ReportOptions {
             files: Vec::new(),
             by: by.clone(),
+            purpose: purpose.clone(),
             control: control.clone(),
             min_samples: *min_samples,
             json: *json,
@@ -790,6 +802,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             max_tokens,
             slo,
             headers,
+            purpose,
             out,
             compare_gateway,
             seed,
@@ -851,7 +864,10 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 (Some(r), _) => anyhow::bail!("--rate {r}: must be above 0"),
                 (None, c) => Arrivals::Concurrency(c.unwrap_or(1)),
             };
-            let headers = parse_headers(&headers)?;
+            let mut headers = parse_headers(&headers)?;
+            if purpose != "live" {
+                headers.push((crate::meter::PURPOSE_HEADER.into(), purpose.clone()));
+            }
             let opts = BenchOptions {
                 url,
                 model,
@@ -901,8 +917,16 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             }
             let (samples, wall) = loadgen::run(&opts).await;
             let mut report = loadgen::summarize(&samples, wall, &opts.slo);
+            let taken = samples.iter().any(|s| s.purpose_taken);
+            if purpose != "live" && !taken && !samples.is_empty() {
+                eprintln!("note: the gateway did not take x-inferscope-purpose: {purpose} (the route has no `purpose_header: true`), so these requests count as live traffic in its statistics and experiments");
+            }
             let gateway = match &compare_gateway {
-                Some(admin) => Some(fetch_stats(admin).await?),
+                // Compared with the gateway's figures for the same population.
+                Some(admin) => Some(population(
+                    fetch_stats(admin).await?,
+                    taken.then_some(purpose.as_str()),
+                )),
                 None => None,
             };
             print!("{}", loadgen::render(&report, gateway.as_ref()));
@@ -1193,6 +1217,21 @@ async fn admin_call(
 }
 
 /// `GET {admin}/stats`.
+/// A `/stats` document whose overall rollup is `purpose`'s (the rollups are of live traffic;
+/// requests a benchmark declared are counted under their purpose).
+fn population(mut stats: serde_json::Value, purpose: Option<&str>) -> serde_json::Value {
+    let Some(p) = purpose else {
+        return stats;
+    };
+    let own = stats["rollups"]["purpose"]
+        .as_array()
+        .and_then(|l| l.iter().find(|g| g["purpose"] == p))
+        .cloned()
+        .unwrap_or(serde_json::Value::Null);
+    stats["rollups"]["all"] = own;
+    stats
+}
+
 async fn fetch_stats(admin: &str) -> anyhow::Result<serde_json::Value> {
     fetch_json(admin, "/stats", None, None).await
 }

@@ -322,6 +322,7 @@ impl StampedTcp {
 /// The kernel stamp of the segment holding the socket's next byte, read with `MSG_PEEK` into
 /// `one` (the byte stays queued).
 #[cfg(target_os = "linux")]
+#[allow(clippy::ptr_arg)] // nix's `recvmsg` takes the control buffer as a `Vec`
 fn peek_stamp(
     fd: std::os::fd::RawFd,
     one: &mut [u8],

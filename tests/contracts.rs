@@ -102,6 +102,7 @@ fn cli_output_shapes() {
         e2e: 12.0,
         input_tokens: 3,
         output_tokens: 2,
+        purpose_taken: false,
     }];
     let report = inferscope::loadgen::summarize(&samples, std::time::Duration::from_secs(1), &[]);
     let mut keys = BTreeSet::new();

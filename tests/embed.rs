@@ -53,7 +53,8 @@ async fn an_axum_app_gets_measurements_and_metrics_from_one_layer() {
 
     let (status, metrics) = admin_get(addr, "/metrics").await;
     assert_eq!(status, 200);
-    let labels = r#"route="chat",model="demo-model",backend="-",variant="-""#;
+    let labels =
+        r#"route="chat",model="demo-model",backend="-",variant="-",purpose="live",stream="true""#;
     assert!(
         metrics.contains(&format!(
             "inferscope_requests_total{{{labels},outcome=\"ok\"}} 1\n"

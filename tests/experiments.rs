@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 
 fn yaml(dir: &std::path::Path, fp16: SocketAddr, int8: SocketAddr, min_samples: usize) -> String {
     format!(
-        "access_log: {{ path: {:?} }}\nbackends:\n  - {{ name: fp16, url: \"http://{fp16}\" }}\n  - {{ name: int8, url: \"http://{int8}\" }}\nroutes:\n  - name: chat\n    experiment:\n      name: int8-vs-fp16\n      sticky_key: \"header:x-user-id\"\n      min_samples: {min_samples}\n      variants:\n        - {{ name: fp16, backends: [fp16], weight: 50, control: true }}\n        - {{ name: int8, backends: [int8], weight: 50 }}\n",
+        "access_log: {{ path: {:?} }}\nbackends:\n  - {{ name: fp16, url: \"http://{fp16}\" }}\n  - {{ name: int8, url: \"http://{int8}\" }}\nroutes:\n  - name: chat\n    experiment:\n      name: int8-vs-fp16\n      allow_override: true\n      sticky_key: \"header:x-user-id\"\n      min_samples: {min_samples}\n      variants:\n        - {{ name: fp16, backends: [fp16], weight: 50, control: true }}\n        - {{ name: int8, backends: [int8], weight: 50 }}\n",
         dir.join("access.jsonl")
     )
 }
@@ -692,7 +692,7 @@ async fn the_joined_verdict_weighs_latency_and_quality_against_the_accept_limits
     // The experiment takes model `demo` only; every other request goes to fp16 alone. `/tokenize`
     // is routed by its body's model too, so perplexity windows are counted in tokens.
     let yaml = format!(
-        "access_log: {{ path: {:?} }}\nbackends:\n  - {{ name: fp16, url: \"http://{}\", price: {{ per_million_output_tokens: 0.5 }} }}\n  - {{ name: int8, url: \"http://{}\", price: {{ per_gpu_hour: 3.0 }}, model: {{ params_b: 8 }}, gpu: {{ preset: h100, count: 2 }} }}\nroutes:\n  - name: demo\n    match: {{ model: demo }}\n    experiment:\n      name: int8-vs-fp16\n      min_samples: 10\n      accept: {{ tpot_change_max: 0, accuracy_drop_max_points: 1.0, ppl_rise_max: 0.5 }}\n      variants:\n        - {{ name: fp16, backends: [fp16], weight: 50, control: true }}\n        - {{ name: int8, backends: [int8], weight: 50 }}\n  - name: default\n    match: {{ path_prefix: / }}\n    backends: [fp16]\n",
+        "access_log: {{ path: {:?} }}\nbackends:\n  - {{ name: fp16, url: \"http://{}\", price: {{ per_million_output_tokens: 0.5 }} }}\n  - {{ name: int8, url: \"http://{}\", price: {{ per_gpu_hour: 3.0 }}, model: {{ params_b: 8 }}, gpu: {{ preset: h100, count: 2 }} }}\nroutes:\n  - name: demo\n    match: {{ model: demo }}\n    purpose_header: true\n    experiment:\n      name: int8-vs-fp16\n      sticky_key: \"header:x-user-id\"\n      allow_override: true\n      min_samples: 10\n      accept: {{ tpot_change_max: 0, accuracy_drop_max_points: 1.0, ppl_rise_max: 0.5 }}\n      variants:\n        - {{ name: fp16, backends: [fp16], weight: 50, control: true }}\n        - {{ name: int8, backends: [int8], weight: 50 }}\n  - name: default\n    match: {{ path_prefix: / }}\n    backends: [fp16]\n",
         dir.join("access.jsonl"),
         fp16.addr,
         int8.addr
@@ -702,15 +702,15 @@ async fn the_joined_verdict_weighs_latency_and_quality_against_the_accept_limits
         format!("http://{}", gw.data_addr),
         format!("http://{}", gw.admin_addr),
     );
+    // Live traffic: users the split assigns, over more than the second a variant's served
+    // rate needs (one after another, ~37 ms each).
     for i in 0..40 {
+        let user = format!("user-{i}");
         let r = post(
             gw.data_addr,
             "/v1/chat/completions",
-            &chat(true, 8, ""),
-            &[(
-                "x-inferscope-variant",
-                if i % 2 == 0 { "fp16" } else { "int8" },
-            )],
+            &chat(true, 16, ""),
+            &[("x-user-id", &user)],
         )
         .await;
         assert_eq!(r.status, 200);
@@ -721,6 +721,11 @@ async fn the_joined_verdict_weighs_latency_and_quality_against_the_accept_limits
     let v = &doc["experiments"][0]["verdicts"][0];
     assert_eq!(v["decision"], "undecided", "{v}");
     assert_eq!(v["checks"][0]["state"], "met", "TPOT is a third lower: {v}");
+    let live_comparisons = doc["experiments"][0]["comparisons"].clone();
+    assert!(
+        live_comparisons.as_array().unwrap().len() >= 5,
+        "{live_comparisons}"
+    );
 
     // Each eval posts its result, and prints it: kept for `report --quality` below.
     let (mmlu_json, ppl_json) = (dir.join("mmlu.json"), dir.join("ppl.json"));
@@ -751,6 +756,13 @@ async fn the_joined_verdict_weighs_latency_and_quality_against_the_accept_limits
     let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
     let x = &doc["experiments"][0];
     assert_eq!(x["quality"].as_array().unwrap().len(), 2, "{x}");
+    // The evals' forced, non-streamed requests went through the same route and variants, and
+    // the latency comparisons are exactly what live traffic made them: the evals are counted
+    // apart (as eval, and as forced).
+    assert_eq!(x["comparisons"], live_comparisons, "{x}");
+    let left_out = &x["left_out"];
+    assert!(left_out["eval"].as_u64().unwrap() > 100, "{left_out}");
+    assert_eq!(left_out["variant_forced"], 0, "{left_out}");
     let v = &x["verdicts"][0];
     let row = v["row"].as_str().unwrap();
     println!("{row}");
@@ -1097,7 +1109,14 @@ async fn shadow_copies_are_measured_compared_and_never_touch_the_primary() {
         .find(|v| v["variant"] == "int8:shadow")
         .map(|v| v["row"].as_str().unwrap().to_owned())
         .unwrap();
-    assert!(row.contains("; shadow exact match 100% [61, 100]"), "{row}");
+    assert!(row.contains("shadow exact match 100% [61, 100]"), "{row}");
+    // The primaries were forced to fp16: not a draw from the split, so the comparisons say they
+    // left them out (the shadow's arm is measured on its own).
+    assert_eq!(
+        doc["experiments"][0]["left_out"]["variant_forced"], 7,
+        "{}",
+        doc["experiments"][0]
+    );
     let log = stop_and_read_log(gw, &dir).await;
     let primaries = log.iter().filter(|l| l.get("shadow").is_none()).count();
     assert_eq!(primaries, 7);
@@ -1181,27 +1200,38 @@ async fn goodput_counts_requests_meeting_every_objective_per_variant() {
         "  - name: chat\n    slo: { ttft: 50ms, tpot: 20ms }\n",
     );
     let gw = start_yaml(&yaml).await;
+    // Users drawn by the split (a forced variant would be left out of the comparison).
+    let mut fp16_user = None;
+    let (mut n16, mut n8) = (0u64, 0u64);
     for i in 0..24 {
-        let variant = if i % 2 == 0 { "fp16" } else { "int8" };
+        let user = format!("user-{i}");
         let r = post(
             gw.data_addr,
             "/v1/chat/completions",
             &chat(true, 4, ""),
-            &[("x-inferscope-variant", variant)],
+            &[("x-user-id", &user)],
         )
         .await;
         assert_eq!(r.status, 200);
+        if r.headers["x-inferscope-variant"] == "fp16" {
+            n16 += 1;
+            fp16_user = Some(user);
+        } else {
+            n8 += 1;
+        }
     }
+    assert!(n16 >= 5 && n8 >= 5, "{n16} / {n8}");
     // Not streamed: nothing shows before the end (5 + 19 × 5 ms), so its TTFT is judged by its
     // end and misses the 50-ms objective.
     let r = post(
         gw.data_addr,
         "/v1/chat/completions",
         &chat(false, 20, ""),
-        &[("x-inferscope-variant", "fp16")],
+        &[("x-user-id", fp16_user.as_deref().unwrap())],
     )
     .await;
     assert_eq!(r.status, 200);
+    assert_eq!(r.headers["x-inferscope-variant"], "fp16");
 
     let (_, body) = admin_get(gw.admin_addr, "/stats").await;
     let stats: serde_json::Value = serde_json::from_str(&body).unwrap();
@@ -1217,16 +1247,17 @@ async fn goodput_counts_requests_meeting_every_objective_per_variant() {
     let (g16, g8) = (by_variant("fp16"), by_variant("int8"));
     assert_eq!(
         (g16["evaluated"].as_u64(), g16["met"].as_u64()),
-        (Some(13), Some(12)),
+        (Some(n16 + 1), Some(n16)),
         "{g16}"
     );
     assert_eq!(
         (g8["evaluated"].as_u64(), g8["met"].as_u64()),
-        (Some(12), Some(0)),
+        (Some(n8), Some(0)),
         "{g8}"
     );
+    let share16 = n16 as f64 / (n16 + 1) as f64;
     assert!(
-        (g16["share"].as_f64().unwrap() - 12.0 / 13.0).abs() < 1e-3,
+        (g16["share"].as_f64().unwrap() - share16).abs() < 1e-3,
         "{g16}"
     );
 
@@ -1239,20 +1270,21 @@ async fn goodput_counts_requests_meeting_every_objective_per_variant() {
             .sum()
     };
     assert_eq!(sum("inferscope_slo_evaluated_requests_total"), 25.0);
-    assert_eq!(sum("inferscope_slo_met_requests_total"), 12.0);
+    assert_eq!(sum("inferscope_slo_met_requests_total"), n16 as f64);
 
     let (_, body) = admin_get(gw.admin_addr, "/experiments").await;
     let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
     let c = comparison(&doc, "int8", "goodput");
     let verdict = c["verdict"].as_str().unwrap();
     assert!(
-        (c["change"].as_f64().unwrap() + 12.0 / 13.0).abs() < 1e-9,
+        (c["change"].as_f64().unwrap() + share16).abs() < 1e-9,
         "{c}"
     );
     let ci = c["change_ci"].as_array().unwrap();
     assert!(ci[1].as_f64().unwrap() < 0.0, "{c}");
+    let points = format!("{:.1}", share16 * 100.0);
     assert!(
-        verdict.starts_with("int8 goodput \u{2212}92.3 points [")
+        verdict.starts_with(&format!("int8 goodput \u{2212}{points} points ["))
             && verdict.ends_with(", significant"),
         "{verdict}"
     );
@@ -1261,7 +1293,7 @@ async fn goodput_counts_requests_meeting_every_objective_per_variant() {
     assert_eq!(log.len(), 25);
     let met = log.iter().filter(|l| l["slo_met"] == true).count();
     let missed = log.iter().filter(|l| l["slo_met"] == false).count();
-    assert_eq!((met, missed), (12, 13));
+    assert_eq!((met as u64, missed as u64), (n16, n8 + 1));
 
     // Offline, from the log: the same goodput comparison.
     let out = run_cli(

@@ -256,7 +256,7 @@ async fn embedded_default_measures_both_simulated_backends() {
         assert_eq!(b["cumulative"]["output_tokens"], 3);
     }
     let (_, metrics) = admin_get(gw.admin_addr, "/metrics").await;
-    assert!(metrics.contains(r#"inferscope_requests_total{route="demo",model="demo",backend="int8",variant="int8",outcome="ok"} 1"#), "{metrics}");
+    assert!(metrics.contains(r#"inferscope_requests_total{route="demo",model="demo",backend="int8",variant="int8",purpose="live",stream="true",outcome="ok"} 1"#), "{metrics}");
     assert!(metrics.contains("inferscope_time_to_first_token_seconds_bucket{"));
     assert_eq!(admin_get(gw.admin_addr, "/readyz").await.0, 200);
     assert_eq!(admin_get(gw.admin_addr, "/healthz").await.0, 200);

@@ -159,7 +159,7 @@ async fn perplexity_reads_vllms_prompt_logprobs() {
     // One real backend as both variants: the same model must score the same text the same.
     let dir = temp_dir();
     let yaml = format!(
-        "access_log: {{ path: {:?} }}\nbackends:\n  - {{ name: vllm, url: \"{url}\" }}\nroutes:\n  - name: all\n    experiment:\n      name: same\n      variants:\n        - {{ name: fp16, backends: [vllm], weight: 50, control: true }}\n        - {{ name: int8, backends: [vllm], weight: 50 }}\n",
+        "access_log: {{ path: {:?} }}\nbackends:\n  - {{ name: vllm, url: \"{url}\" }}\nroutes:\n  - name: all\n    experiment:\n      name: same\n      allow_override: true\n      variants:\n        - {{ name: fp16, backends: [vllm], weight: 50, control: true }}\n        - {{ name: int8, backends: [vllm], weight: 50 }}\n",
         dir.join("access.jsonl"),
     );
     let gw = start_yaml(&yaml).await;
@@ -201,7 +201,7 @@ async fn humaneval_completions_from_vllm_are_run_in_the_sandbox() {
     let Some(url) = vllm_url() else { return };
     let dir = temp_dir();
     let yaml = format!(
-        "access_log: {{ path: {:?} }}\nbackends:\n  - {{ name: vllm, url: \"{url}\" }}\nroutes:\n  - name: all\n    experiment:\n      name: same\n      variants:\n        - {{ name: fp16, backends: [vllm], weight: 50, control: true }}\n        - {{ name: int8, backends: [vllm], weight: 50 }}\n",
+        "access_log: {{ path: {:?} }}\nbackends:\n  - {{ name: vllm, url: \"{url}\" }}\nroutes:\n  - name: all\n    experiment:\n      name: same\n      allow_override: true\n      variants:\n        - {{ name: fp16, backends: [vllm], weight: 50, control: true }}\n        - {{ name: int8, backends: [vllm], weight: 50 }}\n",
         dir.join("access.jsonl"),
     );
     let gw = start_yaml(&yaml).await;

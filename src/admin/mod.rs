@@ -909,6 +909,10 @@ fn experiments_json(router: &Router, rec: &Recorder) -> serde_json::Value {
                     crate::experiment::quality::add_costs(&mut v, &x.prices);
                     if let serde_json::Value::Object(m) = &mut v {
                         m.insert("route".into(), r.name.as_ref().into());
+                        m.insert(
+                            "left_out".into(),
+                            rec.experiments.left_out(&r.name).to_json(),
+                        );
                         m.insert("feedback".into(), rec.experiments.feedback.summary(&r.name));
                         if let Some(g) = &x.guard {
                             m.insert("guardrails".into(), g.to_json());

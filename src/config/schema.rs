@@ -82,9 +82,6 @@ mod defaults {
     pub fn idle_timeout() -> Duration {
         Duration::from_secs(4)
     }
-    pub fn allow_override() -> bool {
-        true
-    }
     pub fn min_samples() -> usize {
         200
     }
@@ -662,6 +659,11 @@ pub struct RouteConfig {
     /// (goodput).
     #[serde(default)]
     pub slo: Option<SloConfig>,
+    /// Honour the `x-inferscope-purpose` request header (`live`, `eval`, `bench`: the gateway's
+    /// own tools send it). Off by default: a client could move its traffic out of the live
+    /// statistics. Without it every client request is live.
+    #[serde(default)]
+    pub purpose_header: bool,
 }
 
 /// A route's latency objectives (each optional, at least one set). A request meets them when
@@ -794,8 +796,10 @@ pub struct ExperimentConfig {
     /// `user`): requests with the same key go to the same variant. Without a key: random.
     #[serde(default)]
     pub sticky_key: Option<String>,
-    /// Honour the `x-inferscope-variant` request header (forcing a variant, e.g. for evals).
-    #[serde(default = "defaults::allow_override")]
+    /// Honour the `x-inferscope-variant` request header (forcing a variant, as `inferscope eval`
+    /// does). Off by default: any client could then pick its variant. Forced requests are logged
+    /// `variant_forced` and kept out of the comparisons (they are not a random draw).
+    #[serde(default)]
     pub allow_override: bool,
     /// Fixed horizon: no verdict until every variant has this many samples of a metric.
     #[serde(default = "defaults::min_samples")]

@@ -209,7 +209,8 @@ impl EvalTarget {
     ) -> Result<Value, NoReply> {
         let mut req = http::Request::post(format!("{}{path}", self.url.trim_end_matches('/')))
             .header("content-type", "application/json")
-            .header(super::VARIANT_HEADER, variant);
+            .header(super::VARIANT_HEADER, variant)
+            .header(crate::meter::PURPOSE_HEADER, "eval");
         for (k, v) in &self.headers {
             req = req.header(k.as_str(), v.as_str());
         }
@@ -224,6 +225,12 @@ impl EvalTarget {
             .get(super::VARIANT_HEADER)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
+        if status.is_success() && !resp.headers().contains_key(crate::meter::PURPOSE_HEADER) {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                eprintln!("note: the gateway did not take x-inferscope-purpose: eval (the route has no `purpose_header: true`): these requests count as live traffic in its /stats (its experiment comparisons leave them out anyway: their variant is forced)");
+            });
+        }
         let bytes = resp
             .into_body()
             .collect()

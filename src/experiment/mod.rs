@@ -19,7 +19,7 @@ pub use guard::{Guardrails, Trip};
 pub use report::{report, ReportError, ReportOptions};
 
 use crate::meter::NONE;
-use crate::meter::{Outcome, RequestRecord};
+use crate::meter::{Outcome, Purpose, RequestRecord};
 use crate::util::Rng;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
@@ -33,8 +33,10 @@ pub const VARIANT_HEADER: &str = "x-inferscope-variant";
 /// Samples kept per metric and variant (uniform reservoir over everything seen).
 pub const RESERVOIR: usize = 10_000;
 
-/// Metrics compared between variants, by their `/stats` names.
-pub const COMPARED: [&str; 5] = ["ttft", "ttfc", "tpot", "itl", "e2e"];
+/// Metrics compared between variants, by their `/stats` names. E2E is a different quantity for
+/// a streamed and a non-streamed request: each is compared with its own kind (`e2e`: streamed,
+/// `e2e_unstreamed`: not).
+pub const COMPARED: [&str; 6] = ["ttft", "ttfc", "tpot", "itl", "e2e", "e2e_unstreamed"];
 
 /// A uniform random sample of a stream of values (Algorithm R), bounded in memory.
 #[derive(Debug, Clone)]
@@ -90,7 +92,7 @@ pub struct Arm {
     /// Seconds those requests took end to end.
     pub output_seconds: f64,
     /// Samples in `COMPARED` order, in milliseconds.
-    pub samples: [Reservoir; 5],
+    pub samples: [Reservoir; COMPARED.len()],
     /// Requests judged against the route's latency objectives.
     pub slo_evaluated: u64,
     /// Of those, the ones that met them all.
@@ -148,7 +150,7 @@ impl Arm {
         self.output_tokens += r.output_tokens.unwrap_or(0);
         self.output_seconds += r.e2e.as_secs_f64();
         let ms = crate::util::quantile::duration_ms;
-        let [ttft, ttfc, tpot, itl, e2e] = &mut self.samples;
+        let [ttft, ttfc, tpot, itl, e2e, e2e_unstreamed] = &mut self.samples;
         if let Some(d) = r.ttft {
             ttft.push(ms(d));
         }
@@ -163,7 +165,11 @@ impl Arm {
                 itl.push(crate::util::quantile::us_to_ms(us));
             }
         });
-        e2e.push(ms(r.e2e));
+        if r.meta.stream {
+            e2e.push(ms(r.e2e));
+        } else {
+            e2e_unstreamed.push(ms(r.e2e));
+        }
     }
 
     fn count_slo(&mut self, met: Option<bool>) {
@@ -196,10 +202,31 @@ impl Arm {
 /// One experiment's arms, by variant.
 pub type Arms = BTreeMap<Arc<str>, Arm>;
 
+/// Requests an experiment's route served that its comparisons leave out, and why.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LeftOut {
+    /// The client forced the variant: not a random draw from the split.
+    pub forced: u64,
+    /// Declared `eval`.
+    pub eval: u64,
+    /// Declared `bench`.
+    pub bench: u64,
+}
+
+impl LeftOut {
+    /// As JSON, with what it means.
+    pub fn to_json(self) -> Value {
+        json!({
+            "variant_forced": self.forced, "eval": self.eval, "bench": self.bench,
+            "why": "compared: live traffic the split assigned (and shadow copies, as VARIANT:shadow); a forced variant is not a random draw, an eval's or a benchmark's request is not what users felt",
+        })
+    }
+}
+
 /// The data of every experiment, keyed by route then variant, and the feedback joined to it.
 #[derive(Debug, Default)]
 pub struct Experiments {
-    arms: Mutex<HashMap<Arc<str>, Arms>>,
+    arms: Mutex<HashMap<Arc<str>, (Arms, LeftOut)>>,
     /// Quality signals posted to `/feedback`, joined to variants.
     pub feedback: Feedback,
     /// Eval results posted to `/experiments/quality`.
@@ -207,7 +234,8 @@ pub struct Experiments {
 }
 
 impl Experiments {
-    /// Adds a finished request that an experiment assigned to a variant.
+    /// Adds a finished request that an experiment assigned to a variant: to its arm when the
+    /// split drew it for live traffic (or it is a shadow copy), else to what is left out.
     pub fn record(&self, r: &RequestRecord) {
         let m = &r.meta;
         if m.variant.as_ref() == NONE {
@@ -215,17 +243,37 @@ impl Experiments {
         }
         self.feedback.remember(&m.request_id, &m.route, &m.variant);
         let mut arms = self.arms.lock();
-        let route = arms.entry(Arc::clone(&m.route)).or_default();
-        let seed = crate::util::stable_hash(m.variant.as_bytes());
-        route
-            .entry(Arc::clone(&m.variant))
-            .or_insert_with(|| Arm::new(seed))
-            .record(r);
+        let (route, left_out) = arms.entry(Arc::clone(&m.route)).or_default();
+        match m.purpose {
+            Purpose::Eval => left_out.eval += 1,
+            Purpose::Bench => left_out.bench += 1,
+            Purpose::Live if m.variant_forced => left_out.forced += 1,
+            Purpose::Live | Purpose::Shadow => {
+                let seed = crate::util::stable_hash(m.variant.as_bytes());
+                route
+                    .entry(Arc::clone(&m.variant))
+                    .or_insert_with(|| Arm::new(seed))
+                    .record(r);
+            }
+        }
     }
 
     /// A copy of one route's arms.
     pub fn arms(&self, route: &str) -> BTreeMap<Arc<str>, Arm> {
-        self.arms.lock().get(route).cloned().unwrap_or_default()
+        self.arms
+            .lock()
+            .get(route)
+            .map(|(a, _)| a.clone())
+            .unwrap_or_default()
+    }
+
+    /// What one route's comparisons left out.
+    pub fn left_out(&self, route: &str) -> LeftOut {
+        self.arms
+            .lock()
+            .get(route)
+            .map(|(_, l)| *l)
+            .unwrap_or_default()
     }
 }
 

@@ -337,9 +337,15 @@ pub fn verdicts(
                 ("tpot", accept.and_then(|a| a.tpot_change_max)),
                 ("e2e", accept.and_then(|a| a.e2e_change_max)),
             ] {
-                let c = comparisons
-                    .iter()
-                    .find(|c| c["variant"] == variant && c["metric"] == metric);
+                let find = |metric: &str| {
+                    comparisons
+                        .iter()
+                        .find(|c| c["variant"] == variant && c["metric"] == metric)
+                };
+                // E2E is compared streamed with streamed; an experiment serving only
+                // non-streamed requests is judged on theirs.
+                let c = find(metric)
+                    .or_else(|| (metric == "e2e").then(|| find("e2e_unstreamed")).flatten());
                 let label = metric.to_uppercase();
                 let ci = c.and_then(|c| {
                     let lo = c["median_ci"][0].as_f64()?;

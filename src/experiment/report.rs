@@ -3,7 +3,7 @@
 //! backend and variant labels — and, given a control, the comparison of each group with it.
 
 use super::{summarize, Arm};
-use crate::meter::Outcome;
+use crate::meter::{Outcome, Purpose};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
@@ -15,8 +15,10 @@ use std::sync::Arc;
 pub struct ReportOptions {
     /// The access logs (several: one population, e.g. a fleet's replicas).
     pub files: Vec<PathBuf>,
-    /// Grouping label: `variant`, `backend`, `model` or `route`.
+    /// Grouping label: `variant`, `backend`, `model`, `route`, `purpose` or `stream`.
     pub by: String,
+    /// Which traffic to read (`None`: live and shadow copies; `all`; or one purpose).
+    pub purpose: Option<String>,
     /// Group compared against (e.g. the experiment's control variant).
     pub control: Option<String>,
     /// Fixed horizon for verdicts.
@@ -31,6 +33,19 @@ pub struct ReportOptions {
     /// The gateway's backends (`--config`): each group's cost per million output tokens, from
     /// the `price:` of the backends its lines name.
     pub backends: Vec<crate::config::BackendConfig>,
+}
+
+/// What `--by` accepts.
+const GROUPINGS: [&str; 6] = ["variant", "backend", "model", "route", "purpose", "stream"];
+
+/// A line's purpose: its `purpose`, or for logs written before it existed, `shadow` when marked
+/// so and else `live`.
+fn line_purpose(v: &Value) -> Purpose {
+    match v["purpose"].as_str() {
+        Some(p) => Purpose::parse(p).unwrap_or(Purpose::Live),
+        None if v["shadow"].as_bool() == Some(true) => Purpose::Shadow,
+        None => Purpose::Live,
+    }
 }
 
 fn outcome(s: &str) -> Option<Outcome> {
@@ -54,11 +69,16 @@ impl Arm {
         }
         self.output_tokens += v["output_tokens"].as_u64().unwrap_or(0);
         self.output_seconds += v["e2e_ms"].as_f64().unwrap_or(0.0) / 1000.0;
+        let e2e = if v["stream"].as_bool() == Some(false) {
+            5
+        } else {
+            4
+        };
         for (i, key) in [
             (0, "ttft_ms"),
             (1, "ttfc_ms"),
             (2, "tpot_ms"),
-            (4, "e2e_ms"),
+            (e2e, "e2e_ms"),
         ] {
             if let Some(x) = v[key].as_f64() {
                 self.samples[i].push(x);
@@ -78,8 +98,11 @@ impl Arm {
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
     /// Not one of the labels.
-    #[error("--by {0}: use variant, backend, model or route")]
+    #[error("--by {0}: use variant, backend, model, route, purpose or stream")]
     BadGrouping(String),
+    /// Not a purpose.
+    #[error("--purpose {0}: use live, shadow, eval, bench or all")]
+    BadPurpose(String),
     /// The log could not be read.
     #[error("{}: {error}", path.display())]
     Read {
@@ -106,9 +129,19 @@ pub enum ReportError {
 
 /// Builds the report text, or says what is wrong with the file.
 pub fn report(o: &ReportOptions) -> Result<String, ReportError> {
-    if !["variant", "backend", "model", "route"].contains(&o.by.as_str()) {
+    if !GROUPINGS.contains(&o.by.as_str()) {
         return Err(ReportError::BadGrouping(o.by.clone()));
     }
+    // Which purposes are read: live traffic and shadow copies unless told otherwise (everything
+    // when grouping by purpose).
+    let wanted: Vec<Purpose> = match o.purpose.as_deref() {
+        None if o.by == "purpose" => Purpose::ALL.to_vec(),
+        None => vec![Purpose::Live, Purpose::Shadow],
+        Some("all") => Purpose::ALL.to_vec(),
+        Some(p) => vec![Purpose::parse(p).ok_or_else(|| ReportError::BadPurpose(p.into()))?],
+    };
+    let keep_forced = o.by != "variant" || o.purpose.as_deref() == Some("all");
+    let mut left_out: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut arms: BTreeMap<Arc<str>, Arm> = BTreeMap::new();
     let mut labels: BTreeMap<Arc<str>, [BTreeSet<String>; 3]> = BTreeMap::new();
     let mut bad = 0;
@@ -135,7 +168,24 @@ pub fn report(o: &ReportOptions) -> Result<String, ReportError> {
                 }
                 continue;
             };
-            let key: Arc<str> = v[o.by.as_str()].as_str().unwrap_or("-").into();
+            let purpose = line_purpose(&v);
+            if !wanted.contains(&purpose) {
+                *left_out.entry(purpose.as_str()).or_default() += 1;
+                continue;
+            }
+            if !keep_forced && v["variant_forced"].as_bool() == Some(true) {
+                *left_out.entry("variant_forced").or_default() += 1;
+                continue;
+            }
+            let key: Arc<str> = match o.by.as_str() {
+                "purpose" => purpose.as_str().into(),
+                "stream" => match v["stream"].as_bool() {
+                    Some(true) => "streamed".into(),
+                    Some(false) => "unstreamed".into(),
+                    None => "-".into(),
+                },
+                by => v[by].as_str().unwrap_or("-").into(),
+            };
             let seed = crate::util::stable_hash(key.as_bytes());
             arms.entry(Arc::clone(&key))
                 .or_insert_with(|| Arm::new(seed))
@@ -228,6 +278,7 @@ pub fn report(o: &ReportOptions) -> Result<String, ReportError> {
         m.insert("comparisons".into(), doc["comparisons"].take());
         m.insert("method".into(), doc["method"].take());
         m.insert("skipped_lines".into(), bad.into());
+        m.insert("left_out".into(), serde_json::json!(left_out));
         return Ok(format!("{:#}\n", Value::Object(m)));
     }
     let mut out = String::new();
@@ -260,7 +311,11 @@ pub fn report(o: &ReportOptions) -> Result<String, ReportError> {
             q(2, 0.99),
             q(3, 0.5),
             q(3, 0.99),
-            q(4, 0.99),
+            if a.samples[4].seen() > 0 {
+                q(4, 0.99)
+            } else {
+                q(5, 0.99)
+            },
             a.tokens_per_s(),
             a.error_rate() * 100.0
         );
@@ -292,6 +347,14 @@ pub fn report(o: &ReportOptions) -> Result<String, ReportError> {
                 }
             }
         }
+    }
+    if !left_out.is_empty() {
+        let what: Vec<String> = left_out.iter().map(|(k, n)| format!("{n} {k}")).collect();
+        let _ = writeln!(
+            out,
+            "\nLeft out: {} (an eval's or a benchmark's requests are not live traffic, a forced variant is not a random draw; --purpose all reads them)",
+            what.join(", ")
+        );
     }
     if bad > 0 {
         let _ = writeln!(out, "\n({bad} lines were not JSON and were skipped)");

@@ -97,6 +97,9 @@ pub struct Sample {
     pub input_tokens: u64,
     /// Output tokens (usage, else counted events).
     pub output_tokens: u64,
+    /// The gateway said back the purpose the request declared (`x-inferscope-purpose`): it
+    /// counted the request apart from live traffic.
+    pub purpose_taken: bool,
 }
 
 impl Sample {
@@ -179,6 +182,7 @@ async fn one(
         return s;
     };
     s.status = resp.status().as_u16();
+    s.purpose_taken = resp.headers().contains_key(crate::meter::PURPOSE_HEADER);
     let mut body = resp.into_body();
     let mut scanner = SseScanner::default();
     let (mut first, mut last): (Option<Instant>, Option<Instant>) = (None, None);

@@ -608,6 +608,8 @@ impl Meter {
         }
         let p = &self.progress;
         let streamed = matches!(self.framing, Framing::Sse(_) | Framing::Ndjson(_));
+        // A streamed response is one even where nobody read the request (an embedding app).
+        self.meta.stream |= streamed;
         let judged = match end {
             End::Dropped if self.metering.cutting() => (Outcome::Shutdown, Some("shutdown")),
             End::Dropped

@@ -354,6 +354,58 @@ pub struct Upstream {
     pub port: Option<u16>,
 }
 
+/// Why a request was sent. Only live traffic is what users felt: the rest has its own groups in
+/// `/stats`, its own value in the log and spans, and stays out of the live rollups, rates, served
+/// tokens, goodput and experiment comparisons (a shadow copy has its own arm there, `VARIANT:shadow`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Purpose {
+    /// Clients' traffic (the default).
+    #[default]
+    Live,
+    /// A copy the gateway sent to an experiment's shadow variant.
+    Shadow,
+    /// An eval's question (`inferscope eval`).
+    Eval,
+    /// A benchmark's request (`inferscope bench`).
+    Bench,
+}
+
+impl Purpose {
+    /// Every purpose, in order.
+    pub const ALL: [Purpose; 4] = [
+        Purpose::Live,
+        Purpose::Shadow,
+        Purpose::Eval,
+        Purpose::Bench,
+    ];
+
+    /// The name in the log, `/stats`, labels and the request header.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Purpose::Live => "live",
+            Purpose::Shadow => "shadow",
+            Purpose::Eval => "eval",
+            Purpose::Bench => "bench",
+        }
+    }
+
+    /// A purpose a client may declare (`x-inferscope-purpose`): `live`, `eval` or `bench`
+    /// (shadow copies are the gateway's own).
+    pub fn declared(value: &[u8]) -> Option<Self> {
+        [Purpose::Live, Purpose::Eval, Purpose::Bench]
+            .into_iter()
+            .find(|p| value.eq_ignore_ascii_case(p.as_str().as_bytes()))
+    }
+
+    /// Parses a logged name.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.as_str() == name)
+    }
+}
+
+/// Request header declaring a request's `Purpose` (honoured where `purpose_header: true`).
+pub const PURPOSE_HEADER: &str = "x-inferscope-purpose";
+
 /// What is known about a request before its response body flows: who, where, when.
 #[derive(Debug, Clone)]
 pub struct RequestMeta {
@@ -385,8 +437,11 @@ pub struct RequestMeta {
     /// This request's answer is compared with its shadow copy's (or, for a copy, its
     /// primary's): the pair's id, shared by both records.
     pub shadow_pair: Option<u64>,
-    /// This is a shadow copy (its response went nowhere).
-    pub is_shadow: bool,
+    /// Why the request was sent: live traffic, or a shadow copy, an eval's or a benchmark's.
+    pub purpose: Purpose,
+    /// The client forced the experiment's variant (`x-inferscope-variant`): not a random draw
+    /// from the split, so not in the experiment's comparisons.
+    pub variant_forced: bool,
     /// Route name (`-` when none matched).
     pub route: Arc<str>,
     /// Requested model (`-` when the body named none).
@@ -405,7 +460,7 @@ pub struct RequestMeta {
     pub client: Option<std::net::SocketAddr>,
     /// Name of the client's API key (never the key), when the gateway authenticates clients.
     pub key: Option<Arc<str>>,
-    /// The client asked for a streamed response.
+    /// The client asked for a streamed response, or the response was one (SSE, NDJSON).
     pub stream: bool,
     /// Request body bytes (read bodies exactly; streamed-through ones by `content-length`).
     pub bytes_in: u64,
@@ -436,7 +491,8 @@ impl RequestMeta {
             upstream: None,
             attempts: Vec::new(),
             shadow_pair: None,
-            is_shadow: false,
+            purpose: Purpose::Live,
+            variant_forced: false,
             route: Arc::clone(&none),
             model: Arc::clone(&none),
             backend: Arc::clone(&none),

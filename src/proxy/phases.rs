@@ -14,7 +14,9 @@ use super::service::{Gateway, ProxyBody, VARIANT_HEADER};
 use super::upstream::{UpstreamRequestBody, UpstreamResponseBody};
 use crate::dialect::Endpoint;
 use crate::experiment::shadow::MAX_COMPARED;
-use crate::meter::{Annotations, Attempt, Deadlines, MeasureOptions, RequestMeta, NONE};
+use crate::meter::{
+    Annotations, Attempt, Deadlines, MeasureOptions, Purpose, RequestMeta, NONE, PURPOSE_HEADER,
+};
 use crate::route::{Backend, BackendGuard, Route, Router, Selection, Target};
 use bytes::Bytes;
 use http::uri::PathAndQuery;
@@ -53,6 +55,8 @@ struct Ctx {
     user: Option<String>,
     stream: bool,
     strip_usage: bool,
+    /// The purpose the client declared, where the route honours it (said back in the response).
+    declared: Option<Purpose>,
     /// The body of the first attempt (the client's, streamed, when it cannot be held).
     first_body: Option<UpstreamRequestBody>,
     /// The body to send again on a retry: inference bodies are held anyway, a request without a
@@ -103,6 +107,7 @@ impl Ctx {
             user: None,
             stream: false,
             strip_usage: false,
+            declared: None,
             first_body: None,
             replay: None,
             rate: None,
@@ -325,11 +330,22 @@ impl Ctx {
             )
             .ok_or(ProxyError::NoRoute)?;
         sel.route.budget.deposit();
+        // A purpose is taken from the client only where the route allows it.
+        let purpose = self
+            .headers
+            .get(PURPOSE_HEADER)
+            .filter(|_| sel.route.purpose_header)
+            .and_then(|v| Purpose::declared(v.as_bytes()));
         self.notes.update(|m| {
             m.route = Arc::clone(&sel.route.name);
             m.variant = Arc::clone(&sel.variant);
+            m.variant_forced = sel.forced;
             m.slo = sel.route.slo;
+            if let Some(p) = purpose {
+                m.purpose = p;
+            }
         });
+        self.declared = purpose;
         Ok(sel)
     }
 
@@ -512,6 +528,13 @@ impl Ctx {
                 parts.headers.insert(VARIANT_HEADER, v);
             }
         }
+        // The client's tools learn that their purpose was taken (or, without it, that their
+        // requests counted as live traffic).
+        if let Some(p) = self.declared {
+            parts
+                .headers
+                .insert(PURPOSE_HEADER, HeaderValue::from_static(p.as_str()));
+        }
         self.notes.measure(MeasureOptions {
             dialect,
             shapes: Some(Arc::clone(&guard.backend().shapes)),
@@ -620,7 +643,7 @@ impl ShadowCopy {
         meta.slo = route.slo;
         meta.stream = self.stream;
         meta.bytes_in = self.body.len() as u64;
-        meta.is_shadow = true;
+        meta.purpose = crate::meter::Purpose::Shadow;
         meta.shadow_pair = Some(self.pair);
         if let Some(m) = &self.model {
             meta.model = crate::util::label::bounded(m, gw.limits.max_model_name_bytes).into();

@@ -215,6 +215,8 @@ pub struct Route {
     pub timeouts: TimeoutsConfig,
     /// Latency objectives (goodput).
     pub slo: Option<crate::config::SloConfig>,
+    /// Honour `x-inferscope-purpose`.
+    pub purpose_header: bool,
 }
 
 impl Route {
@@ -247,6 +249,8 @@ pub struct Selection {
     pub variant_index: Option<usize>,
     /// Experiment variant name, or `-`.
     pub variant: Arc<str>,
+    /// The variant was forced by the request's header, not drawn from the split.
+    pub forced: bool,
 }
 
 /// A config the router cannot be built from (beyond what `config::validate` checks).
@@ -433,6 +437,7 @@ impl Router {
                     retry: r.retry.clone(),
                     timeouts: r.timeouts.clone(),
                     slo: r.slo,
+                    purpose_header: r.purpose_header,
                 })
             })
             .collect();
@@ -454,8 +459,8 @@ impl Router {
         headers: &HeaderMap,
     ) -> Option<Selection> {
         let route = self.routes.iter().find(|r| r.matches(model, path))?;
-        let (pool, variant, variant_index) = match &route.target {
-            Target::Pool(p) => (p, Arc::clone(&self.none), None),
+        let (pool, variant, variant_index, forced) = match &route.target {
+            Target::Pool(p) => (p, Arc::clone(&self.none), None, false),
             Target::Experiment(x) => {
                 let forced = x
                     .allow_override
@@ -466,6 +471,7 @@ impl Router {
                     })
                     .flatten()
                     .and_then(|name| x.split.by_name(name));
+                let was_forced = forced.is_some();
                 let (mut i, mut name, mut pool) =
                     forced.unwrap_or_else(|| x.split.choose_indexed(headers, user));
                 // A rolled-back variant's traffic goes to the control.
@@ -474,7 +480,7 @@ impl Router {
                         (i, name, pool) = c;
                     }
                 }
-                (pool, Arc::clone(name), Some(i))
+                (pool, Arc::clone(name), Some(i), was_forced)
             }
         };
         Some(Selection {
@@ -482,6 +488,7 @@ impl Router {
             route: Arc::clone(route),
             variant_index,
             variant,
+            forced,
         })
     }
 

@@ -5,7 +5,7 @@
 
 use super::RouterSlot;
 use crate::experiment::Trip;
-use crate::meter::{Outcome, RecordSink, RequestRecord};
+use crate::meter::{Outcome, Purpose, RecordSink, RequestRecord};
 use std::sync::Arc;
 
 /// Called when a guardrail rolls a variant back: `(route, variant, trip)`.
@@ -70,10 +70,11 @@ impl RecordSink for Observer {
                 .output_content
                 .clone()
                 .filter(|_| rec.outcome == Outcome::Ok);
-            sh.offer(pair, m.is_shadow, text);
+            sh.offer(pair, m.purpose == Purpose::Shadow, text);
         }
-        // Shadow copies are measured apart: they never judge a served variant.
-        if let (Some(g), false) = (&x.guard, m.is_shadow) {
+        // Only live traffic judges a served variant: shadow copies are measured apart, and an
+        // eval's or a benchmark's requests are not what users felt.
+        if let (Some(g), true) = (&x.guard, m.purpose == Purpose::Live) {
             for (variant, trip) in g.observe(rec) {
                 (self.on_trip)(&m.route, &variant, &trip);
             }

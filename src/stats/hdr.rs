@@ -64,6 +64,7 @@ pub fn export(snap: &Snapshot) -> Value {
             json!({
                 "route": k.route.as_ref(), "model": k.model.as_ref(),
                 "backend": k.backend.as_ref(), "variant": k.variant.as_ref(),
+                "purpose": k.purpose.as_str(), "stream": k.stream,
                 "requests": t.requests, "outcomes": outcomes,
                 "input_tokens": t.input_tokens, "output_tokens": t.output_tokens,
                 "malformed_events": t.malformed_events,
@@ -104,6 +105,12 @@ pub fn import(doc: &Value) -> Result<Vec<(GroupKey, Tally)>, HdrError> {
             model: label("model"),
             backend: label("backend"),
             variant: label("variant"),
+            // Exports written before these were kept: live, and streamed unless said otherwise.
+            purpose: g["purpose"]
+                .as_str()
+                .and_then(crate::meter::Purpose::parse)
+                .unwrap_or_default(),
+            stream: g["stream"].as_bool().unwrap_or(true),
         };
         let n = |k: &str| g[k].as_u64().unwrap_or(0);
         let mut t = Tally {
@@ -154,11 +161,15 @@ pub fn merge(parts: impl IntoIterator<Item = Vec<(GroupKey, Tally)>>) -> BTreeMa
     all
 }
 
-/// Rolls merged groups up by one label (`route`, `model`, `backend`, `variant`, or `all`).
+/// Rolls merged groups up by one label (`route`, `model`, `backend`, `variant`, `stream`, or
+/// `all`: live traffic; `purpose`: every purpose's own).
 pub fn rollup(groups: &BTreeMap<GroupKey, Tally>, by: &str) -> BTreeMap<Arc<str>, Tally> {
     let mut out: BTreeMap<Arc<str>, Tally> = BTreeMap::new();
     for (k, t) in groups {
         let name = match by {
+            "purpose" => Arc::from(k.purpose.as_str()),
+            _ if k.purpose != crate::meter::Purpose::Live => continue,
+            "stream" => Arc::from(k.stream_label()),
             "route" => Arc::clone(&k.route),
             "model" => Arc::clone(&k.model),
             "backend" => Arc::clone(&k.backend),
@@ -180,9 +191,13 @@ pub fn report(
     json_out: bool,
 ) -> Result<String, HdrError> {
     use std::fmt::Write;
-    if !["variant", "backend", "model", "route", "all"].contains(&by) {
+    if ![
+        "variant", "backend", "model", "route", "purpose", "stream", "all",
+    ]
+    .contains(&by)
+    {
         return Err(HdrError::NotHdr(format!(
-            "--by {by}: use variant, backend, model, route or all"
+            "--by {by}: use variant, backend, model, route, purpose, stream or all"
         )));
     }
     let parts = docs.iter().map(import).collect::<Result<Vec<_>, _>>()?;
@@ -273,6 +288,8 @@ mod tests {
             model: "m".into(),
             backend: "b".into(),
             variant: v.into(),
+            purpose: crate::meter::Purpose::Live,
+            stream: true,
         };
         let tally = |from: u64, n: u64| {
             let mut t = Tally::default();

@@ -13,7 +13,7 @@ pub use prometheus::{
 };
 pub use tally::{Hist, Tally, METRICS};
 
-use crate::meter::RequestRecord;
+use crate::meter::{Purpose, RequestRecord};
 use parking_lot::{Mutex, MutexGuard};
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeMap, HashMap};
@@ -40,6 +40,21 @@ pub struct GroupKey {
     pub backend: Arc<str>,
     /// Experiment variant.
     pub variant: Arc<str>,
+    /// Why the requests were sent (only `live` enters the rollups).
+    pub purpose: Purpose,
+    /// The client asked for a streamed response (E2E means something else for each kind).
+    pub stream: bool,
+}
+
+impl GroupKey {
+    /// `stream` as a label value.
+    pub fn stream_label(&self) -> &'static str {
+        if self.stream {
+            "true"
+        } else {
+            "false"
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -110,6 +125,8 @@ impl Stats {
             model: Arc::clone(&m.model),
             backend: Arc::clone(&m.backend),
             variant: Arc::clone(&m.variant),
+            purpose: m.purpose,
+            stream: m.stream,
         };
         let mut groups = self.lock();
         // One lookup for a known group (every request but a group's first).
@@ -170,18 +187,24 @@ impl Snapshot {
                     m.insert("model".into(), k.model.as_ref().into());
                     m.insert("backend".into(), k.backend.as_ref().into());
                     m.insert("variant".into(), k.variant.as_ref().into());
+                    m.insert("purpose".into(), k.purpose.as_str().into());
+                    m.insert("stream".into(), k.stream.into());
                 }
                 v
             })
             .collect();
+        // Rollups are of live traffic (`purpose`: each purpose's own).
         let mut rollups = Map::new();
-        for label in ["route", "model", "backend", "variant"] {
+        for label in ["route", "model", "backend", "variant", "stream", "purpose"] {
             let mut by: BTreeMap<&str, (Tally, Tally)> = BTreeMap::new();
             for (k, c, w) in &self.groups {
                 let name = match label {
+                    "purpose" => k.purpose.as_str(),
+                    _ if k.purpose != Purpose::Live => continue,
                     "route" => &k.route,
                     "model" => &k.model,
                     "backend" => &k.backend,
+                    "stream" => k.stream_label(),
                     _ => &k.variant,
                 };
                 let e = by.entry(name).or_default();
@@ -201,7 +224,7 @@ impl Snapshot {
             rollups.insert(label.into(), list.into());
         }
         let (mut c_all, mut w_all) = (Tally::default(), Tally::default());
-        for (_, c, w) in &self.groups {
+        for (_, c, w) in self.groups.iter().filter(|g| g.0.purpose == Purpose::Live) {
             c_all.merge(c);
             w_all.merge(w);
         }

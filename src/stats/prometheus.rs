@@ -92,6 +92,8 @@ pub fn write(w: &mut Writer, snap: &Snapshot, scalars: &[Scalar]) {
                 ("model", &k.model),
                 ("backend", &k.backend),
                 ("variant", &k.variant),
+                ("purpose", k.purpose.as_str()),
+                ("stream", k.stream_label()),
             ]);
             (labels, c)
         })

@@ -73,6 +73,7 @@ impl Instruments {
             KeyValue::new(n::IS_ROUTE, m.route.to_string()),
             KeyValue::new(n::IS_BACKEND, m.backend.to_string()),
             KeyValue::new(n::IS_VARIANT, m.variant.to_string()),
+            KeyValue::new(n::IS_PURPOSE, m.purpose.as_str()),
         ];
         if m.model.as_ref() != NONE {
             attrs.push(KeyValue::new(n::GEN_AI_REQUEST_MODEL, m.model.to_string()));

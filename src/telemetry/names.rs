@@ -44,6 +44,10 @@ pub const IS_ROUTE: &str = "inferscope.route";
 pub const IS_CLIENT_KEY: &str = "inferscope.client.key";
 pub const IS_BACKEND: &str = "inferscope.backend";
 pub const IS_VARIANT: &str = "inferscope.variant";
+/// Why the request was sent: `live`, `shadow`, `eval`, `bench`.
+pub const IS_PURPOSE: &str = "inferscope.purpose";
+/// The client forced the experiment's variant (present only when it did).
+pub const IS_VARIANT_FORCED: &str = "inferscope.variant_forced";
 pub const IS_OUTCOME: &str = "inferscope.outcome";
 pub const IS_TTFT: &str = "inferscope.ttft";
 pub const IS_TTFC: &str = "inferscope.ttfc";

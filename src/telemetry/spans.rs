@@ -178,10 +178,14 @@ pub fn build(
         KeyValue::new(n::IS_ROUTE, Value::from(Arc::clone(&m.route))),
         KeyValue::new(n::IS_BACKEND, Value::from(Arc::clone(&m.backend))),
         KeyValue::new(n::IS_VARIANT, Value::from(Arc::clone(&m.variant))),
+        KeyValue::new(n::IS_PURPOSE, m.purpose.as_str()),
         KeyValue::new(n::IS_OUTCOME, rec.outcome.as_str()),
         KeyValue::new(n::HTTP_RESPONSE_STATUS_CODE, i64::from(rec.status)),
         KeyValue::new(n::IS_E2E, secs(rec.e2e)),
     ];
+    if m.variant_forced {
+        a.push(KeyValue::new(n::IS_VARIANT_FORCED, true));
+    }
     if m.model.as_ref() != NONE {
         a.push(KeyValue::new(
             n::GEN_AI_REQUEST_MODEL,
