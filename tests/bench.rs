@@ -139,3 +139,73 @@ async fn warmup_requests_are_sent_but_left_out_of_the_report() {
     let log = stop_and_read_log(gw, &dir).await;
     assert_eq!(log.len(), 10, "4 warm-up requests reached the gateway too");
 }
+
+/// `inferscope bench` says its requests are a benchmark's: where the route takes the purpose they
+/// are counted apart from live traffic (its own `/stats` rollup, compared with the client's
+/// figures by `--compare-gateway`); where it does not, the run says so and they count as live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_benchmark_is_counted_apart_where_the_route_takes_its_purpose() {
+    let sim = start_sim(exact(2.0, 1.0), 1).await;
+    for taken in [true, false] {
+        let dir = temp_dir();
+        let extra = if taken {
+            "    purpose_header: true\n"
+        } else {
+            ""
+        };
+        let gw = start_gateway(&[("sim", sim.addr)], &dir, extra).await;
+        let (url, admin) = (
+            format!("http://{}", gw.data_addr),
+            format!("http://{}", gw.admin_addr),
+        );
+        let out = tokio::task::spawn_blocking(move || {
+            inferscope(&[
+                "bench",
+                "--url",
+                &url,
+                "--model",
+                "demo",
+                "--concurrency",
+                "2",
+                "--requests",
+                "12",
+                "--max-tokens",
+                "4",
+                "--compare-gateway",
+                &admin,
+            ])
+        })
+        .await
+        .unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        );
+        let (_, stats) = admin_get(gw.admin_addr, "/stats").await;
+        let stats: serde_json::Value = serde_json::from_str(&stats).unwrap();
+        let live = stats["rollups"]["all"]["cumulative"]["requests"].as_u64();
+        let by_purpose = |p: &str| {
+            stats["rollups"]["purpose"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|g| g["purpose"] == p)
+                .map(|g| g["cumulative"]["requests"].as_u64().unwrap())
+        };
+        if taken {
+            assert_eq!((live, by_purpose("bench")), (Some(0), Some(12)), "{stats}");
+            assert!(!stderr.contains("did not take"), "{stderr}");
+            // The client's figures sit beside the gateway's for the same requests.
+            assert!(stdout.contains("gateway p50"), "{stdout}");
+        } else {
+            assert_eq!((live, by_purpose("live")), (Some(12), Some(12)), "{stats}");
+            assert!(
+                stderr.contains("did not take x-inferscope-purpose: bench"),
+                "{stderr}"
+            );
+        }
+        let log = stop_and_read_log(gw, &dir).await;
+        let want = if taken { "bench" } else { "live" };
+        assert!(log.iter().all(|l| l["purpose"] == want), "{log:?}");
+    }
+}
