@@ -179,6 +179,7 @@ fn record_path(c: &mut Criterion) {
         e2e: Duration::from_millis(1500),
         upstream_ttft: Some(Duration::from_millis(119)),
         forward_lag: None,
+        handoff_lag: None,
         overhead: Some(Duration::from_micros(80)),
         itl: (0..64)
             .map(|i| ItlSample::new(Duration::from_micros(20_000 + i * 37), 1))

@@ -605,6 +605,9 @@ pub fn write_line(r: &RequestRecord, out: &mut Vec<u8>) {
     o.str(key!("clock"), m.clock.as_str());
     o.ms(key!("accept_delay_ms"), m.accept_delay.map(us));
     o.ms(key!("forward_lag_ms"), r.forward_lag.map(us));
+    if let Some(lag) = r.handoff_lag {
+        o.ms(key!("handoff_lag_ms"), Some(us(lag)));
+    }
     match r.itl_summary() {
         Some(s) => {
             let mut itl = Object::open(o.key(key!("itl_ms")));

@@ -44,6 +44,107 @@ pub struct ClientAddr(pub SocketAddr);
 #[derive(Debug, Clone, Default)]
 pub struct StalledCut(pub Arc<std::sync::atomic::AtomicBool>);
 
+/// In every request's extensions: when the request's connection tried to write. A response
+/// frame handed to the server is written by the connection's first write attempt after it (HTTP/1
+/// writes in order; over h2 that attempt may carry other streams' frames first: a lower bound).
+/// The meter times what the user feels by it — a gateway preempted between handing a frame on
+/// and writing it is late by that much — and a record whose last frame is not yet written waits
+/// for that attempt (`after_attempt`).
+#[derive(Default)]
+pub struct WriteClock {
+    /// Write attempts so far (poll_write calls: written, or refused by a full socket).
+    seq: AtomicU64,
+    /// Attempt `n`'s instant (`clock::pack`) at `n % WRITE_RING`.
+    at: [AtomicU64; WRITE_RING],
+    /// Work waiting for an attempt: (its index, the work).
+    waiting: parking_lot::Mutex<Vec<(u64, WhenWritten)>>,
+    any_waiting: std::sync::atomic::AtomicBool,
+    /// The connection is gone: no attempt will come.
+    closed: std::sync::atomic::AtomicBool,
+}
+
+impl std::fmt::Debug for WriteClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteClock")
+            .field("seq", &self.seq)
+            .field("waiting", &self.waiting.lock().len())
+            .finish()
+    }
+}
+
+/// Work run once a given write attempt happened, with its instant (`None`: the connection closed
+/// first, or the instant is no longer kept).
+pub type WhenWritten = Box<dyn FnOnce(Option<std::time::Instant>) + Send>;
+
+/// Write attempts whose instants are kept.
+const WRITE_RING: usize = 8;
+
+impl WriteClock {
+    /// The index the next write attempt will have.
+    #[inline]
+    pub fn next(&self) -> u64 {
+        self.seq.load(Ordering::Acquire)
+    }
+
+    /// When attempt `n` happened: `None` before it has, or once eight later attempts overwrote it.
+    pub fn attempt(&self, n: u64) -> Option<std::time::Instant> {
+        let before = self.seq.load(Ordering::Acquire);
+        if before <= n {
+            return None;
+        }
+        let v = self.at[(n % WRITE_RING as u64) as usize].load(Ordering::Acquire);
+        let after = self.seq.load(Ordering::Acquire);
+        (after < n + WRITE_RING as u64)
+            .then(|| crate::clock::unpack(v))
+            .flatten()
+    }
+
+    /// Runs `f` with the instant of attempt `n` once it happened (at once if it has).
+    pub fn after_attempt(&self, n: u64, f: WhenWritten) {
+        if self.seq.load(Ordering::Acquire) > n || self.closed.load(Ordering::Acquire) {
+            return f(self.attempt(n));
+        }
+        self.waiting.lock().push((n, f));
+        self.any_waiting.store(true, Ordering::Release);
+        // The attempt, or the close, may have come between the check and the push.
+        let closed = self.closed.load(Ordering::Acquire);
+        if closed || self.seq.load(Ordering::Acquire) > n {
+            self.run_due(closed);
+        }
+    }
+
+    /// One write attempt, now. One clock read and two stores; the waiting list only when
+    /// something waits.
+    #[inline]
+    fn attempted(&self) {
+        let n = self.seq.load(Ordering::Relaxed);
+        let now = crate::clock::pack(std::time::Instant::now());
+        self.at[(n % WRITE_RING as u64) as usize].store(now, Ordering::Release);
+        self.seq.store(n + 1, Ordering::Release);
+        if self.any_waiting.load(Ordering::Acquire) {
+            self.run_due(false);
+        }
+    }
+
+    /// Runs the waiting work whose attempt happened (all of it with `closed`).
+    fn run_due(&self, closed: bool) {
+        let seq = self.seq.load(Ordering::Acquire);
+        let due: Vec<(u64, WhenWritten)> = {
+            let mut waiting = self.waiting.lock();
+            let (due, keep) = std::mem::take(&mut *waiting)
+                .into_iter()
+                .partition(|(n, _)| closed || *n < seq);
+            *waiting = keep;
+            self.any_waiting
+                .store(!waiting.is_empty(), Ordering::Release);
+            due
+        };
+        for (n, f) in due {
+            f(if n < seq { self.attempt(n) } else { None });
+        }
+    }
+}
+
 /// A connection with a response that has waited this many idle timeouts for its client to take
 /// it (its head or a frame handed on, the body not polled since) is closed.
 pub const STALL_IDLE_TIMEOUTS: u32 = 5;
@@ -261,6 +362,7 @@ where
         let state = Arc::new(ConnState::default());
         let io = Tracked {
             inner: crate::clock::StampedTcp::new(stream, stamps),
+            closing: WritesClosed(Arc::clone(&state.writes)),
             state: Arc::clone(&state),
         };
         let service = PerConnection {
@@ -614,6 +716,8 @@ struct ConnState {
     waits: parking_lot::Mutex<Vec<std::sync::Weak<AtomicU64>>>,
     /// Shared with the connection's requests (`StalledCut`).
     cut_stalled: StalledCut,
+    /// Shared with the connection's requests.
+    writes: Arc<WriteClock>,
 }
 
 /// `head_rx` when the head's first read carried no stamp.
@@ -731,6 +835,7 @@ pin_project! {
         #[pin]
         inner: crate::clock::StampedTcp,
         state: Arc<ConnState>,
+        closing: WritesClosed,
     }
 }
 
@@ -765,6 +870,7 @@ impl AsyncWrite for Tracked {
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
         let this = self.project();
+        this.state.writes.attempted();
         let r = this.inner.poll_write(cx, buf);
         if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
             this.state.progressed();
@@ -778,6 +884,7 @@ impl AsyncWrite for Tracked {
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
         let this = self.project();
+        this.state.writes.attempted();
         let r = this.inner.poll_write_vectored(cx, bufs);
         if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
             this.state.progressed();
@@ -795,6 +902,17 @@ impl AsyncWrite for Tracked {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         self.project().inner.poll_shutdown(cx)
+    }
+}
+
+/// Runs the work still waiting for a write attempt when the connection is gone (there will be
+/// none).
+struct WritesClosed(Arc<WriteClock>);
+
+impl Drop for WritesClosed {
+    fn drop(&mut self) {
+        self.0.closed.store(true, Ordering::Release);
+        self.0.run_due(true);
     }
 }
 
@@ -842,6 +960,7 @@ where
         let guard = OpenGuard::new(&self.state);
         req.extensions_mut().insert(self.peer);
         req.extensions_mut().insert(self.state.cut_stalled.clone());
+        req.extensions_mut().insert(Arc::clone(&self.state.writes));
         GuardedFuture {
             inner: self.inner.call(req),
             guard: Some(guard),

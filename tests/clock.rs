@@ -246,3 +246,121 @@ fn a_head_and_body_written_apart_are_timed_from_the_head() {
     let accept = ms(line, "accept_delay_ms");
     assert!(accept > Duration::from_millis(50), "{line}");
 }
+
+/// The records a `MeterLayer` made.
+#[derive(Default, Clone)]
+struct Records(
+    std::sync::Arc<parking_lot::Mutex<Vec<std::sync::Arc<inferscope::meter::RequestRecord>>>>,
+);
+
+impl inferscope::meter::RecordSink for Records {
+    fn record(&self, rec: &std::sync::Arc<inferscope::meter::RequestRecord>) {
+        self.0.lock().push(std::sync::Arc::clone(rec));
+    }
+}
+
+const FIRST: &[u8] = b"data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}]}\n\n";
+const SECOND: &[u8] = b"data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" there\"}}]}\n\n";
+
+/// A stream whose first token is ready at once; asked for the next frame, it holds the thread
+/// (a preemption) before answering. The server polls a body for more before it writes what it
+/// was handed, so the first token is handed on, then held, then written.
+struct HeldAfterFirst {
+    step: u8,
+    hold: Duration,
+}
+
+impl http_body::Body for HeldAfterFirst {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        self.step += 1;
+        let data: &'static [u8] = match self.step {
+            1 => FIRST,
+            2 => {
+                std::thread::sleep(self.hold);
+                SECOND
+            }
+            3 => b"data: [DONE]\n\n",
+            _ => return std::task::Poll::Ready(None),
+        };
+        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(bytes::Bytes::from_static(
+            data,
+        )))))
+    }
+}
+
+/// The gateway is held between handing the first token's frame to the server and the write that
+/// sends it: the record times the token when it was written, and says how late that was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_frame_held_between_its_hand_off_and_its_write_is_timed_at_the_write() {
+    use inferscope::meter::MeterLayer;
+    let hold = Duration::from_millis(80);
+    let records = Records::default();
+    let service = tower::ServiceBuilder::new()
+        .layer(MeterLayer::new(records.clone()))
+        .service_fn(
+            move |_req: http::Request<hyper::body::Incoming>| async move {
+                let body = HeldAfterFirst { step: 0, hold };
+                Ok::<_, std::convert::Infallible>(
+                    http::Response::builder()
+                        .header("content-type", "text/event-stream")
+                        .body(body)
+                        .unwrap(),
+                )
+            },
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(inferscope::server::run(
+        listener,
+        hyper_util::service::TowerToHyperService::new(service),
+        inferscope::server::ServerOptions::default(),
+        std::future::pending::<()>(),
+    ));
+    // The client on a thread of its own: it sees the first token when it is written.
+    let client = std::thread::spawn(move || {
+        use std::io::{Read as _, Write as _};
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        let sent = std::time::Instant::now();
+        s.write_all(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}",
+        )
+        .unwrap();
+        let mut got = Vec::new();
+        let mut first = None;
+        let mut buf = [0u8; 4096];
+        while !got.ends_with(b"\r\n0\r\n\r\n") {
+            let n = s.read(&mut buf).unwrap();
+            assert!(n > 0);
+            got.extend_from_slice(&buf[..n]);
+            if first.is_none() && got.windows(4).any(|w| w == b"\"Hi\"") {
+                first = Some(std::time::Instant::now() - sent);
+            }
+        }
+        first.unwrap()
+    });
+    let client_ttft = tokio::task::spawn_blocking(move || client.join().unwrap())
+        .await
+        .unwrap();
+    until(Duration::from_secs(5), "the record", || {
+        let n = records.0.lock().len();
+        async move { n == 1 }
+    })
+    .await;
+    let r = std::sync::Arc::clone(&records.0.lock()[0]);
+    let logged = r.ttft.unwrap();
+    assert!(client_ttft >= hold, "the hold came first: {client_ttft:?}");
+    // Before the write was the clock, the record said ~0 ms: the token was handed on at once.
+    assert!(
+        logged + Duration::from_millis(5) >= client_ttft && logged <= client_ttft,
+        "client {client_ttft:?} vs logged {logged:?}"
+    );
+    let lag = r.handoff_lag.unwrap();
+    assert!(lag >= hold - Duration::from_millis(5), "{lag:?}");
+    assert!(r.forward_lag.unwrap() >= lag, "{r:?}");
+}

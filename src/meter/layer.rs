@@ -180,9 +180,12 @@ impl Metering {
             .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
             .unwrap_or(0);
         let notes = self.start_with(meta);
-        if let Some(cut) = req.extensions().get::<crate::server::StalledCut>() {
+        let cut = req.extensions().get::<crate::server::StalledCut>();
+        let writes = req.extensions().get::<Arc<crate::server::WriteClock>>();
+        if cut.is_some() || writes.is_some() {
             if let Some(n) = notes.0.notes.lock().as_mut() {
-                n.stalled = Some(cut.clone());
+                n.stalled = cut.cloned();
+                n.writes = writes.cloned();
             }
         }
         notes
@@ -214,6 +217,7 @@ impl Metering {
                 refused: None,
                 held: Held::default(),
                 stalled: None,
+                writes: None,
             })),
             metering: Arc::clone(self),
         }))
@@ -252,6 +256,8 @@ struct Notes {
     held: Held,
     /// The server's flag for a connection it closed on a stalled client (`server::StalledCut`).
     stalled: Option<crate::server::StalledCut>,
+    /// The server's record of the connection's write attempts (`server::WriteClock`).
+    writes: Option<Arc<crate::server::WriteClock>>,
 }
 
 #[derive(Debug)]
@@ -405,6 +411,9 @@ impl Annotations {
         }
         if let Some(cut) = n.stalled {
             meter.set_stalled_flag(cut);
+        }
+        if let Some(w) = n.writes {
+            meter.set_write_clock(w);
         }
         if let Some(enc) = parts.headers.get(header::CONTENT_ENCODING) {
             meter.set_encoding(Some(enc.to_str().unwrap_or("?")));

@@ -338,10 +338,27 @@ pub struct Meter {
     undecodable: bool,
     /// Set by the server when it closed the connection on a client that stopped taking bytes.
     stalled: Option<crate::server::StalledCut>,
+    /// When the frames it handed on were written, where the server says.
+    handoff: Handoff,
     /// Kept for the life of the response: concurrency limits count streams, not headers.
     _held: Held,
     /// Deadlines of this response.
     pub deadlines: Deadlines,
+}
+
+/// Which of the connection's write attempts (`server::WriteClock`) carried the frames of the
+/// events a record times: the first attempt after each was handed to the server.
+#[derive(Debug, Default)]
+struct Handoff {
+    clock: Option<Arc<crate::server::WriteClock>>,
+    chunk1: Option<u64>,
+    tok1: Option<u64>,
+    /// The last output event's instant (packed) when its frame was handed on, and the attempt.
+    tok_last: Option<(u64, u64)>,
+    /// The attempt after the latest frame handed on.
+    last: Option<u64>,
+    /// When the record was due (the end handed on) while that attempt had not happened yet.
+    due_at: Option<Instant>,
 }
 
 /// How the body ended.
@@ -398,6 +415,7 @@ impl Meter {
             decoder: None,
             undecodable: false,
             stalled: None,
+            handoff: Handoff::default(),
             _held: held,
             deadlines,
         }
@@ -407,6 +425,12 @@ impl Meter {
     /// dropped after it is set is recorded `client_stalled`.
     pub fn set_stalled_flag(&mut self, flag: crate::server::StalledCut) {
         self.stalled = Some(flag);
+    }
+
+    /// The server's record of its connection's write attempts: events are timed when their
+    /// frame was written (tried to be), and the record waits for the last frame's attempt.
+    pub fn set_write_clock(&mut self, clock: Arc<crate::server::WriteClock>) {
+        self.handoff.clock = Some(clock);
     }
 
     /// The body arrives with this `Content-Encoding`: the meter reads a decoded copy (gzip,
@@ -554,15 +578,54 @@ impl Meter {
         self.sent_packed
     }
 
-    /// Counts bytes actually handed to the client.
+    /// Counts bytes actually handed to the client, and notes which write attempt will carry them.
     pub fn sent(&mut self, n: usize) {
         self.bytes_out += n as u64;
+        let h = &mut self.handoff;
+        let Some(c) = &h.clock else {
+            return;
+        };
+        let next = c.next();
+        h.last = Some(next);
+        let p = &self.progress;
+        if h.chunk1.is_none() && p.t_chunk1.is_some() {
+            h.chunk1 = Some(next);
+        }
+        if h.tok1.is_none() && p.t_tok1.is_some() {
+            h.tok1 = Some(next);
+        }
+        if let Some(t) = p.t_tok_last {
+            if h.tok_last.is_none_or(|(v, _)| v != t) {
+                h.tok_last = Some((t, next));
+            }
+        }
     }
 
-    /// Builds the record and hands it to the sink. Consumes the meter: exactly once.
-    pub fn finish(self, end: End) {
+    /// Builds the record and hands it to the sink. Consumes the meter: exactly once. A body that
+    /// ended while its last frame waits to be written is recorded at that write attempt (at once
+    /// if the connection closes first), so its end is when the user got it.
+    pub fn finish(mut self, end: End) {
+        if end != End::Dropped {
+            if let (Some(c), Some(n)) = (self.handoff.clock.clone(), self.handoff.last) {
+                if c.next() <= n {
+                    self.handoff.due_at = Some(Instant::now());
+                    c.after_attempt(n, Box::new(move |_| self.finish_now(end)));
+                    return;
+                }
+            }
+        }
+        self.finish_now(end);
+    }
+
+    fn finish_now(self, end: End) {
         let (rec, metering) = self.into_record(end);
         metering.finish(rec);
+    }
+
+    /// The instant (packed) of write attempt `w`, when the server keeps it.
+    fn written(&self, w: Option<u64>) -> Option<u64> {
+        let at = self.handoff.clock.as_ref()?.attempt(w?)?;
+        Some(crate::clock::pack(at))
     }
 
     fn into_record(mut self, end: End) -> (RequestRecord, Arc<Metering>) {
@@ -662,7 +725,41 @@ impl Meter {
         let packed = |t: Instant| crate::clock::pack(t.into_std());
         let since =
             |t: Option<u64>, from: u64| t.map(|t| Duration::from_nanos(t.saturating_sub(from)));
-        let tpot = match (p.t_tok1, p.t_tok_last, output_tokens) {
+        // What the user felt: each event when its frame was written (tried to be), where the
+        // server says; the longest wait between handing a frame on and writing it is the
+        // hand-off lag.
+        let h = &self.handoff;
+        let mut handoff_lag = h.due_at.map(|at| {
+            u64::try_from(now.saturating_duration_since(at).as_nanos()).unwrap_or(u64::MAX)
+        });
+        let mut later = |t: Option<u64>, w: Option<u64>| match (t, self.written(w)) {
+            (Some(t), Some(w)) if w > t => {
+                handoff_lag = Some(handoff_lag.unwrap_or(0).max(w - t));
+                Some(w)
+            }
+            (t, Some(_)) => {
+                handoff_lag.get_or_insert(0);
+                t
+            }
+            (t, None) => t,
+        };
+        let t_chunk1 = later(p.t_chunk1, h.chunk1);
+        let t_tok1 = later(p.t_tok1, h.tok1);
+        let t_tok_last = later(p.t_tok_last, h.tok_last.map(|(_, w)| w));
+        let handoff_lag = handoff_lag.map(Duration::from_nanos);
+        // A lower bound on the gateway's hold of a frame: read → handed on (each frame), read →
+        // written (the first token's), handed on → written.
+        let forward_lag = [
+            p.forward_lag,
+            handoff_lag,
+            t_tok1
+                .zip(p.t_tok1_rx)
+                .map(|(t, rx)| Duration::from_nanos(t.saturating_sub(rx))),
+        ]
+        .into_iter()
+        .flatten()
+        .max();
+        let tpot = match (t_tok1, t_tok_last, output_tokens) {
             (Some(a), Some(b), Some(n)) if n > 1 => Some(
                 Duration::from_nanos(b.saturating_sub(a))
                     / u32::try_from(n - 1).unwrap_or(u32::MAX),
@@ -678,20 +775,21 @@ impl Meter {
         let upstream_ttft = self
             .meta
             .t_sent
-            .and_then(|s| since(p.t_tok1_rx.or(p.t_tok1), packed(s)));
+            .and_then(|s| since(p.t_tok1_rx.or(t_tok1), packed(s)));
         let rec = RequestRecord {
             status: self.status,
             outcome,
-            ttft: since(p.t_tok1, packed(t0)),
+            ttft: since(t_tok1, packed(t0)),
             ttfc: if streamed {
-                since(p.t_chunk1, packed(t0))
+                since(t_chunk1, packed(t0))
             } else {
                 None
             },
             tpot,
             e2e: now.saturating_duration_since(t0),
             upstream_ttft,
-            forward_lag: p.forward_lag,
+            forward_lag,
+            handoff_lag,
             overhead,
             itl: std::mem::take(&mut self.progress.itl),
             input_tokens: self.progress.usage.input,

@@ -549,6 +549,11 @@ pub struct RequestRecord {
     /// brought to the client connection: a lower bound on how long the gateway held any frame
     /// (the latest read may be later than the one that carried the frame).
     pub forward_lag: Option<Duration>,
+    /// The longest a frame carrying one of the timed events (first chunk, first token, last
+    /// token, end) waited between being handed to the server and the connection's next write
+    /// attempt: the gateway's own lateness after the meter saw the frame (`None`: the server
+    /// keeps no write clock, as under an embedding app's own server).
+    pub handoff_lag: Option<Duration>,
     /// `(t_sent − t0)` plus time spent observing frames.
     pub overhead: Option<Duration>,
     /// The gaps between output events (bounded: see `Gaps`).
@@ -594,6 +599,7 @@ impl RequestRecord {
             e2e,
             upstream_ttft: None,
             forward_lag: None,
+            handoff_lag: None,
             overhead,
             itl: Gaps::default(),
             input_tokens: None,
