@@ -9,6 +9,10 @@
 //! bounded in time; RT throttling leaves other tasks 5% of each second), each with the kernel
 //! clock on and off.
 //!
+//! Half the clients (`SPLIT=0`: none) are like httpx- and aiohttp-based benchmark clients: a
+//! keep-alive connection each, and every request's head and body written apart, `SPLIT_MS`
+//! (default 2) between them — the wire's TTFT starts at the head. Each kind has its own row.
+//!
 //! Needs Linux, root (for the real-time priority) and tcpdump (`apt-get install tcpdump`).
 //! Run: `cargo bench --bench starved` (environment: `PHASE_SECONDS` per phase, default 8;
 //! `CONCURRENCY`, default 4). With `BACKEND=http://host:port` (and `MODEL`) the gateway fronts
@@ -85,6 +89,56 @@ fn request(addr: SocketAddr, model: &str) -> bool {
     }
     let mut sink = Vec::new();
     s.read_to_end(&mut sink).is_ok()
+}
+
+/// Requests on one keep-alive connection until `stop_at`, each with its head and body written
+/// `gap` apart; adds this connection's local port to `ports` and counts the requests answered.
+fn split_requests(
+    addr: SocketAddr,
+    model: &str,
+    gap: Duration,
+    stop_at: Instant,
+    ports: &std::sync::Mutex<std::collections::HashSet<u16>>,
+    sent: &AtomicUsize,
+) {
+    let Ok(mut s) = TcpStream::connect(addr) else {
+        return;
+    };
+    let _ = s.set_nodelay(true);
+    ports.lock().unwrap().insert(s.local_addr().unwrap().port());
+    let body = format!(
+        r#"{{"model":"{model}","stream":true,"max_tokens":16,"messages":[{{"role":"user","content":"hello there"}}]}}"#
+    );
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    let mut buf = vec![0u8; 16 << 10];
+    while Instant::now() < stop_at {
+        if s.write_all(head.as_bytes()).is_err() {
+            return;
+        }
+        std::thread::sleep(gap);
+        if s.write_all(body.as_bytes()).is_err() {
+            return;
+        }
+        // To the chunked body's end (the tail of what was read so far holds the terminator).
+        let mut tail: Vec<u8> = Vec::new();
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    tail.extend_from_slice(&buf[..n]);
+                    if tail.ends_with(b"\r\n0\r\n\r\n") {
+                        break;
+                    }
+                    let keep = tail.len().saturating_sub(8);
+                    tail.drain(..keep);
+                }
+            }
+        }
+        sent.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// A TCP segment on loopback: capture time (ns since the epoch), ports, payload.
@@ -170,7 +224,9 @@ fn has_output(payload: &[u8]) -> bool {
     false
 }
 
-/// Per request id: wire TTFT from the capture (one request per client connection).
+/// Per request id: wire TTFT from the capture — from the first client→gateway segment of the
+/// request (the SYN on a fresh connection; on a kept-alive one the first segment carrying data
+/// after the previous response began) to the first gateway→client segment carrying output.
 fn wire_ttft(segments: &[Segment], gw_port: u16) -> HashMap<String, f64> {
     #[derive(Default)]
     struct Conn {
@@ -178,10 +234,16 @@ fn wire_ttft(segments: &[Segment], gw_port: u16) -> HashMap<String, f64> {
         id: Option<String>,
         t_tok: Option<u64>,
     }
+    let mut done: Vec<Conn> = Vec::new();
     let mut conns: HashMap<u16, Conn> = HashMap::new();
     for s in segments {
         if s.dst == gw_port {
-            conns.entry(s.src).or_default().t_req.get_or_insert(s.t_ns);
+            let c = conns.entry(s.src).or_default();
+            if c.id.is_some() && !s.payload.is_empty() {
+                // The next request on a kept-alive connection.
+                done.push(std::mem::take(c));
+            }
+            c.t_req.get_or_insert(s.t_ns);
         } else if s.src == gw_port {
             let c = conns.entry(s.dst).or_default();
             if c.id.is_none() {
@@ -197,8 +259,8 @@ fn wire_ttft(segments: &[Segment], gw_port: u16) -> HashMap<String, f64> {
             }
         }
     }
-    conns
-        .into_values()
+    done.into_iter()
+        .chain(conns.into_values())
         .filter_map(|c| Some((c.id?, (c.t_tok? - c.t_req?) as f64 / 1e6)))
         .collect()
 }
@@ -215,8 +277,14 @@ fn pct(v: &mut [f64], q: f64) -> f64 {
 struct Row {
     phase: &'static str,
     clock: &'static str,
+    /// Which clients: fresh connections, or heads and bodies apart on kept-alive ones.
+    clients: &'static str,
     n: usize,
-    diff: (f64, f64, f64),
+    /// |wire − logged| p50, p99, p99.9, max.
+    diff: (f64, f64, f64, f64),
+    /// Requests beyond 5 ms off, and of those the ones whose record says the gateway was late
+    /// by at least the difference less 1 ms (accept delay, forward lag).
+    beyond_5ms: (usize, usize),
     wire_ttft: (f64, f64),
     accept: (f64, f64),
     lag: (f64, f64),
@@ -235,7 +303,15 @@ impl Drop for Hogs {
     }
 }
 
-fn phase(kernel_clock: bool, hog: bool, secs: u64, conc: usize, backend: &str, model: &str) -> Row {
+fn phase(
+    kernel_clock: bool,
+    hog: bool,
+    secs: u64,
+    conc: usize,
+    split: Option<Duration>,
+    backend: &str,
+    model: &str,
+) -> Vec<Row> {
     let bin = env!("CARGO_BIN_EXE_inferscope");
     let dir = std::env::temp_dir().join(format!(
         "inferscope-starved-{}-{kernel_clock}-{hog}",
@@ -316,14 +392,23 @@ fn phase(kernel_clock: bool, hog: bool, secs: u64, conc: usize, backend: &str, m
     let stop_at = Instant::now() + Duration::from_secs(secs);
     let done = Arc::new(AtomicBool::new(false));
     let sent = Arc::new(AtomicUsize::new(0));
+    let split_ports = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
     let workers: Vec<_> = (0..conc)
-        .map(|_| {
+        .map(|i| {
             let (done, sent) = (Arc::clone(&done), Arc::clone(&sent));
+            let ports = Arc::clone(&split_ports);
             let model = model.to_owned();
-            std::thread::spawn(move || {
-                while !done.load(Ordering::Relaxed) && Instant::now() < stop_at {
-                    if request(data, &model) {
-                        sent.fetch_add(1, Ordering::Relaxed);
+            std::thread::spawn(move || match split.filter(|_| i % 2 == 1) {
+                Some(gap) => {
+                    while !done.load(Ordering::Relaxed) && Instant::now() < stop_at {
+                        split_requests(data, &model, gap, stop_at, &ports, &sent);
+                    }
+                }
+                None => {
+                    while !done.load(Ordering::Relaxed) && Instant::now() < stop_at {
+                        if request(data, &model) {
+                            sent.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
                 }
             })
@@ -355,34 +440,63 @@ fn phase(kernel_clock: bool, hog: bool, secs: u64, conc: usize, backend: &str, m
     stop(&mut gw, "-TERM");
     let wire = wire_ttft(&read_pcap(&pcap), data.port());
     let log = std::fs::read_to_string(dir.join("access.jsonl")).unwrap();
-    let (mut diffs, mut wires, mut accepts, mut lags) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let split_ports = split_ports.lock().unwrap().clone();
+    #[derive(Default)]
+    struct Kind {
+        diffs: Vec<f64>,
+        wires: Vec<f64>,
+        accepts: Vec<f64>,
+        lags: Vec<f64>,
+        beyond: usize,
+        beyond_said: usize,
+    }
+    let mut kinds = [Kind::default(), Kind::default()];
     for l in log.lines().skip(4) {
         let v: serde_json::Value = serde_json::from_str(l).unwrap();
         let (Some(id), Some(ttft)) = (v["request_id"].as_str(), v["ttft_ms"].as_f64()) else {
             continue;
         };
         let Some(w) = wire.get(id) else { continue };
-        diffs.push((w - ttft).abs());
-        wires.push(*w);
-        accepts.push(v["accept_delay_ms"].as_f64().unwrap_or(0.0));
-        lags.push(v["forward_lag_ms"].as_f64().unwrap_or(0.0));
+        let port = v["client"]
+            .as_str()
+            .and_then(|c| c.rsplit(':').next()?.parse::<u16>().ok());
+        let k = &mut kinds[usize::from(port.is_some_and(|p| split_ports.contains(&p)))];
+        let diff = (w - ttft).abs();
+        let accept = v["accept_delay_ms"].as_f64().unwrap_or(0.0);
+        let lag = v["forward_lag_ms"].as_f64().unwrap_or(0.0);
+        if diff > 5.0 {
+            k.beyond += 1;
+            if accept.max(lag) >= diff - 1.0 {
+                k.beyond_said += 1;
+            }
+        }
+        k.diffs.push(diff);
+        k.wires.push(*w);
+        k.accepts.push(accept);
+        k.lags.push(lag);
     }
-    let n = diffs.len();
-    Row {
-        phase: if hog { "RT hog on every core" } else { "idle" },
-        clock: if kernel_clock { "kernel" } else { "user" },
-        n,
-        diff: (
-            pct(&mut diffs, 0.5),
-            pct(&mut diffs, 0.99),
-            pct(&mut diffs, 1.0),
-        ),
-        wire_ttft: (pct(&mut wires, 0.5), pct(&mut wires, 0.99)),
-        accept: (pct(&mut accepts, 0.5), pct(&mut accepts, 0.99)),
-        lag: (pct(&mut lags, 0.5), pct(&mut lags, 0.99)),
-        late_max,
-    }
+    kinds
+        .into_iter()
+        .zip(["fresh connection each", "head and body apart, kept alive"])
+        .filter(|(k, _)| !k.diffs.is_empty())
+        .map(|(mut k, clients)| Row {
+            phase: if hog { "RT hog on every core" } else { "idle" },
+            clock: if kernel_clock { "kernel" } else { "user" },
+            clients,
+            n: k.diffs.len(),
+            diff: (
+                pct(&mut k.diffs, 0.5),
+                pct(&mut k.diffs, 0.99),
+                pct(&mut k.diffs, 0.999),
+                pct(&mut k.diffs, 1.0),
+            ),
+            beyond_5ms: (k.beyond, k.beyond_said),
+            wire_ttft: (pct(&mut k.wires, 0.5), pct(&mut k.wires, 0.99)),
+            accept: (pct(&mut k.accepts, 0.5), pct(&mut k.accepts, 0.99)),
+            lag: (pct(&mut k.lags, 0.5), pct(&mut k.lags, 0.99)),
+            late_max,
+        })
+        .collect()
 }
 
 fn main() {
@@ -394,6 +508,8 @@ fn main() {
     let conc = env_or("CONCURRENCY", 4);
     let external = std::env::var("BACKEND").ok();
     let model = std::env::var("MODEL").unwrap_or_else(|_| "demo".into());
+    let split =
+        (env_or("SPLIT", 1) != 0).then(|| Duration::from_millis(env_or("SPLIT_MS", 2) as u64));
     let mut sim = None;
     let backend = match &external {
         Some(url) => url.clone(),
@@ -423,12 +539,13 @@ fn main() {
     let mut rows = Vec::new();
     for &hog in hogs {
         for kernel in [true, false] {
-            let r = phase(kernel, hog, secs, conc, &backend, &model);
-            eprintln!(
-                "{} / {}: n={} |wire-log| p50 {:.2} p99 {:.2} max {:.2} ms",
-                r.phase, r.clock, r.n, r.diff.0, r.diff.1, r.diff.2
-            );
-            rows.push(r);
+            for r in phase(kernel, hog, secs, conc, split, &backend, &model) {
+                eprintln!(
+                    "{} / {} / {}: n={} |wire-log| p50 {:.2} p99 {:.2} p99.9 {:.2} max {:.2} ms",
+                    r.phase, r.clock, r.clients, r.n, r.diff.0, r.diff.1, r.diff.2, r.diff.3
+                );
+                rows.push(r);
+            }
         }
     }
     if let Some(mut s) = sim {
@@ -438,17 +555,21 @@ fn main() {
         Some(b) => format!("{} streams to {b}", conc),
         None => r.phase.to_string(),
     };
-    println!("| host | t0 clock | requests | \\|wire − logged\\| TTFT p50 / p99 / max (ms) | wire TTFT p50 / p99 (ms) | accept delay p50 / p99 (ms) | forward lag p50 / p99 (ms) | heartbeat lateness max (ms) |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("| host | t0 clock | clients | requests | \\|wire − logged\\| TTFT p50 / p99 / p99.9 / max (ms) | > 5 ms (of them, late by a field) | wire TTFT p50 / p99 (ms) | accept delay p50 / p99 (ms) | forward lag p50 / p99 (ms) | heartbeat lateness max (ms) |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
         println!(
-            "| {} | {} | {} | {:.2} / {:.2} / {:.2} | {:.1} / {:.1} | {:.2} / {:.2} | {:.2} / {:.2} | {:.1} |",
+            "| {} | {} | {} | {} | {:.2} / {:.2} / {:.2} / {:.2} | {} ({}) | {:.1} / {:.1} | {:.2} / {:.2} | {:.2} / {:.2} | {:.1} |",
             host(r),
             r.clock,
+            r.clients,
             r.n,
             r.diff.0,
             r.diff.1,
             r.diff.2,
+            r.diff.3,
+            r.beyond_5ms.0,
+            r.beyond_5ms.1,
             r.wire_ttft.0,
             r.wire_ttft.1,
             r.accept.0,
