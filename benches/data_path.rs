@@ -240,7 +240,7 @@ fn record_path(c: &mut Criterion) {
             for f in &frames {
                 m.observe(f, now);
             }
-            m.finish(End::Complete);
+            Box::new(m).finish(End::Complete);
         })
     });
     g.finish();

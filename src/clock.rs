@@ -295,15 +295,20 @@ impl StampedTcp {
                     buf.advance(n);
                     self.fresh = None;
                     self.first = None;
-                    if n > 0 && peek {
-                        self.want_first = false;
-                        self.first = first.and_then(stamp_to_instant);
-                    }
                     if n > 0 {
                         if let Some(at) = stamp.and_then(stamp_to_instant) {
                             self.rx.store(pack(at), Ordering::Relaxed);
                             self.fresh = Some(at);
                         }
+                    }
+                    if n > 0 && peek {
+                        self.want_first = false;
+                        // Usually one segment brought it all: the read's own stamp, converted
+                        // once.
+                        self.first = match first {
+                            Some(f) if Some(f) == stamp => self.fresh,
+                            f => f.and_then(stamp_to_instant),
+                        };
                     }
                     if n == want {
                         self.window = (self.window * 2).min(MAX_READ);

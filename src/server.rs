@@ -131,10 +131,16 @@ impl WriteClock {
         let seq = self.seq.load(Ordering::Acquire);
         let due: Vec<(u64, WhenWritten)> = {
             let mut waiting = self.waiting.lock();
-            let (due, keep) = std::mem::take(&mut *waiting)
-                .into_iter()
-                .partition(|(n, _)| closed || *n < seq);
-            *waiting = keep;
+            // Usually everything waiting is due (one response's record): taken whole.
+            let due = if closed || waiting.iter().all(|(n, _)| *n < seq) {
+                std::mem::take(&mut *waiting)
+            } else {
+                let (due, keep) = std::mem::take(&mut *waiting)
+                    .into_iter()
+                    .partition(|(n, _)| *n < seq);
+                *waiting = keep;
+                due
+            };
             self.any_waiting
                 .store(!waiting.is_empty(), Ordering::Release);
             due

@@ -74,7 +74,7 @@ pin_project! {
                     }
                     None => End::Dropped,
                 };
-                (*meter).finish(end);
+                meter.finish(end);
             }
         }
     }
@@ -192,7 +192,7 @@ where
             }
             if *this.upstream_done {
                 if let Some(m) = this.meter.take() {
-                    (*m).finish(this.ending.take().unwrap_or(End::Complete));
+                    m.finish(this.ending.take().unwrap_or(End::Complete));
                 }
                 if let Some(kind) = *this.abort {
                     // Servers write what they buffered when the body is not ready: yield once,
@@ -298,7 +298,7 @@ where
                         if last {
                             *this.upstream_done = true;
                             if let Some(m) = this.meter.take() {
-                                (*m).finish(End::Complete);
+                                m.finish(End::Complete);
                             }
                         }
                         return Poll::Ready(Some(Ok(Frame::data(data))));

@@ -604,7 +604,8 @@ impl Meter {
     /// Builds the record and hands it to the sink. Consumes the meter: exactly once. A body that
     /// ended while its last frame waits to be written is recorded at that write attempt (at once
     /// if the connection closes first), so its end is when the user got it.
-    pub fn finish(mut self, end: End) {
+    /// Boxed, as `MeteredBody` holds it: waiting moves only the pointer.
+    pub fn finish(mut self: Box<Self>, end: End) {
         if end != End::Dropped {
             if let (Some(c), Some(n)) = (self.handoff.clock.clone(), self.handoff.last) {
                 if c.next() <= n {
@@ -617,7 +618,7 @@ impl Meter {
         self.finish_now(end);
     }
 
-    fn finish_now(self, end: End) {
+    fn finish_now(self: Box<Self>, end: End) {
         let (rec, metering) = self.into_record(end);
         metering.finish(rec);
     }
@@ -628,7 +629,11 @@ impl Meter {
         Some(crate::clock::pack(at))
     }
 
-    fn into_record(mut self, end: End) -> (RequestRecord, Arc<Metering>) {
+    fn into_record(self: Box<Self>, end: End) -> (RequestRecord, Arc<Metering>) {
+        (*self).record(end)
+    }
+
+    fn record(mut self, end: End) -> (RequestRecord, Arc<Metering>) {
         let now = Instant::now();
         let truncated_partial = match &self.framing {
             Framing::Sse(s) => s.has_partial(),
@@ -861,7 +866,7 @@ mod tests {
             meter.observe(&piece, now);
         }
         meter.observe(&Bytes::from_static(b"data: [DONE]\n\n"), Instant::now());
-        meter.finish(End::Complete);
+        Box::new(meter).finish(End::Complete);
         let r = sink.0.lock().pop().unwrap();
         let overhead = r.overhead.unwrap();
         assert!(overhead <= r.e2e, "overhead {overhead:?} > e2e {:?}", r.e2e);
@@ -957,7 +962,7 @@ mod tests {
                 advance(ms(&mut rng, 5)).await;
             }
             let end = Instant::now();
-            meter.finish(End::Complete);
+            Box::new(meter).finish(End::Complete);
             let r = sink.0.lock().pop().unwrap();
             let ctx = format!("case {case}: {r:?}");
             let overhead = r.overhead.unwrap();

@@ -20,7 +20,9 @@ use crate::meter::{
 use crate::route::{Backend, BackendGuard, Route, Router, Selection, Target};
 use bytes::Bytes;
 use http::uri::PathAndQuery;
-use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
+use http::{
+    header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, Version,
+};
 use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
 use std::sync::Arc;
@@ -37,6 +39,9 @@ pub(super) async fn proxy(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<
         Err(e) => cx.fail(e),
     }
 }
+
+/// `x-inferscope-purpose`, parsed once.
+const PURPOSE: HeaderName = HeaderName::from_static(PURPOSE_HEADER);
 
 /// A request on its way through the phases.
 struct Ctx {
@@ -331,10 +336,11 @@ impl Ctx {
             .ok_or(ProxyError::NoRoute)?;
         sel.route.budget.deposit();
         // A purpose is taken from the client only where the route allows it.
-        let purpose = self
-            .headers
-            .get(PURPOSE_HEADER)
-            .filter(|_| sel.route.purpose_header)
+        let purpose = sel
+            .route
+            .purpose_header
+            .then(|| self.headers.get(PURPOSE))
+            .flatten()
             .and_then(|v| Purpose::declared(v.as_bytes()));
         self.notes.update(|m| {
             m.route = Arc::clone(&sel.route.name);
@@ -533,7 +539,7 @@ impl Ctx {
         if let Some(p) = self.declared {
             parts
                 .headers
-                .insert(PURPOSE_HEADER, HeaderValue::from_static(p.as_str()));
+                .insert(PURPOSE, HeaderValue::from_static(p.as_str()));
         }
         self.notes.measure(MeasureOptions {
             dialect,

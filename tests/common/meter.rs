@@ -65,7 +65,7 @@ pub fn measure(path: &str, ctype: &str, pieces: &[&[u8]]) -> Seen {
             t + Duration::from_millis(i as u64),
         );
     }
-    meter.finish(End::Complete);
+    Box::new(meter).finish(End::Complete);
     let r = sink.0.lock().pop().unwrap();
     Seen {
         outcome: r.outcome.as_str(),
