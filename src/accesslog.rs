@@ -654,6 +654,10 @@ pub fn write_line(r: &RequestRecord, out: &mut Vec<u8>) {
             o.f32(field, v);
         }
     }
+    // How old the scrape those came from was when the request was sent.
+    if let Some(e) = load {
+        o.u64(key!("backend_load_age_ms"), u64::from(e.age_ms));
+    }
     o.opt_str(
         key!("finish_reason"),
         r.finish_reason.as_ref().map(|f| f.as_str()),

@@ -144,7 +144,8 @@ async fn engine_and_gpu_scrapes_reach_stats_metrics_and_each_request() {
     )
     .await;
     assert_eq!(r.status, 200);
-    // The unreachable exporter: counted as failed, nothing joined.
+    // The unreachable exporter has never answered: a backend still starting, not a failing one;
+    // nothing joined.
     let r = post(
         gw.data_addr,
         "/v1/completions",
@@ -155,9 +156,13 @@ async fn engine_and_gpu_scrapes_reach_stats_metrics_and_each_request() {
     assert_eq!(r.status, 200);
     let blind = backend_stats(gw.admin_addr, "blind").await;
     assert!(
-        blind["scrape"]["failed_total"].as_u64().unwrap() > 0,
+        blind["scrape"]["before_first_answer_total"]
+            .as_u64()
+            .unwrap()
+            > 0,
         "{blind}"
     );
+    assert_eq!(blind["scrape"]["failed_total"], 0, "{blind}");
     assert!(blind["scrape"].get("engine").is_none(), "{blind}");
     // The engine ran a fourth request a moment ago: a scrape taken during it says 4, the next
     // one 3 again (the three held streams).
@@ -177,7 +182,7 @@ async fn engine_and_gpu_scrapes_reach_stats_metrics_and_each_request() {
     for s in series {
         assert!(metrics.contains(s), "{s} not in:\n{metrics}");
     }
-    assert!(metrics.contains("inferscope_backend_scrape_failures_total{backend=\"blind\"}"));
+    assert!(metrics.contains("inferscope_backend_scrape_failures_total{backend=\"blind\"} 0"));
     for (c, _) in held {
         c.abort();
     }
@@ -188,6 +193,9 @@ async fn engine_and_gpu_scrapes_reach_stats_metrics_and_each_request() {
         .unwrap_or_else(|| panic!("no short chat request in {log:?}"));
     assert_eq!(line["backend_running"], 3.0, "{line}");
     assert_eq!(line["backend_queue_depth"], 0.0, "{line}");
+    // And how old the scrape it came from was: no older than `stale_after` (three intervals).
+    let age = line["backend_load_age_ms"].as_u64().unwrap();
+    assert!(age <= 150, "{line}");
     assert!(
         line["backend_kv_cache_usage"].as_f64().unwrap() > 0.0,
         "{line}"

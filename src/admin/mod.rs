@@ -501,10 +501,13 @@ fn measured(
 /// The backend's own metrics as last scraped (`metrics:`): `null` without a scrape.
 fn scrape_json(s: &crate::route::BackendStatus) -> serde_json::Value {
     let Some((v, age)) = &s.scraped else {
-        return if s.scrapes == (0, 0) {
+        return if s.scrapes == (0, 0) && s.scrapes_before_first == 0 {
             serde_json::Value::Null
         } else {
-            serde_json::json!({"ok_total": s.scrapes.0, "failed_total": s.scrapes.1})
+            serde_json::json!({
+                "ok_total": s.scrapes.0, "failed_total": s.scrapes.1,
+                "before_first_answer_total": s.scrapes_before_first,
+            })
         };
     };
     let engine = v.engine.as_ref().map(|e| {
@@ -522,6 +525,7 @@ fn scrape_json(s: &crate::route::BackendStatus) -> serde_json::Value {
         "fresh": s.scrape_fresh,
         "ok_total": s.scrapes.0,
         "failed_total": s.scrapes.1,
+        "before_first_answer_total": s.scrapes_before_first,
         "engine": engine,
         "gpu": gpu,
     })

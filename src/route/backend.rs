@@ -89,6 +89,7 @@ pub struct Backend {
     pub roofline: Option<(crate::config::ModelSpec, crate::stats::roofline::Peak)>,
     scrapes_ok: AtomicU64,
     scrapes_failed: AtomicU64,
+    scrapes_before_first: AtomicU64,
 }
 
 /// Holds a backend's in-flight slot (and queue permit) until dropped with the response.
@@ -154,8 +155,10 @@ pub struct BackendStatus {
     pub scraped: Option<(Arc<super::engine::Scraped>, Duration)>,
     /// Whether that scrape is within the staleness bound.
     pub scrape_fresh: bool,
-    /// Scrapes where every endpoint answered, and where one did not.
+    /// Scrapes where every endpoint answered, and where one did not (after the first that did).
     pub scrapes: (u64, u64),
+    /// Scrapes that failed before any answered (a backend still starting): not failures.
+    pub scrapes_before_first: u64,
 }
 
 impl Backend {
@@ -206,6 +209,9 @@ impl Backend {
     pub fn scraped(&self, ok: bool, view: Option<super::engine::Scraped>) {
         if ok {
             self.scrapes_ok.fetch_add(1, Relaxed);
+        } else if self.scrapes_ok.load(Relaxed) == 0 {
+            // A backend that has not answered yet is starting, not failing.
+            self.scrapes_before_first.fetch_add(1, Relaxed);
         } else {
             self.scrapes_failed.fetch_add(1, Relaxed);
         }
@@ -291,6 +297,7 @@ impl Backend {
             roofline: None,
             scrapes_ok: AtomicU64::new(0),
             scrapes_failed: AtomicU64::new(0),
+            scrapes_before_first: AtomicU64::new(0),
             ewma_ttft_us: AtomicU64::new(0f64.to_bits()),
             ewma_tpot_us: AtomicU64::new(0f64.to_bits()),
         }
@@ -432,6 +439,7 @@ impl Backend {
                 self.scrapes_ok.load(Relaxed),
                 self.scrapes_failed.load(Relaxed),
             ),
+            scrapes_before_first: self.scrapes_before_first.load(Relaxed),
         }
     }
 }
