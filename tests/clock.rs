@@ -10,23 +10,37 @@ use common::*;
 use serde_json::Value;
 use std::time::Duration;
 
-/// One streamed request to a gateway whose only worker thread is blocked for `stall` from just
-/// before the request is sent: the client's TTFT (send → first content byte) and the log line.
-fn stalled_request(kernel_clock: bool, stall: Duration) -> (Duration, Value) {
+/// A gateway (config `extra` added) in front of a simulator (TTFT 30 ms, 2 ms a token) on a runtime
+/// with one worker thread, ready, with receive stamping on.
+fn one_worker_gateway(
+    extra: &str,
+) -> (
+    tokio::runtime::Runtime,
+    std::path::PathBuf,
+    inferscope::app::Running,
+    inferscope::sim::SimHandle,
+) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()
         .unwrap();
     let dir = temp_dir();
-    let (gw, _sim) = rt.block_on(async {
+    let (gw, sim) = rt.block_on(async {
         let sim = start_sim(exact(30.0, 2.0), 1).await;
-        let extra = format!("limits: {{ kernel_clock: {kernel_clock} }}\n");
-        let gw = start_gateway(&[("s", sim.addr)], &dir, &extra).await;
+        let gw = start_gateway(&[("s", sim.addr)], &dir, extra).await;
         // Let the kernel switch receive stamping on (deferred after the first socket asks).
         tokio::time::sleep(Duration::from_millis(200)).await;
         (gw, sim)
     });
+    (rt, dir, gw, sim)
+}
+
+/// One streamed request to a gateway whose only worker thread is blocked for `stall` from just
+/// before the request is sent: the client's TTFT (send → first content byte) and the log line.
+fn stalled_request(kernel_clock: bool, stall: Duration) -> (Duration, Value) {
+    let extra = format!("limits: {{ kernel_clock: {kernel_clock} }}\n");
+    let (rt, dir, gw, _sim) = one_worker_gateway(&extra);
     let data = gw.data_addr;
     // The client runs on its own thread and runtime: it is not starved.
     let client = std::thread::spawn(move || {
@@ -190,18 +204,7 @@ fn read_stream(s: &mut std::net::TcpStream) -> std::time::Instant {
 #[test]
 fn a_head_and_body_written_apart_are_timed_from_the_head() {
     use std::io::Write as _;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let dir = temp_dir();
-    let (gw, _sim) = rt.block_on(async {
-        let sim = start_sim(exact(30.0, 2.0), 1).await;
-        let gw = start_gateway(&[("s", sim.addr)], &dir, "").await;
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        (gw, sim)
-    });
+    let (rt, dir, gw, _sim) = one_worker_gateway("");
     let body = chat(true, 4, "");
     let head = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\

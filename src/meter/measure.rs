@@ -832,6 +832,23 @@ mod tests {
         }
     }
 
+    /// A meter for a streamed chat completion, reading OpenAI's events.
+    fn chat_stream_meter(meta: RequestMeta, metering: Arc<Metering>) -> Meter {
+        let dialect = crate::dialect::Endpoint::from_path("/v1/chat/completions")
+            .and_then(crate::dialect::Endpoint::dialect);
+        Meter::new(
+            meta,
+            200,
+            Framing::for_response("text/event-stream", dialect, 1 << 20),
+            MeasureOptions {
+                dialect,
+                ..MeasureOptions::default()
+            },
+            metering,
+            Held::default(),
+        )
+    }
+
     /// A frame of many pieces, observed a piece at a time with the frame's one instant (the
     /// usage-stripping path) after a preemption between its receipt and its observation: the
     /// preemption is charged to the gateway once, and the overhead stays within the request's
@@ -844,19 +861,7 @@ mod tests {
         let t0 = Instant::now();
         meta.t0 = t0;
         meta.t_sent = Some(t0);
-        let dialect = crate::dialect::Endpoint::from_path("/v1/chat/completions")
-            .and_then(crate::dialect::Endpoint::dialect);
-        let mut meter = Meter::new(
-            meta,
-            200,
-            Framing::for_response("text/event-stream", dialect, 1 << 20),
-            MeasureOptions {
-                dialect,
-                ..MeasureOptions::default()
-            },
-            metering,
-            Held::default(),
-        );
+        let mut meter = chat_stream_meter(meta, metering);
         let piece = Bytes::from_static(
             b"data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"}}]}\n\n",
         );
@@ -883,8 +888,6 @@ mod tests {
     async fn a_requests_time_adds_up_however_the_gateway_is_preempted() {
         use std::sync::atomic::{AtomicU64, Ordering};
         use tokio::time::advance;
-        let dialect = crate::dialect::Endpoint::from_path("/v1/chat/completions")
-            .and_then(crate::dialect::Endpoint::dialect);
         let content = Bytes::from_static(
             b"data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"}}]}\n\n",
         );
@@ -907,17 +910,7 @@ mod tests {
             let t_sent = Instant::now();
             meta.t_sent = Some(t_sent);
             let before_send = t_sent - t0;
-            let mut meter = Meter::new(
-                meta,
-                200,
-                Framing::for_response("text/event-stream", dialect, 1 << 20),
-                MeasureOptions {
-                    dialect,
-                    ..MeasureOptions::default()
-                },
-                metering,
-                Held::default(),
-            );
+            let mut meter = chat_stream_meter(meta, metering);
             let mut held = Duration::ZERO;
             let mut longest_hold = Duration::ZERO;
             let mut first_output = None;
