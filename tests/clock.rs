@@ -250,18 +250,6 @@ fn a_head_and_body_written_apart_are_timed_from_the_head() {
     assert!(accept > Duration::from_millis(50), "{line}");
 }
 
-/// The records a `MeterLayer` made.
-#[derive(Default, Clone)]
-struct Records(
-    std::sync::Arc<parking_lot::Mutex<Vec<std::sync::Arc<inferscope::meter::RequestRecord>>>>,
-);
-
-impl inferscope::meter::RecordSink for Records {
-    fn record(&self, rec: &std::sync::Arc<inferscope::meter::RequestRecord>) {
-        self.0.lock().push(std::sync::Arc::clone(rec));
-    }
-}
-
 const FIRST: &[u8] = b"data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}]}\n\n";
 const SECOND: &[u8] = b"data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" there\"}}]}\n\n";
 
@@ -303,7 +291,7 @@ impl http_body::Body for HeldAfterFirst {
 async fn a_frame_held_between_its_hand_off_and_its_write_is_timed_at_the_write() {
     use inferscope::meter::MeterLayer;
     let hold = Duration::from_millis(80);
-    let records = Records::default();
+    let records = common::meter::Collect::default();
     let service = tower::ServiceBuilder::new()
         .layer(MeterLayer::new(records.clone()))
         .service_fn(

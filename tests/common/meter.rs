@@ -13,8 +13,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
+/// A sink that keeps every record it is given.
 #[derive(Default, Clone)]
-struct Collect(Arc<Mutex<Vec<Arc<RequestRecord>>>>);
+pub struct Collect(pub Arc<Mutex<Vec<Arc<RequestRecord>>>>);
 
 impl RecordSink for Collect {
     fn record(&self, rec: &Arc<RequestRecord>) {
