@@ -192,6 +192,7 @@ fn record_path(c: &mut Criterion) {
         bytes_out: 15_000,
         malformed_events: 0,
         error: None,
+        engine_span: std::sync::OnceLock::new(),
         response: ResponseInfo::default(),
         meta: meta(),
     };

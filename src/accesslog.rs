@@ -634,12 +634,41 @@ pub fn write_line(r: &RequestRecord, out: &mut Vec<u8>) {
     o.opt_u64(key!("output_tokens"), r.output_tokens);
     o.opt_str(key!("tokens_source"), r.tokens_source.map(|t| t.as_str()));
     o.opt_str(key!("event_tokens"), r.event_tokens.map(|t| t.as_str()));
+    // The engine's times: from its span when one was joined, else from its response.
+    let joined = r.engine_joined();
     let engine = r.response.engine;
-    if let Some(v) = engine.and_then(|e| e.prefill) {
+    if let Some(v) = joined.and_then(|(s, _)| s.queue) {
+        o.ms(key!("engine_queue_ms"), Some(us(v)));
+    }
+    let prefill = joined.map_or(engine.and_then(|e| e.prefill), |(s, _)| s.prefill);
+    if let Some(v) = prefill {
         o.ms(key!("engine_prefill_ms"), Some(us(v)));
     }
-    if let Some(v) = engine.and_then(|e| e.decode) {
+    let decode = joined.map_or(engine.and_then(|e| e.decode), |(s, _)| s.decode);
+    if let Some(v) = decode {
         o.ms(key!("engine_decode_ms"), Some(us(v)));
+    }
+    match (r.engine_span.get(), joined) {
+        (Some(_), Some((span, starved))) => {
+            o.str(key!("engine_span"), "joined");
+            o.opt_str(key!("engine_request_id"), span.request_id.as_deref());
+            if let Some(v) = span.ttft {
+                o.ms(key!("engine_ttft_ms"), Some(us(v)));
+            }
+            for (field, b) in [
+                (key!("ttft_parts_ms"), r.ttft_breakdown()),
+                (key!("e2e_parts_ms"), r.e2e_breakdown()),
+            ] {
+                if let Some(b) = b {
+                    parts(o.key(field), &b, field == key!("e2e_parts_ms"));
+                }
+            }
+            if let Some(s) = starved {
+                o.bool(key!("starved"), s);
+            }
+        }
+        (Some(_), None) => o.str(key!("engine_span"), "missing"),
+        (None, _) => {}
     }
     let load = m.engine;
     for (field, v) in [
@@ -695,6 +724,20 @@ pub fn write_line(r: &RequestRecord, out: &mut Vec<u8>) {
         o.bool(key!("slo_met"), met);
     }
     o.close();
+}
+
+/// `{"gateway":…,"queue":…,"prefill":…,["decode":…,]"rest":…}` in milliseconds.
+fn parts(out: &mut Vec<u8>, b: &crate::meter::Breakdown, decode: bool) {
+    let mut p = Object::open(out);
+    p.ms(key!("gateway"), Some(us(b.gateway)));
+    p.ms(key!("queue"), Some(us(b.queue)));
+    p.ms(key!("prefill"), Some(us(b.prefill)));
+    if decode {
+        p.ms(key!("decode"), Some(us(b.decode)));
+    }
+    // Signed: negative when the engine's numbers exceed what the gateway measured.
+    crate::util::json::float(p.key(key!("rest")), Some(b.rest_us as f64 / 1000.0));
+    p.close();
 }
 
 /// A record's access-log line as a JSON object (the fields other sinks carry too).

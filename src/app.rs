@@ -497,6 +497,16 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         stopped(data_rx.clone()),
     ));
 
+    // Records waiting for their engine's span: written out when it comes or its wait ends; once
+    // the data plane has drained, spans get up to a second more.
+    let (drained_tx, drained_rx) = tokio::sync::oneshot::channel::<()>();
+    let joins = tokio::spawn(Arc::clone(&recorder).run_joins(
+        std::time::Duration::from_millis(100),
+        std::time::Duration::from_secs(1),
+        async {
+            let _ = drained_rx.await;
+        },
+    ));
     let rec = Arc::clone(&recorder);
     let mut stop_rx = data_rx;
     let done = tokio::spawn(async move {
@@ -505,6 +515,8 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         if !drained {
             tracing::warn!("shutdown grace period ended with requests still in flight");
         }
+        let _ = drained_tx.send(());
+        let _ = joins.await;
         rec.log.close().await;
         if let Some(t) = &rec.telemetry {
             t.shutdown().await;

@@ -100,6 +100,20 @@ enum Cmd {
         /// Precede each streamed event with `: t_us=N` (µs since the request arrived): ground truth.
         #[arg(long)]
         truth_comments: bool,
+        /// Export an `llm_request` span per request to this OTLP/HTTP traces endpoint
+        /// (`http://127.0.0.1:9090/v1/traces`: the gateway's admin listener), as vLLM's
+        /// `--otlp-traces-endpoint` does, with the simulator's true queue, prefill and decode.
+        #[arg(long)]
+        otlp_traces_endpoint: Option<http::Uri>,
+        /// Spans wait this long (ms) to be exported together.
+        #[arg(long, default_value_t = 200)]
+        otlp_delay_ms: u64,
+        /// Fault: every Nth request waits --queue-hold-ms more in the queue (starved).
+        #[arg(long)]
+        queue_hold_every: Option<u64>,
+        /// Fault: how long those requests wait (ms).
+        #[arg(long)]
+        queue_hold_ms: Option<f64>,
         /// Fault: close each connection when a request arrives, without answering.
         #[arg(long)]
         refuse: bool,
@@ -608,6 +622,10 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             seed,
             model,
             truth_comments,
+            otlp_traces_endpoint,
+            otlp_delay_ms,
+            queue_hold_every,
+            queue_hold_ms,
             refuse,
             error_rate,
             error_status,
@@ -630,6 +648,8 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             f.stall_after_chunks = stall_after.or(f.stall_after_chunks);
             f.slow_first_token_ms = slow_first_token_ms.unwrap_or(f.slow_first_token_ms);
             f.malformed_rate = malformed_rate.unwrap_or(f.malformed_rate);
+            f.queue_hold_every = queue_hold_every.or(f.queue_hold_every);
+            f.queue_hold_ms = queue_hold_ms.unwrap_or(f.queue_hold_ms);
             p.validate()?;
             let listener = crate::server::bind(listen, crate::server::DEFAULT_BACKLOG)
                 .with_context(|| format!("binding {listen}"))?;
@@ -637,6 +657,15 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             opts.seed = seed;
             opts.model = model;
             opts.truth_comments = truth_comments;
+            if let Some(endpoint) = otlp_traces_endpoint {
+                if endpoint.scheme_str() != Some("http") || endpoint.host().is_none() {
+                    anyhow::bail!("--otlp-traces-endpoint takes an http:// URL");
+                }
+                opts.spans = Some(sim::SpanExport {
+                    endpoint,
+                    delay: std::time::Duration::from_millis(otlp_delay_ms),
+                });
+            }
             let (stop, rx) = tokio::sync::oneshot::channel::<()>();
             let handle = sim::spawn(listener, opts, async move {
                 let _ = rx.await;

@@ -2,12 +2,19 @@
 //! once per request, under a short lock), per-variant experiment data, the routing side's
 //! observers, OpenTelemetry and the access log (both queued, never awaited; drops are counted). It
 //! is one `RecordSink` to the meter, and gives the admin plane typed access to each part.
+//! Records of requests whose engine sends its own spans (`engine_spans:`) reach the access log
+//! and OpenTelemetry once that span is joined (`join`), or its wait ran out.
+
+mod join;
+
+pub use join::JoinCounts;
 
 use crate::accesslog::AccessLog;
 use crate::experiment::Experiments;
 use crate::meter::{RecordSink, RequestRecord};
 use crate::stats::Stats;
 use crate::telemetry::Telemetry;
+use parking_lot::Mutex;
 use std::sync::{Arc, OnceLock};
 
 /// Receives every request's record, exactly once each, and fans it out.
@@ -24,6 +31,8 @@ pub struct Recorder {
     /// The routing side's observers (backend health, guardrails, shadow agreement), set once
     /// the router exists.
     observers: OnceLock<Vec<Arc<dyn RecordSink>>>,
+    /// Records waiting for their engine's span, and spans for their record.
+    joins: Mutex<join::Joiner>,
 }
 
 impl Recorder {
@@ -35,7 +44,73 @@ impl Recorder {
             telemetry,
             experiments: Experiments::default(),
             observers: OnceLock::new(),
+            joins: Mutex::default(),
         }
+    }
+
+    /// Engine spans received over OTLP: each completes the record waiting for it, or waits for
+    /// its record.
+    pub fn engine_spans(&self, spans: Vec<crate::meter::EngineSpan>) {
+        let now = tokio::time::Instant::now();
+        let done: Vec<_> = {
+            let mut j = self.joins.lock();
+            spans.into_iter().filter_map(|s| j.span(s, now)).collect()
+        };
+        for rec in done {
+            self.complete(rec);
+        }
+    }
+
+    /// Writes out the records whose engine span did not come in time (`all`: every record still
+    /// waiting, at shutdown). Returns how many still wait.
+    pub fn expire_joins(&self, all: bool) -> usize {
+        let (done, left) = {
+            let mut j = self.joins.lock();
+            let done = j.expire(tokio::time::Instant::now(), all);
+            (done, j.waiting())
+        };
+        for rec in done {
+            self.complete(rec);
+        }
+        left
+    }
+
+    /// Expires joins every `every` until `stop` resolves; then waits up to `grace` for the
+    /// spans of the records still waiting, and writes out the rest.
+    pub async fn run_joins(
+        self: Arc<Self>,
+        every: std::time::Duration,
+        grace: std::time::Duration,
+        stop: impl std::future::Future<Output = ()>,
+    ) {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tokio::pin!(stop);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => { self.expire_joins(false); }
+                () = &mut stop => break,
+            }
+        }
+        let end = tokio::time::Instant::now() + grace;
+        while self.expire_joins(false) > 0 && tokio::time::Instant::now() < end {
+            tokio::time::sleep(every.min(grace)).await;
+        }
+        self.expire_joins(true);
+    }
+
+    /// The join's counters.
+    pub fn join_counts(&self) -> JoinCounts {
+        self.joins.lock().counts
+    }
+
+    /// What waits for a record's engine span: its engine statistics, its span and its log line.
+    fn complete(&self, rec: Arc<RequestRecord>) {
+        self.stats.record_engine(&rec);
+        if let Some(t) = &self.telemetry {
+            t.submit(Arc::clone(&rec));
+        }
+        self.log.send(rec);
     }
 
     /// A guardrail rolled `variant` back: exported as an OpenTelemetry event when telemetry is on
@@ -67,6 +142,16 @@ impl RecordSink for Recorder {
         }
         self.stats.record(rec);
         self.experiments.record(rec);
+        // A request its engine reports on: the log line and span wait for the engine's span
+        // (statistics above do not).
+        if rec.meta.engine_spans.is_some() && rec.meta.t_sent.is_some() {
+            let now = tokio::time::Instant::now();
+            let ready = self.joins.lock().hold(Arc::clone(rec), now);
+            if let Some(r) = ready {
+                self.complete(r);
+            }
+            return;
+        }
         if let Some(t) = &self.telemetry {
             t.submit(Arc::clone(rec));
         }

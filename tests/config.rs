@@ -320,6 +320,14 @@ fn check_command_reports_file_line_and_key() {
     );
     let good = dir.join("good.yaml");
     std::fs::write(&good, &example).unwrap();
+    let key_line = 1 + example
+        .lines()
+        .position(|l| l.contains("api_key_env: INT8_KEY"))
+        .unwrap();
+    let log_line = 1 + example
+        .lines()
+        .position(|l| l.starts_with("access_log:"))
+        .unwrap();
     let check = |file: &std::path::Path, key: Option<&str>| {
         let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_inferscope"));
         c.arg("check").arg(file).env_remove("INT8_KEY");
@@ -339,7 +347,7 @@ fn check_command_reports_file_line_and_key() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains(&format!("{}:28:", good.display()))
+        err.contains(&format!("{}:{key_line}:", good.display()))
             && err.contains("backends[1].api_key_env")
             && err.contains("INT8_KEY is not set"),
         "{err}"
@@ -358,7 +366,9 @@ fn check_command_reports_file_line_and_key() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains(":8:") && err.contains("access_log.path") && err.contains("is a directory"),
+        err.contains(&format!(":{log_line}:"))
+            && err.contains("access_log.path")
+            && err.contains("is a directory"),
         "{err}"
     );
 }

@@ -95,15 +95,28 @@ async fn the_dashboard_shows_what_stats_says_in_a_real_browser() {
         jitter: 0.3,
         ..exact(8.0, tpot)
     };
-    let (fp16, int8) = (start_sim(p(3.0), 1).await, start_sim(p(2.0), 2).await);
+    // fp16's engine sends its spans to the admin listener: bound first, served once the
+    // gateway (and so the admin address) exists.
+    let fp16_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let fp16_addr = fp16_listener.local_addr().unwrap();
+    let int8 = start_sim(p(2.0), 2).await;
     let dir = temp_dir();
     let yaml = format!(
-        "access_log: {{ path: {:?} }}\nbackends:\n  - {{ name: fp16, url: \"http://{}\", metrics: {{ interval: 100ms }}, model: {{ params_b: 8 }}, gpu: {{ preset: h100 }} }}\n  - {{ name: int8, url: \"http://{}\" }}\nroutes:\n  - name: chat\n    slo: {{ ttft: 12ms, tpot: 3ms }}\n    experiment:\n      name: int8-vs-fp16\n      sticky_key: \"header:x-user-id\"\n      min_samples: 20\n      guardrails: {{ rules: [{{ variant: int8, metric: ttft_p99_ms, max: 10000 }}] }}\n      accept: {{ tpot_change_max: 0, accuracy_drop_max_points: 5 }}\n      variants:\n        - {{ name: fp16, backends: [fp16], weight: 50, control: true }}\n        - {{ name: int8, backends: [int8], weight: 50 }}\n",
+        "access_log: {{ path: {:?} }}\nbackends:\n  - {{ name: fp16, url: \"http://{}\", metrics: {{ interval: 100ms }}, engine_spans: {{ wait: 10s }}, model: {{ params_b: 8 }}, gpu: {{ preset: h100 }} }}\n  - {{ name: int8, url: \"http://{}\" }}\nroutes:\n  - name: chat\n    slo: {{ ttft: 12ms, tpot: 3ms }}\n    experiment:\n      name: int8-vs-fp16\n      sticky_key: \"header:x-user-id\"\n      min_samples: 20\n      guardrails: {{ rules: [{{ variant: int8, metric: ttft_p99_ms, max: 10000 }}] }}\n      accept: {{ tpot_change_max: 0, accuracy_drop_max_points: 5 }}\n      variants:\n        - {{ name: fp16, backends: [fp16], weight: 50, control: true }}\n        - {{ name: int8, backends: [int8], weight: 50 }}\n",
         dir.join("access.jsonl"),
-        fp16.addr,
+        fp16_addr,
         int8.addr
     );
     let gw = start_yaml(&yaml).await;
+    let mut opts = inferscope::sim::SimOptions::new(p(3.0));
+    opts.seed = 1;
+    opts.spans = Some(inferscope::sim::SpanExport {
+        endpoint: format!("http://{}/v1/traces", gw.admin_addr)
+            .parse()
+            .unwrap(),
+        delay: Duration::from_millis(50),
+    });
+    let _fp16 = inferscope::sim::spawn(fp16_listener, opts, std::future::pending()).unwrap();
     for i in 0..80 {
         let r = post(
             gw.data_addr,
@@ -122,7 +135,19 @@ async fn the_dashboard_shows_what_stats_says_in_a_real_browser() {
         let (_, body) = admin_get(gw.admin_addr, "/stats").await;
         let stats: Value = serde_json::from_str(&body).unwrap();
         let engine = &stats["backends"][0]["scrape"]["engine"];
-        if engine["running"].as_f64() == Some(0.0) && engine["waiting"].as_f64() == Some(0.0) {
+        // …and once every fp16 request's span is joined.
+        let fp16 = stats["rollups"]["backend"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["backend"] == "fp16")
+            .map(|b| b["cumulative"].clone())
+            .unwrap_or_default();
+        let joined = fp16["engine_spans"]["joined"] == fp16["requests"];
+        if engine["running"].as_f64() == Some(0.0)
+            && engine["waiting"].as_f64() == Some(0.0)
+            && joined
+        {
             break stats;
         }
         assert!(t0.elapsed() < Duration::from_secs(10), "{engine}");
@@ -189,6 +214,12 @@ async fn the_dashboard_shows_what_stats_says_in_a_real_browser() {
             .iter()
             .any(|(p, _)| p.ends_with("scrape/engine/kv_cache_usage")),
         "the scraped backend's engine columns are shown"
+    );
+    assert!(
+        cells
+            .iter()
+            .any(|(p, _)| p.ends_with("cumulative/engine_queue/p99")),
+        "where the time went is shown for the backend whose engine sends spans"
     );
     let words = at(&stats, "backends/0/roofline/decode/words");
     assert!(

@@ -35,6 +35,9 @@ fn every_engine_is_read_by_its_own_names() {
     let later = EngineView::parse(&fixture("vllm-later.txt"), Some(&first));
     assert!(near(later.prefix_cache_hit_rate, 400.0 / 500.0));
     assert!(near(later.prefill_seconds, 1.5 / 10.0));
+    // vLLM's queue-time histogram: 2 s more over 4 more requests.
+    assert!(near(later.queue_seconds, 2.0 / 4.0));
+    assert_eq!(first.queue_seconds, None, "a mean needs two scrapes");
     // A counter that went back (a restart) gives no rate rather than a wrong one.
     let restarted = EngineView::parse(&fixture("vllm.txt"), Some(&later));
     assert_eq!(restarted.prefix_cache_hit_rate, None);

@@ -256,3 +256,119 @@ async fn humaneval_completions_from_vllm_are_run_in_the_sandbox() {
         .iter()
         .all(|l| l["outcome"] == "ok" && l["path"] == "/v1/completions"));
 }
+
+/// vLLM's own span of each request (`--otlp-traces-endpoint`, OTLP/gRPC to the admin listener at
+/// `INFERSCOPE_VLLM_SPANS_ADMIN`, e.g. `127.0.0.1:9464` with vLLM started by
+/// `VLLM_EXTRA_ARGS="--otlp-traces-endpoint http://127.0.0.1:9464" serve.sh`): every request of a
+/// burst the engine must queue is joined, its parts add up, and the queue times the gateway
+/// joined add up to what vLLM's own queue-time histogram counted over the run (the referee).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllms_spans_are_joined_and_their_queue_times_match_its_histogram() {
+    let Some(url) = vllm_url() else { return };
+    let Ok(admin) = std::env::var("INFERSCOPE_VLLM_SPANS_ADMIN") else {
+        eprintln!("SKIPPED: set INFERSCOPE_VLLM_SPANS_ADMIN to the address vLLM sends spans to");
+        return;
+    };
+    let dir = temp_dir();
+    let yaml = format!(
+        "access_log: {{ path: {:?} }}\nbackends:\n  - name: vllm\n    url: \"{url}\"\n    provider: vllm\n    engine_spans: {{ wait: 20s }}\nroutes:\n  - {{ name: all, backends: [vllm] }}\n",
+        dir.join("access.jsonl"),
+    );
+    let cfg = inferscope::config::parse(&yaml, "vllm.yaml").unwrap();
+    let any = "127.0.0.1:0".parse().unwrap();
+    let gw = inferscope::app::start(
+        std::sync::Arc::new(cfg),
+        inferscope::app::Overrides {
+            listen: Some(any),
+            admin: Some(admin.parse().unwrap()),
+            config_path: None,
+        },
+    )
+    .await
+    .unwrap();
+    let queue_sum = || async {
+        let text = get_text(&format!("{url}/metrics")).await;
+        text.lines()
+            .filter(|l| l.starts_with("vllm:request_queue_time_seconds_sum"))
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+            .sum::<f64>()
+    };
+    let before = queue_sum().await;
+    let n = 12;
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let addr = gw.data_addr;
+        tasks.push(tokio::spawn(async move {
+            let body = format!(
+                r#"{{"model":"tiny-llama","stream":{},"max_tokens":24,"messages":[{{"role":"user","content":"count to {i}"}}]}}"#,
+                i % 3 != 0
+            );
+            post(addr, "/v1/chat/completions", &body, &[]).await.status
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 200);
+    }
+    let admin_addr = gw.admin_addr;
+    until(
+        std::time::Duration::from_secs(30),
+        "every span joined",
+        || async move {
+            let (_, s) = admin_get(admin_addr, "/stats").await;
+            let s: Value = serde_json::from_str(&s).unwrap();
+            s["rollups"]["all"]["cumulative"]["engine_spans"]["joined"] == n
+        },
+    )
+    .await;
+    let after = queue_sum().await;
+    let lines = stop_and_read_log(gw, &dir).await;
+    assert_eq!(lines.len(), n);
+    let mut joined_queue = 0.0;
+    for l in &lines {
+        assert_eq!(l["engine_span"], "joined", "{l}");
+        assert_eq!(l["engine_request_id"], l["response_id"], "{l}");
+        joined_queue += l["engine_queue_ms"].as_f64().unwrap() / 1000.0;
+        let sum = |o: &Value| {
+            o.as_object()
+                .unwrap()
+                .values()
+                .map(|v| v.as_f64().unwrap())
+                .sum::<f64>()
+        };
+        let e2e = &l["e2e_parts_ms"];
+        assert!(
+            (sum(e2e) - l["e2e_ms"].as_f64().unwrap()).abs() <= 0.01,
+            "{l}"
+        );
+        assert!(e2e["rest"].as_f64().unwrap() >= 0.0, "{l}");
+        if l["stream"] == true {
+            let ttft = &l["ttft_parts_ms"];
+            assert!(
+                (sum(ttft) - l["ttft_ms"].as_f64().unwrap()).abs() <= 0.01,
+                "{l}"
+            );
+            assert!(ttft["rest"].as_f64().unwrap() >= 0.0, "{l}");
+        }
+    }
+    eprintln!(
+        "queue time: joined {joined_queue:.6} s, vLLM's histogram {:.6} s",
+        after - before
+    );
+    assert!(
+        (joined_queue - (after - before)).abs() < 1e-3,
+        "joined {joined_queue} s vs vLLM's histogram {} s",
+        after - before
+    );
+}
+
+/// A GET's body as text, over a plain HTTP/1.1 connection (`http://host:port/path`).
+async fn get_text(url: &str) -> String {
+    let uri: http::Uri = url.parse().unwrap();
+    let addr = format!("{}:{}", uri.host().unwrap(), uri.port_u16().unwrap_or(80));
+    let addr = tokio::net::lookup_host(addr).await.unwrap().next().unwrap();
+    let r = Client::connect(addr)
+        .await
+        .send("GET", uri.path(), "", &[])
+        .await;
+    String::from_utf8(r.body()).unwrap()
+}

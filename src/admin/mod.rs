@@ -2,7 +2,10 @@
 //! `GET /stats` (JSON), `GET /experiments` (A/B comparisons), `POST /feedback` (quality signals),
 //! `POST /experiments/reset` (guardrail reset), `GET /healthz` (the process is up), `GET /readyz`
 //! (routes can be served and the gateway is not draining), `GET /` (the dashboard: one page
-//! embedded in the binary that polls `/stats`, `/experiments` and `/metrics`).
+//! embedded in the binary that polls `/stats`, `/experiments` and `/metrics`), and an OTLP trace
+//! receiver for engines' spans (`POST /v1/traces`, gRPC `TraceService/Export`: `otlp`).
+
+mod otlp;
 
 use crate::recorder::Recorder;
 use crate::route::Router;
@@ -10,7 +13,7 @@ use crate::stats::{write_prometheus, Scalar};
 use crate::util::prometheus::{Labels, Writer};
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::Full;
+use http_body_util::{Either, Full};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -173,8 +176,27 @@ fn reply(status: StatusCode, ctype: &'static str, body: impl Into<Bytes>) -> Res
     r
 }
 
+/// An admin answer's body: whole, or a gRPC message with its trailers.
+pub type AdminBody = Either<Full<Bytes>, otlp::GrpcReply>;
+
 /// Answers one admin request.
 pub async fn handle(
+    state: Arc<AdminState>,
+    req: Request<hyper::body::Incoming>,
+) -> Result<Response<AdminBody>, Infallible> {
+    // Exports of spans (from engines, not browsers: protobuf bodies need a CORS preflight).
+    if req.method() == Method::POST && otlp::is_receiver(req.uri().path()) {
+        let r = if authorized(&state, &req) {
+            otlp::receive(&state, req).await
+        } else {
+            otlp::unauthorized(req.uri().path())
+        };
+        return Ok(r.map(Either::Right));
+    }
+    handle_page(state, req).await.map(|r| r.map(Either::Left))
+}
+
+async fn handle_page(
     state: Arc<AdminState>,
     req: Request<hyper::body::Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
@@ -517,6 +539,7 @@ fn scrape_json(s: &crate::route::BackendStatus) -> serde_json::Value {
             "kv_cache_usage": e.kv_cache_usage,
             "prefix_cache_hit_rate": e.prefix_cache_hit_rate,
             "prefill_seconds": e.prefill_seconds,
+            "queue_seconds": e.queue_seconds,
         })
     });
     let gpu = v.gpu.as_ref().map(crate::route::engine::GpuView::to_json);
@@ -665,7 +688,7 @@ fn scrape_metrics(all: &[crate::route::BackendStatus], labels: &[Labels], w: &mu
         "Age of the latest scrape of the backend's metrics.",
         scraped().filter_map(|(s, l)| Some((l, s.scraped.as_ref()?.1.as_secs_f64()))),
     );
-    let engine: [(&str, &str, Engine); 5] = [
+    let engine: [(&str, &str, Engine); 6] = [
         (
             "inferscope_backend_engine_running",
             "Requests the backend's engine runs (its batch), as last scraped.",
@@ -690,6 +713,11 @@ fn scrape_metrics(all: &[crate::route::BackendStatus], labels: &[Labels], w: &mu
             "inferscope_backend_engine_prefill_seconds",
             "The backend engine's mean prefill time over the last minute.",
             |e| e.prefill_seconds,
+        ),
+        (
+            "inferscope_backend_engine_queue_seconds",
+            "The backend engine's mean time in its queue over the last minute (vLLM's request_queue_time_seconds).",
+            |e| e.queue_seconds,
         ),
     ];
     for (name, help, get) in engine {

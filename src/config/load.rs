@@ -541,6 +541,20 @@ fn validate_backend(b: &BackendConfig) -> Result<(), (&'static str, String)> {
             return Err(("gpu", "a roofline needs `model:` too".into()));
         }
     }
+    if let Some(e) = &b.engine_spans {
+        if !(e.starved_factor.is_finite() && e.starved_factor >= 1.0) {
+            return Err((
+                "engine_spans",
+                "starved_factor must be a number of at least 1".into(),
+            ));
+        }
+        if e.starved_window.is_zero() {
+            return Err((
+                "engine_spans",
+                "starved_window must be longer than 0s".into(),
+            ));
+        }
+    }
     if let Some(m) = &b.metrics {
         if m.gpu_url.as_deref() == Some("nvml") && !cfg!(feature = "nvml") {
             return Err((

@@ -12,8 +12,8 @@ pub use duration::{parse as parse_duration, BadDuration};
 pub use load::{check_environment, load, parse, sim_profile, ConfigError, ProfileError};
 pub use schema::{
     AcceptConfig, AccessLogConfig, AdminConfig, BackendConfig, BatchConfig, Config,
-    ExperimentConfig, HistogramAggregation, Limits, MatchConfig, OtlpConfig, RouteConfig,
-    SimBackend, TelemetryConfig, TelemetryFormat, VariantConfig,
+    EngineSpansConfig, ExperimentConfig, HistogramAggregation, Limits, MatchConfig, OtlpConfig,
+    RouteConfig, SimBackend, TelemetryConfig, TelemetryFormat, VariantConfig,
 };
 pub use schema::{
     ApiKeyConfig, AuthConfig, ClientAuth, ClientTlsConfig, RateLimit, RateLimitsConfig,

@@ -378,6 +378,11 @@ pub struct BackendConfig {
     /// Scrape the backend's own metrics (engine queue, KV cache, GPUs) and join them to requests.
     #[serde(default)]
     pub metrics: Option<MetricsConfig>,
+    /// Receive the engine's own span of each request over OTLP (vLLM `--otlp-traces-endpoint`
+    /// pointed at the admin listener) and join it to the request's record: engine queue,
+    /// prefill and decode time per request, and requests starved in the engine's queue.
+    #[serde(default)]
+    pub engine_spans: Option<EngineSpansConfig>,
     /// The model it serves, for its roofline (with `gpu`).
     #[serde(default)]
     pub model: Option<ModelSpec>,
@@ -430,6 +435,38 @@ pub struct GpuSpec {
     pub tflops: Option<f64>,
     /// GPUs serving the model (tensor parallel); absent or 0: one.
     pub count: u32,
+}
+
+/// `engine_spans:` of a backend: how long a record waits for its engine's span, and when a
+/// request counts as starved in the engine's queue.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineSpansConfig {
+    /// How long a finished request's access-log line and span wait for the engine's span (vLLM
+    /// exports in batches every 5 s); past it they are written without (`engine_span:
+    /// missing`). Statistics other than the engine's parts never wait.
+    #[serde(with = "super::duration")]
+    pub wait: Duration,
+    /// A request is starved when its engine queue time exceeds this many times the median
+    /// queue time of the backend's requests joined within `starved_window` before it…
+    pub starved_factor: f64,
+    /// …over this window…
+    #[serde(with = "super::duration")]
+    pub starved_window: Duration,
+    /// …and is at least this long (an idle engine's microsecond queues starve nobody).
+    #[serde(with = "super::duration")]
+    pub starved_min: Duration,
+}
+
+impl Default for EngineSpansConfig {
+    fn default() -> Self {
+        Self {
+            wait: Duration::from_secs(10),
+            starved_factor: 4.0,
+            starved_window: Duration::from_secs(60),
+            starved_min: Duration::from_millis(100),
+        }
+    }
 }
 
 /// Scraping a backend's Prometheus endpoints: its engine's (vLLM, SGLang, TGI, llama.cpp) and

@@ -811,6 +811,7 @@ impl Meter {
                 engine: self.progress.engine,
                 ..std::mem::take(&mut self.progress.response)
             },
+            engine_span: std::sync::OnceLock::new(),
             meta: self.meta,
         };
         (rec, self.metering)

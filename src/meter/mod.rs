@@ -29,8 +29,8 @@ pub use layer::{
 };
 pub use measure::{Deadlines, End, Framing, MeasureOptions, Meter, StripPlan};
 pub use record::{
-    Attempt, EngineLoad, EventTokens, Gaps, ItlSample, ItlSummary, Outcome, Purpose, RequestMeta,
-    RequestParams, RequestRecord, ResponseInfo, TokensSource, Upstream, MAX_ITL_SAMPLES, NONE,
-    PURPOSE_HEADER,
+    Attempt, Breakdown, EngineJoin, EngineLoad, EngineSpan, EventTokens, Gaps, ItlSample,
+    ItlSummary, Outcome, Purpose, RequestMeta, RequestParams, RequestRecord, ResponseInfo,
+    TokensSource, Upstream, MAX_ITL_SAMPLES, NONE, PURPOSE_HEADER,
 };
 pub use trace::TraceContext;

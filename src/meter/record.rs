@@ -472,6 +472,9 @@ pub struct RequestMeta {
     pub slo: Option<crate::config::SloConfig>,
     /// The backend engine's load as its latest fresh scrape had it when the request was sent.
     pub engine: Option<EngineLoad>,
+    /// The backend sends its engine's span of each request (`engine_spans:`): the record waits
+    /// for it to be joined.
+    pub engine_spans: Option<Arc<crate::config::EngineSpansConfig>>,
 }
 
 impl RequestMeta {
@@ -508,6 +511,7 @@ impl RequestMeta {
             t_hdr: None,
             slo: None,
             engine: None,
+            engine_spans: None,
         }
     }
 }
@@ -576,6 +580,70 @@ pub struct RequestRecord {
     pub error: Option<&'static str>,
     /// Response id, model, token details, captured output.
     pub response: ResponseInfo,
+    /// The engine's own span of the request, joined after the record was made (set once, by
+    /// the recorder, when the backend sends its spans: `RequestMeta::engine_spans`).
+    pub engine_span: std::sync::OnceLock<EngineJoin>,
+}
+
+/// The engine's span of one request, as received over OTLP (vLLM's `llm_request`): its parent
+/// is the gateway's CLIENT span, its durations the engine's own.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EngineSpan {
+    /// Trace id.
+    pub trace_id: u128,
+    /// Parent span id: the `traceparent` the gateway sent.
+    pub parent: u64,
+    /// `gen_ai.request.id` (vLLM: the response id).
+    pub request_id: Option<Arc<str>>,
+    /// `gen_ai.latency.time_in_queue`: waiting for the scheduler.
+    pub queue: Option<Duration>,
+    /// `gen_ai.latency.time_in_model_prefill`: scheduled → first token.
+    pub prefill: Option<Duration>,
+    /// `gen_ai.latency.time_in_model_decode`: first → last token.
+    pub decode: Option<Duration>,
+    /// `gen_ai.latency.time_to_first_token`: the engine's arrival → first token.
+    pub ttft: Option<Duration>,
+    /// `gen_ai.latency.e2e`: the engine's arrival → done.
+    pub e2e: Option<Duration>,
+}
+
+/// What became of a record's wait for its engine's span.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EngineJoin {
+    /// The span arrived.
+    Joined {
+        /// The span.
+        span: EngineSpan,
+        /// Its queue time was `starved_factor` × the window's median or more (`None`: too few
+        /// requests in the window to judge, or no queue time).
+        starved: Option<bool>,
+    },
+    /// None arrived within `engine_spans.wait`.
+    Missing,
+}
+
+/// Where a request's time went, from the gateway's measurements and the engine's span. The
+/// parts add up to the whole the gateway measured; `rest` is what neither accounts for — the
+/// network both ways and the engine's HTTP server, tokenizer and detokenizer — and is negative
+/// only when the engine's numbers and the gateway's disagree.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Breakdown {
+    /// The gateway's own time: before the upstream send, and holding the frames.
+    pub gateway: Duration,
+    /// The engine's queue.
+    pub queue: Duration,
+    /// The engine's prefill.
+    pub prefill: Duration,
+    /// The engine's decode (zero in the TTFT's breakdown).
+    pub decode: Duration,
+    /// The remainder, µs (signed).
+    pub rest_us: i64,
+}
+
+fn rest_us(whole: Duration, parts: &[Duration]) -> i64 {
+    let sum: Duration = parts.iter().sum();
+    i64::try_from(whole.as_micros()).unwrap_or(i64::MAX)
+        - i64::try_from(sum.as_micros()).unwrap_or(i64::MAX)
 }
 
 impl RequestRecord {
@@ -611,7 +679,48 @@ impl RequestRecord {
             malformed_events: 0,
             error,
             response: ResponseInfo::default(),
+            engine_span: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The engine's span, when one was joined.
+    pub fn engine_joined(&self) -> Option<(&EngineSpan, Option<bool>)> {
+        match self.engine_span.get()? {
+            EngineJoin::Joined { span, starved } => Some((span, *starved)),
+            EngineJoin::Missing => None,
+        }
+    }
+
+    /// The TTFT's parts: the gateway's (before the send, and holding the first token),
+    /// the engine's queue and prefill, the rest. With a joined span and a first token only.
+    pub fn ttft_breakdown(&self) -> Option<Breakdown> {
+        let (span, _) = self.engine_joined()?;
+        let (ttft, upstream) = (self.ttft?, self.upstream_ttft?);
+        let (queue, prefill) = (span.queue?, span.prefill?);
+        let gateway = ttft.saturating_sub(upstream);
+        Some(Breakdown {
+            gateway,
+            queue,
+            prefill,
+            decode: Duration::ZERO,
+            rest_us: rest_us(ttft, &[gateway, queue, prefill]),
+        })
+    }
+
+    /// The E2E's parts: the gateway's overhead, the engine's queue, prefill and decode, the
+    /// rest. With a joined span only.
+    pub fn e2e_breakdown(&self) -> Option<Breakdown> {
+        let (span, _) = self.engine_joined()?;
+        let gateway = self.overhead?;
+        let (queue, prefill) = (span.queue?, span.prefill?);
+        let decode = span.decode.unwrap_or_default();
+        Some(Breakdown {
+            gateway,
+            queue,
+            prefill,
+            decode,
+            rest_us: rest_us(self.e2e, &[gateway, queue, prefill, decode]),
+        })
     }
 
     /// Wall-clock time of a monotonic instant of this request (for exporters that need it).

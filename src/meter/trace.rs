@@ -49,6 +49,11 @@ impl TraceContext {
 
     /// The `traceparent` to send upstream: this trace, the CLIENT span as parent.
     pub fn upstream_traceparent(&self) -> String {
+        self.upstream_traceparent_sampled(false)
+    }
+
+    /// `upstream_traceparent`, flagged sampled when `force` or when this trace is.
+    pub fn upstream_traceparent_sampled(&self, force: bool) -> String {
         let mut s = String::with_capacity(55);
         for part in [
             &b"00-"[..],
@@ -56,7 +61,7 @@ impl TraceContext {
             b"-",
             &hex::<16>(u128::from(self.client_span)),
             b"-",
-            &hex::<2>(u128::from(self.sampled)),
+            &hex::<2>(u128::from(self.sampled || force)),
         ] {
             // Hex digits and dashes: ASCII.
             s.push_str(std::str::from_utf8(part).unwrap_or_default());

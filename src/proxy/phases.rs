@@ -422,6 +422,7 @@ impl Ctx {
                 m.backend = Arc::clone(&backend.name);
                 m.upstream = Some(backend.info.clone());
                 m.engine = engine;
+                m.engine_spans = backend.engine_spans.clone();
             });
             let guard = backend.admit().await.map_err(ProxyError::Busy)?;
             let body = match (self.first_body.take(), &self.replay) {
@@ -429,11 +430,14 @@ impl Ctx {
                 (None, Some(bytes)) => Either::Left(Full::new(bytes.clone())),
                 (None, None) => return Err(ProxyError::BadUpstreamRequest),
             };
-            let traceparent = self
-                .gw
-                .trace
-                .enabled
-                .then(|| self.notes.update(|m| m.trace.upstream_traceparent()))
+            // An engine that sends its spans back is told the trace is sampled: a tracer
+            // following its parent records nothing otherwise.
+            let engine_spans = backend.engine_spans.is_some();
+            let traceparent = (self.gw.trace.enabled || engine_spans)
+                .then(|| {
+                    self.notes
+                        .update(|m| m.trace.upstream_traceparent_sampled(engine_spans))
+                })
                 .flatten();
             let (t_sent, result) = attempt_once(
                 &self.gw,

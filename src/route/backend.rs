@@ -81,6 +81,9 @@ pub struct Backend {
     ejections_total: AtomicU64,
     ewma_ttft_us: AtomicU64,
     ewma_tpot_us: AtomicU64,
+    /// Its engine sends a span per request (`engine_spans:`): traces are propagated to it
+    /// sampled, and records wait for the span.
+    pub engine_spans: Option<Arc<crate::config::EngineSpansConfig>>,
     /// The latest scrape of its metrics endpoints (`metrics:`), if any answered.
     scraped: arc_swap::ArcSwapOption<super::engine::Scraped>,
     /// Scrapes older than this are not used.
@@ -199,6 +202,12 @@ impl Backend {
         self
     }
 
+    /// Expects its engine's spans (`engine_spans:`).
+    pub fn with_engine_spans(mut self, c: Option<crate::config::EngineSpansConfig>) -> Self {
+        self.engine_spans = c.map(Arc::new);
+        self
+    }
+
     /// Uses scrapes of its metrics for this long.
     pub fn with_stale_after(mut self, d: Duration) -> Self {
         self.stale_after = d;
@@ -292,6 +301,7 @@ impl Backend {
             busy_until_ms: AtomicU64::new(0),
             rate_limited_total: AtomicU64::new(0),
             ejections_total: AtomicU64::new(0),
+            engine_spans: None,
             scraped: arc_swap::ArcSwapOption::empty(),
             stale_after: Duration::from_secs(15),
             roofline: None,

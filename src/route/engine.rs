@@ -38,6 +38,8 @@ const PREFIX_QUERIES: &[&str] = &[
 const PREFIX_RATE: &[&str] = &["sglang:cache_hit_rate"];
 const PREFILL_SUM: &[&str] = &["vllm:request_prefill_time_seconds_sum"];
 const PREFILL_COUNT: &[&str] = &["vllm:request_prefill_time_seconds_count"];
+const QUEUE_SUM: &[&str] = &["vllm:request_queue_time_seconds_sum"];
+const QUEUE_COUNT: &[&str] = &["vllm:request_queue_time_seconds_count"];
 
 /// Counters kept between scrapes, for rates over the interval.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -46,6 +48,8 @@ struct Counters {
     prefix_queries: Option<f64>,
     prefill_sum: Option<f64>,
     prefill_count: Option<f64>,
+    queue_sum: Option<f64>,
+    queue_count: Option<f64>,
 }
 
 /// What the engine said in one scrape.
@@ -62,6 +66,9 @@ pub struct EngineView {
     pub prefix_cache_hit_rate: Option<f64>,
     /// Mean engine prefill time of the requests that finished prefill since `base`.
     pub prefill_seconds: Option<f64>,
+    /// Mean time in the engine's queue of the requests scheduled since `base` (vLLM's
+    /// `request_queue_time_seconds` histogram).
+    pub queue_seconds: Option<f64>,
     /// Mean `running` over the scrapes of the last minute that found it busy (`running > 0`):
     /// the batch its requests decoded in (set by the scrape loop).
     pub busy_batch: Option<f64>,
@@ -117,6 +124,13 @@ fn ratio_since(now: (Option<f64>, Option<f64>), before: (Option<f64>, Option<f64
     (d > 0.0 && n >= 0.0).then(|| (n / d).min(1.0))
 }
 
+/// A histogram's mean over an interval: `Δsum / Δcount` from its `(sum, count)` now and
+/// before; `None` without new samples or when it went back (a restart).
+fn mean_since(now: (Option<f64>, Option<f64>), before: (Option<f64>, Option<f64>)) -> Option<f64> {
+    let (sum, n) = (now.0? - before.0?, now.1? - before.1?);
+    (n > 0.0 && sum >= 0.0).then(|| sum / n)
+}
+
 impl EngineView {
     /// Reads an engine's exposition; `base` (an earlier scrape) turns counters into rates and
     /// means since then.
@@ -141,6 +155,10 @@ impl EngineView {
                 add(&mut c.prefill_sum, s.value);
             } else if one_of(&s, PREFILL_COUNT) {
                 add(&mut c.prefill_count, s.value);
+            } else if one_of(&s, QUEUE_SUM) {
+                add(&mut c.queue_sum, s.value);
+            } else if one_of(&s, QUEUE_COUNT) {
+                add(&mut c.queue_count, s.value);
             }
         }
         if let Some(p) = base.map(|p| p.counters) {
@@ -149,14 +167,12 @@ impl EngineView {
                 (c.prefix_hits, c.prefix_queries),
                 (p.prefix_hits, p.prefix_queries),
             );
-            let (sum, n) = (
-                c.prefill_sum.zip(p.prefill_sum).map(|(a, b)| a - b),
-                c.prefill_count.zip(p.prefill_count).map(|(a, b)| a - b),
+            v.prefill_seconds = mean_since(
+                (c.prefill_sum, c.prefill_count),
+                (p.prefill_sum, p.prefill_count),
             );
-            v.prefill_seconds = sum
-                .zip(n)
-                .filter(|(s, n)| *n > 0.0 && *s >= 0.0)
-                .map(|(s, n)| s / n);
+            v.queue_seconds =
+                mean_since((c.queue_sum, c.queue_count), (p.queue_sum, p.queue_count));
         }
         v.prefix_cache_hit_rate = v.prefix_cache_hit_rate.or(sglang_rate);
         v

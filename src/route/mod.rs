@@ -338,6 +338,7 @@ impl Router {
                 .with_tls(tls)
                 .with_http2(b.http2)
                 .with_idle_timeout(b.idle_timeout)
+                .with_engine_spans(b.engine_spans)
                 .with_roofline(
                     b.model
                         .zip(b.gpu.as_ref().and_then(crate::stats::roofline::Peak::of)),

@@ -29,6 +29,25 @@ pub struct Faults {
     /// Fraction of content events sent as malformed JSON.
     #[serde(default)]
     pub malformed_rate: f64,
+    /// Every Nth request (by arrival: indices N−1, 2N−1…) waits `queue_hold_ms` more in the
+    /// queue before it is admitted: a request starved by the scheduler.
+    #[serde(default)]
+    pub queue_hold_every: Option<u64>,
+    /// How long those requests are held, in milliseconds.
+    #[serde(default)]
+    pub queue_hold_ms: f64,
+}
+
+impl Faults {
+    /// How long request `index` is held in the queue.
+    pub fn queue_hold(&self, index: u64) -> std::time::Duration {
+        match self.queue_hold_every {
+            Some(n) if n > 0 && index % n == n - 1 => {
+                std::time::Duration::from_secs_f64(self.queue_hold_ms / 1000.0)
+            }
+            _ => std::time::Duration::ZERO,
+        }
+    }
 }
 
 impl Faults {
@@ -44,10 +63,15 @@ impl Faults {
                 )));
             }
         }
-        if !self.slow_first_token_ms.is_finite() || self.slow_first_token_ms < 0.0 {
-            return Err(super::InvalidProfile(
-                "slow_first_token_ms must be finite and non-negative".into(),
-            ));
+        for (name, v) in [
+            ("slow_first_token_ms", self.slow_first_token_ms),
+            ("queue_hold_ms", self.queue_hold_ms),
+        ] {
+            if !v.is_finite() || v < 0.0 {
+                return Err(super::InvalidProfile(format!(
+                    "{name} must be finite and non-negative"
+                )));
+            }
         }
         if let Some(s) = self.error_status {
             if !(100..=599).contains(&s) {

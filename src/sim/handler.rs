@@ -204,6 +204,7 @@ async fn respond(
                 }
             }
             let mut truth = truth(plan.gen.index, path, &body);
+            truth.response_id = Some(plan.gen.id());
             truth.prompt_tokens = plan.gen.prompt_tokens;
             truth.output_tokens = plan.gen.output_tokens;
             if plan.stream {
@@ -502,6 +503,12 @@ fn metrics(state: &SimState) -> String {
 }
 
 fn finish(state: &SimState, truth: Truth) {
+    if let Some(tx) = state.spans.as_ref().filter(|_| truth.completed) {
+        let id = state.span_ids.lock().next_u64() | 1;
+        if let Some(span) = super::spans::span_of(&truth, id) {
+            let _ = tx.send(span);
+        }
+    }
     if state.opts.record_truth {
         state.truth.lock().push(truth);
     }
@@ -517,10 +524,11 @@ async fn generate(
 ) {
     let done = 'run: {
         // A full batch: wait for a slot (the client may leave meanwhile).
-        let _slot = match admit(&state, &tx).await {
+        let _slot = match admit(&state, &tx, faults.queue_hold(plan.gen.index)).await {
             Some(s) => s,
             None => break 'run false,
         };
+        truth.admitted = Some(admitted_at(&state, &truth, &faults));
         let mut active = Active::new(&state);
         active.hold(plan.gen.prompt_tokens);
         stream(&state, &plan, &mut truth, &tx, &faults, &mut active).await
@@ -535,16 +543,36 @@ async fn generate(
 async fn admit(
     state: &SimState,
     tx: &mpsc::Sender<Result<Bytes, std::io::Error>>,
+    hold: std::time::Duration,
 ) -> Option<Option<tokio::sync::OwnedSemaphorePermit>> {
+    if state.batch.is_none() && hold.is_zero() {
+        return Some(None);
+    }
+    let _queued = Queued::new(state);
+    if !hold.is_zero() {
+        tokio::select! {
+            () = tokio::time::sleep(hold) => {}
+            () = tx.closed() => return None,
+        }
+    }
     let Some(batch) = &state.batch else {
         return Some(None);
     };
-    let _queued = Queued::new(state);
     let slot = tokio::select! {
         p = Arc::clone(batch).acquire_owned() => p.ok(),
         () = tx.closed() => None,
     };
     slot.map(Some)
+}
+
+/// When a request just admitted left the queue: now, or its arrival when it never queued (no
+/// batch limit, no hold).
+fn admitted_at(state: &SimState, truth: &Truth, faults: &Faults) -> Instant {
+    if state.batch.is_some() || !faults.queue_hold(truth.index).is_zero() {
+        Instant::now()
+    } else {
+        truth.arrival
+    }
 }
 
 /// Counts a request as waiting for a batch slot while alive (dropped with its future too).
@@ -642,11 +670,7 @@ async fn stream(
     }
     let slow = std::time::Duration::from_secs_f64(faults.slow_first_token_ms / 1000.0);
     // Prefill starts when the request is admitted to the batch (at once without a limit).
-    let started = if state.batch.is_some() {
-        Instant::now()
-    } else {
-        truth.arrival
-    };
+    let started = truth.admitted.unwrap_or(truth.arrival);
     let mut deadline = started + rng.jitter(p.ttft(gen.prompt_tokens), p.jitter) + slow;
     let mut produced = 0;
     let mut text = String::new();
@@ -688,6 +712,8 @@ async fn stream(
         }
         first.get_or_insert(now);
         last = Some(now);
+        truth.first_token = first;
+        truth.last_token = last;
         active.hold(k);
         state
             .engine
@@ -729,18 +755,17 @@ async fn whole(
     let p = &state.opts.profile;
     let mut rng = Rng::new(state.opts.seed.wrapping_add(gen.index).rotate_left(17));
     let body = {
-        let _slot = match &state.batch {
-            Some(b) => {
-                let _queued = Queued::new(&state);
-                Arc::clone(b).acquire_owned().await.ok()
+        let hold = faults.queue_hold(gen.index);
+        let _slot = {
+            let _queued = (state.batch.is_some() || !hold.is_zero()).then(|| Queued::new(&state));
+            tokio::time::sleep(hold).await;
+            match &state.batch {
+                Some(b) => Arc::clone(b).acquire_owned().await.ok(),
+                None => None,
             }
-            None => None,
         };
-        let started = if state.batch.is_some() {
-            Instant::now()
-        } else {
-            truth.arrival
-        };
+        let started = admitted_at(&state, &truth, &faults);
+        truth.admitted = Some(started);
         let mut active = Active::new(&state);
         active.hold(gen.prompt_tokens + gen.output_tokens);
         let slow = std::time::Duration::from_secs_f64(faults.slow_first_token_ms / 1000.0);
@@ -768,6 +793,8 @@ async fn whole(
             prefill,
             decode: (deadline - started).saturating_sub(prefill),
         };
+        truth.first_token = Some(started + prefill);
+        truth.last_token = Some(deadline);
         gen.whole(&text, eng).to_string()
     };
     let at = Instant::now();

@@ -12,11 +12,13 @@ mod handler;
 pub mod logprob;
 mod profile;
 pub mod quiz;
+mod spans;
 mod wire;
 
 pub use crate::util::Rng;
 pub use faults::Faults;
 pub use profile::{InvalidProfile, Profile};
+pub use spans::SpanExport;
 
 use crate::server::{self, ServerOptions};
 use parking_lot::Mutex;
@@ -58,6 +60,8 @@ pub struct SimOptions {
     pub http2_only: bool,
     /// Streams one HTTP/2 connection may have open (`SETTINGS_MAX_CONCURRENT_STREAMS`).
     pub h2_max_streams: u32,
+    /// Export an engine span per request over OTLP, as vLLM's `--otlp-traces-endpoint` does.
+    pub spans: Option<SpanExport>,
 }
 
 impl SimOptions {
@@ -75,6 +79,7 @@ impl SimOptions {
             keep_credentials: false,
             http2_only: false,
             h2_max_streams: 256,
+            spans: None,
         }
     }
 }
@@ -135,6 +140,14 @@ pub struct Truth {
     pub prompt_tokens: u64,
     /// Output tokens generated.
     pub output_tokens: u64,
+    /// The id the response carried.
+    pub response_id: Option<String>,
+    /// Instant it left the queue for the batch (at arrival without `max_batch` or a queue hold).
+    pub admitted: Option<Instant>,
+    /// Instant its first output token was produced.
+    pub first_token: Option<Instant>,
+    /// Instant its last output token was produced.
+    pub last_token: Option<Instant>,
     /// The client went away before the response was complete.
     pub cancelled: bool,
     /// The response was sent completely.
@@ -161,6 +174,10 @@ impl Truth {
             bytes: Vec::new(),
             prompt_tokens: 0,
             output_tokens: 0,
+            response_id: None,
+            admitted: None,
+            first_token: None,
+            last_token: None,
             cancelled: false,
             completed: false,
         }
@@ -174,6 +191,16 @@ impl Truth {
             .map(|s| s.at - self.arrival)
     }
 
+    /// Where its time went in the engine (the engine span's numbers), once it produced a token.
+    pub fn engine(&self) -> Option<EngineTruth> {
+        let (admitted, first) = (self.admitted?, self.first_token?);
+        Some(EngineTruth {
+            queue: admitted - self.arrival,
+            prefill: first - admitted,
+            decode: self.last_token.unwrap_or(first) - first,
+        })
+    }
+
     /// Send instants of the content chunks.
     pub fn content_times(&self) -> Vec<Instant> {
         self.sent
@@ -182,6 +209,17 @@ impl Truth {
             .map(|s| s.at)
             .collect()
     }
+}
+
+/// A request's time in the simulated engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineTruth {
+    /// Arrival → admitted to the batch.
+    pub queue: Duration,
+    /// Admitted → first token.
+    pub prefill: Duration,
+    /// First → last token.
+    pub decode: Duration,
 }
 
 /// The simulated engine's counters, exposed at `/metrics` with vLLM's metric names.
@@ -215,6 +253,9 @@ struct SimState {
     /// `/tokenize`'s vocabulary: each token (a word with the whitespace before it) gets the next
     /// id the first time it is seen; prompts given as ids are read back through it.
     vocab: Mutex<logprob::Vocab>,
+    /// Finished requests' spans, to the exporter (`spans`).
+    spans: Option<tokio::sync::mpsc::UnboundedSender<opentelemetry_proto::tonic::trace::v1::Span>>,
+    span_ids: Mutex<crate::util::Rng>,
 }
 
 /// In-process access to a running simulator's ground truth.
@@ -271,7 +312,15 @@ pub fn spawn(
         .profile
         .max_batch
         .map(|n| Arc::new(tokio::sync::Semaphore::new(n.max(1) as usize)));
+    let spans = opts.spans.clone().map(|to| {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(spans::export(to, rx));
+        tx
+    });
+    let span_ids = Mutex::new(crate::util::Rng::new(opts.seed ^ 0x5BA2));
     let state = Arc::new(SimState {
+        spans,
+        span_ids,
         faults: parking_lot::RwLock::new(opts.profile.faults.clone()),
         opts,
         next_index: AtomicU64::new(0),

@@ -73,7 +73,7 @@ impl Gen {
         }
     }
 
-    fn id(&self) -> String {
+    pub(super) fn id(&self) -> String {
         match self.ep {
             Endpoint::ChatCompletions => format!("chatcmpl-sim-{}", self.index),
             Endpoint::Messages => format!("msg_sim_{}", self.index),

@@ -67,15 +67,22 @@ impl Group {
     /// Adds one finished request to the cumulative tally and to the slot of `epoch`.
     fn add(&mut self, epoch: u64, r: &RequestRecord) {
         self.cumulative.record(r);
+        self.slot(epoch).record(r);
+    }
+
+    /// Adds a request's engine span (joined at `epoch`).
+    fn add_engine(&mut self, epoch: u64, r: &RequestRecord) {
+        self.cumulative.record_engine(r);
+        self.slot(epoch).record_engine(r);
+    }
+
+    /// The window's tally of `epoch`, emptied when it last held an older one.
+    fn slot(&mut self, epoch: u64) -> &mut Tally {
         let slot = &mut self.slots[(epoch % SLOTS as u64) as usize];
-        match slot {
-            Some((e, t)) if *e == epoch => t.record(r),
-            _ => {
-                let mut t = Tally::window_slot();
-                t.record(r);
-                *slot = Some((epoch, t));
-            }
+        if !matches!(slot, Some((e, _)) if *e == epoch) {
+            *slot = None;
         }
+        &mut slot.get_or_insert_with(|| (epoch, Tally::window_slot())).1
     }
 }
 
@@ -116,8 +123,21 @@ impl Stats {
         self.groups.lock()
     }
 
+    /// Adds what a request's engine span said to its group (after `record`, once the span was
+    /// joined or given up on).
+    pub fn record_engine(&self, r: &RequestRecord) {
+        if r.engine_span.get().is_none() {
+            return;
+        }
+        self.update(r, |g, epoch| g.add_engine(epoch, r));
+    }
+
     /// Adds one finished request to its group's cumulative tally and current window slot.
     pub fn record(&self, r: &RequestRecord) {
+        self.update(r, |g, epoch| g.add(epoch, r));
+    }
+
+    fn update(&self, r: &RequestRecord, f: impl FnOnce(&mut Group, u64)) {
         let epoch = self.start.elapsed().as_secs() / SLOT_SECS;
         let m = &r.meta;
         let mut key = GroupKey {
@@ -131,13 +151,13 @@ impl Stats {
         let mut groups = self.lock();
         // One lookup for a known group (every request but a group's first).
         if let Some(g) = groups.get_mut(&key) {
-            g.add(epoch, r);
+            f(g, epoch);
             return;
         }
         if groups.len() >= self.max_groups {
             key.model = Arc::from(OTHER_MODEL);
         }
-        groups.entry(key).or_default().add(epoch, r);
+        f(groups.entry(key).or_default(), epoch);
     }
 
     /// Copies every group's tallies (window = slots of the last 60 s).

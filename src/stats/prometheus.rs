@@ -149,8 +149,33 @@ pub fn write(w: &mut Writer, snap: &Snapshot, scalars: &[Scalar]) {
         let samples = groups.iter().map(|(labels, t)| (labels, get(t)));
         w.series(name, "counter", help, samples);
     }
+    // Only the groups of backends whose engines send spans.
+    let engine: [(&str, &str, Count); 3] = [
+        (
+            "inferscope_engine_spans_joined_total",
+            "Requests whose engine span (engine_spans:) was joined to their record.",
+            |t| t.engine_joined,
+        ),
+        (
+            "inferscope_engine_spans_missing_total",
+            "Requests whose engine span did not come within engine_spans.wait.",
+            |t| t.engine_missing,
+        ),
+        (
+            "inferscope_starved_requests_total",
+            "Requests that waited in the engine's queue starved_factor times the median of the backend's recent requests or more.",
+            |t| t.starved,
+        ),
+    ];
+    for (name, help, get) in engine {
+        let samples = groups
+            .iter()
+            .filter(|(_, t)| t.engine_joined + t.engine_missing > 0)
+            .map(|(labels, t)| (labels, get(t)));
+        w.series(name, "counter", help, samples);
+    }
 
-    let hists: [(&str, &str, usize, &[f64]); 8] = [
+    let hists: [(&str, &str, usize, &[f64]); 11] = [
         ("inferscope_time_to_first_token_seconds", "Time from request accepted to the first output event (TTFT).", 0, TTFT_BOUNDS),
         ("inferscope_time_to_first_chunk_seconds", "Time from request accepted to the first streamed event of any kind (TTFC).", 1, TTFT_BOUNDS),
         ("inferscope_time_per_output_token_seconds", "Mean time per output token after the first (TPOT).", 2, TPOT_BOUNDS),
@@ -159,6 +184,9 @@ pub fn write(w: &mut Writer, snap: &Snapshot, scalars: &[Scalar]) {
         ("inferscope_gateway_overhead_seconds", "Time the gateway added: request handling before the upstream send plus frame observation.", 5, OVERHEAD_BOUNDS),
         ("inferscope_accept_delay_seconds", "Kernel arrival of the request's first byte to the gateway's service call (kernel clock only).", 6, LAG_BOUNDS),
         ("inferscope_forward_lag_seconds", "Per stream, the largest upstream read stamp to hand-off delay (a lower bound on the gateway's hold).", 7, LAG_BOUNDS),
+        ("inferscope_engine_queue_seconds", "Time in the engine's queue, from its span (engine_spans:).", 8, DURATION_BOUNDS),
+        ("inferscope_engine_prefill_seconds", "Time in the engine's prefill, from its span (engine_spans:).", 9, TTFT_BOUNDS),
+        ("inferscope_engine_decode_seconds", "Time in the engine's decode, from its span (engine_spans:).", 10, DURATION_BOUNDS),
     ];
     for (name, help, idx, bounds) in hists {
         w.family(name, "histogram", help);

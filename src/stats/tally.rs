@@ -116,7 +116,7 @@ impl Hist {
 }
 
 /// The latency metrics every tally keeps, by their `/stats` names.
-pub const METRICS: [&str; 8] = [
+pub const METRICS: [&str; 11] = [
     "ttft",
     "ttfc",
     "tpot",
@@ -125,6 +125,10 @@ pub const METRICS: [&str; 8] = [
     "overhead",
     "accept_delay",
     "forward_lag",
+    // The engine's own times, from its span (`engine_spans:`).
+    "engine_queue",
+    "engine_prefill",
+    "engine_decode",
 ];
 
 /// Counters and histograms of one group over one span of time.
@@ -144,6 +148,12 @@ pub struct Tally {
     pub slo_evaluated: u64,
     /// Of those, the ones that met every objective (goodput).
     pub slo_met: u64,
+    /// Requests whose engine span was joined (`engine_spans:`).
+    pub engine_joined: u64,
+    /// Requests whose engine span did not come.
+    pub engine_missing: u64,
+    /// Joined requests that waited in the engine's queue far longer than their neighbours.
+    pub starved: u64,
     /// Histograms in `METRICS` order.
     pub hists: [Hist; METRICS.len()],
 }
@@ -169,7 +179,7 @@ impl Tally {
             self.slo_evaluated += 1;
             self.slo_met += u64::from(met);
         }
-        let [ttft, ttfc, tpot, itl, e2e, overhead, accept_delay, forward_lag] = &mut self.hists;
+        let [ttft, ttfc, tpot, itl, e2e, overhead, accept_delay, forward_lag, ..] = &mut self.hists;
         if let Some(d) = r.ttft {
             ttft.record(d);
         }
@@ -192,6 +202,29 @@ impl Tally {
         }
     }
 
+    /// Adds what the engine's span of a request said (or that it did not come).
+    pub fn record_engine(&mut self, r: &RequestRecord) {
+        let Some(join) = r.engine_span.get() else {
+            return;
+        };
+        let crate::meter::EngineJoin::Joined { span, starved } = join else {
+            self.engine_missing += 1;
+            return;
+        };
+        self.engine_joined += 1;
+        self.starved += u64::from(*starved == Some(true));
+        let [.., queue, prefill, decode] = &mut self.hists;
+        for (h, d) in [
+            (queue, span.queue),
+            (prefill, span.prefill),
+            (decode, span.decode),
+        ] {
+            if let Some(d) = d {
+                h.record(d);
+            }
+        }
+    }
+
     /// Adds another tally.
     pub fn merge(&mut self, o: &Tally) {
         self.requests += o.requests;
@@ -203,6 +236,9 @@ impl Tally {
         self.malformed_events += o.malformed_events;
         self.slo_evaluated += o.slo_evaluated;
         self.slo_met += o.slo_met;
+        self.engine_joined += o.engine_joined;
+        self.engine_missing += o.engine_missing;
+        self.starved += o.starved;
         for (a, b) in self.hists.iter_mut().zip(&o.hists) {
             a.merge(b);
         }
@@ -252,6 +288,16 @@ impl Tally {
             })
         };
         m.insert("goodput".into(), goodput);
+        if self.engine_joined + self.engine_missing > 0 {
+            m.insert(
+                "engine_spans".into(),
+                json!({
+                    "joined": self.engine_joined,
+                    "missing": self.engine_missing,
+                    "starved": self.starved,
+                }),
+            );
+        }
         Value::Object(m)
     }
 }

@@ -10,6 +10,7 @@ mod http_client;
 mod logs;
 mod metrics;
 pub mod names;
+pub mod receive;
 mod spans;
 
 pub use crate::config::telemetry::{parse_pairs, resolve, Protocol, Settings, SettingsError};

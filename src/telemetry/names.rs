@@ -71,6 +71,16 @@ pub const IS_EVENT_TOKENS: &str = "inferscope.event_tokens";
 /// The engine's own prefill and decode time (Ollama, llama.cpp), seconds.
 pub const IS_ENGINE_PREFILL: &str = "inferscope.engine.prefill";
 pub const IS_ENGINE_DECODE: &str = "inferscope.engine.decode";
+/// Time in the engine's queue, seconds (from the engine's span, `engine_spans:`).
+pub const IS_ENGINE_QUEUE: &str = "inferscope.engine.queue";
+/// `joined` or `missing`: whether the engine's span came (`engine_spans:`).
+pub const IS_ENGINE_SPAN: &str = "inferscope.engine.span";
+/// The request waited in the engine's queue far longer than its neighbours.
+pub const IS_STARVED: &str = "inferscope.starved";
+/// What neither the gateway nor the engine accounts for in the TTFT / E2E, seconds (signed).
+pub const IS_TTFT_REST: &str = "inferscope.ttft.rest";
+/// See `IS_TTFT_REST`.
+pub const IS_E2E_REST: &str = "inferscope.e2e.rest";
 /// The backend engine's load when the request was sent (its latest fresh scrape).
 pub const IS_BACKEND_RUNNING: &str = "inferscope.backend.running";
 pub const IS_BACKEND_QUEUE_DEPTH: &str = "inferscope.backend.queue_depth";

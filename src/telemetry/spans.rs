@@ -272,9 +272,35 @@ pub fn build(
         }
     }
     let engine = rec.response.engine.unwrap_or_default();
+    let joined = rec.engine_joined();
+    match (rec.engine_span.get(), joined) {
+        (Some(_), Some((_, starved))) => {
+            a.push(KeyValue::new(n::IS_ENGINE_SPAN, "joined"));
+            if let Some(s) = starved {
+                a.push(KeyValue::new(n::IS_STARVED, s));
+            }
+            for (k, b) in [
+                (n::IS_TTFT_REST, rec.ttft_breakdown()),
+                (n::IS_E2E_REST, rec.e2e_breakdown()),
+            ] {
+                if let Some(b) = b {
+                    a.push(KeyValue::new(k, b.rest_us as f64 / 1e6));
+                }
+            }
+        }
+        (Some(_), None) => a.push(KeyValue::new(n::IS_ENGINE_SPAN, "missing")),
+        (None, _) => {}
+    }
     let durations = [
-        (n::IS_ENGINE_PREFILL, engine.prefill),
-        (n::IS_ENGINE_DECODE, engine.decode),
+        (n::IS_ENGINE_QUEUE, joined.and_then(|(s, _)| s.queue)),
+        (
+            n::IS_ENGINE_PREFILL,
+            joined.map_or(engine.prefill, |(s, _)| s.prefill),
+        ),
+        (
+            n::IS_ENGINE_DECODE,
+            joined.map_or(engine.decode, |(s, _)| s.decode),
+        ),
         (n::GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK, rec.ttfc),
         (n::IS_TTFC, rec.ttfc),
         (n::IS_TTFT, rec.ttft),
