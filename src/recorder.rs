@@ -142,9 +142,13 @@ impl RecordSink for Recorder {
         }
         self.stats.record(rec);
         self.experiments.record(rec);
-        // A request its engine reports on: the log line and span wait for the engine's span
-        // (statistics above do not).
-        if rec.meta.engine_spans.is_some() && rec.meta.t_sent.is_some() {
+        // A request its engine finished and reports on: the log line and span wait for the
+        // engine's span (statistics above do not). Engines send no span for a request they
+        // refused or that was cancelled, so those do not wait.
+        if rec.meta.engine_spans.is_some()
+            && rec.meta.t_sent.is_some()
+            && rec.outcome == crate::meter::Outcome::Ok
+        {
             let now = tokio::time::Instant::now();
             let ready = self.joins.lock().hold(Arc::clone(rec), now);
             if let Some(r) = ready {

@@ -161,6 +161,9 @@ async fn a_record_whose_span_never_comes_is_written_when_its_wait_ends() {
     let gw = gateway_for(listener.local_addr().unwrap(), &dir, "{ wait: 300ms }").await;
     let _sim = sim_with_spans(listener, None, Faults::default());
     let log = dir.join("access.jsonl");
+    // A request the engine refuses gets no span: its line does not wait for one.
+    let refused = post(gw.data_addr, "/v1/chat/completions", "{not json", &[]).await;
+    assert_eq!(refused.status, 400);
     let r = post(
         gw.data_addr,
         "/v1/chat/completions",
@@ -188,8 +191,14 @@ async fn a_record_whose_span_never_comes_is_written_when_its_wait_ends() {
         "{s}"
     );
     let lines = stop_and_read_log(gw, &dir).await;
-    assert_eq!(lines.len(), 1);
-    assert!(lines[0].get("engine_queue_ms").is_none());
+    assert_eq!(lines.len(), 2);
+    assert_eq!(
+        lines[0]["status"], 400,
+        "the refused request's line came first"
+    );
+    assert!(lines[0].get("engine_span").is_none(), "{}", lines[0]);
+    assert_eq!(lines[1]["engine_span"], "missing");
+    assert!(lines[1].get("engine_queue_ms").is_none());
 }
 
 /// OTLP/gRPC, as vLLM exports by default (`OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=grpc`), from a real
