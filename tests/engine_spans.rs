@@ -77,8 +77,7 @@ async fn engine_spans_are_joined_their_parts_add_up_and_starved_requests_are_fla
         clients.push(tokio::spawn(async move {
             for i in 0..12 {
                 let stream = (c + i) % 4 != 0;
-                let r = post(addr, "/v1/chat/completions", &chat(stream, 6, ""), &[]).await;
-                assert_eq!(r.status, 200);
+                chat_ok(addr, stream, 6).await;
             }
         }));
     }
@@ -164,14 +163,7 @@ async fn a_record_whose_span_never_comes_is_written_when_its_wait_ends() {
     // A request the engine refuses gets no span: its line does not wait for one.
     let refused = post(gw.data_addr, "/v1/chat/completions", "{not json", &[]).await;
     assert_eq!(refused.status, 400);
-    let r = post(
-        gw.data_addr,
-        "/v1/chat/completions",
-        &chat(true, 3, ""),
-        &[],
-    )
-    .await;
-    assert_eq!(r.status, 200);
+    chat_ok(gw.data_addr, true, 3).await;
     let sent = tokio::time::Instant::now();
     // Written after the wait, while the gateway runs (not at shutdown).
     until(Duration::from_secs(5), "the line written", || {
@@ -222,14 +214,7 @@ async fn a_span_exported_over_grpc_is_joined_and_the_admin_token_guards_the_rece
     );
     let gw = start_yaml(&yaml).await;
     let sim = sim_with_spans(listener, None, Faults::default());
-    let r = post(
-        gw.data_addr,
-        "/v1/chat/completions",
-        &chat(true, 3, ""),
-        &[],
-    )
-    .await;
-    assert_eq!(r.status, 200);
+    chat_ok(gw.data_addr, true, 3).await;
     // The trace and parent the engine was given.
     let tp = sim.truth()[0].traceparent.clone().unwrap();
     let parts: Vec<&str> = tp.split('-').collect();

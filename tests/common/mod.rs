@@ -298,6 +298,19 @@ pub async fn post(addr: SocketAddr, path: &str, body: &str, headers: &[(&str, &s
         .await
 }
 
+/// A chat completion of `max_tokens` through `addr`, asserted answered 200.
+pub async fn chat_ok(addr: SocketAddr, stream: bool, max_tokens: u32) -> Received {
+    let r = post(
+        addr,
+        "/v1/chat/completions",
+        &chat(stream, max_tokens, ""),
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body()));
+    r
+}
+
 /// GET `path` on the admin listener and parse JSON (or return text as a JSON string).
 pub async fn admin_get(addr: SocketAddr, path: &str) -> (u16, String) {
     let r = Client::connect(addr).await.send("GET", path, "", &[]).await;
