@@ -367,11 +367,13 @@ async fn truth_comments_pass_through_and_bound_the_measurement() {
     assert!(ms(&log[0], "ttft_ms") + Duration::from_micros(1) >= Duration::from_micros(t_us));
 }
 
-/// hyper's HTTP/1.1 server as patched in `vendor/hyper` (PATCHED.md, change 4): a response body
-/// that waits between frames is polled once for each frame and once to wait for the next, not
-/// again after every flush — and no wake is lost for it: every frame arrives.
+/// hyper's HTTP/1.1 server with a response body that waits between frames, as a relayed stream
+/// does: no wake-up is lost (every frame arrives, the stream ends), and the body is polled at
+/// most three times a frame — the one that finds it ready, the one that waits for the next, and
+/// the one hyper's dispatcher makes after every flush (a change to drop that one was measured,
+/// −2.5% CPU per 64-chunk stream, and not kept: docs/patches/hyper/README.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_paced_body_is_polled_once_for_each_frame_and_once_to_wait() {
+async fn a_paced_body_loses_no_wake_up_and_is_polled_at_most_three_times_a_frame() {
     use bytes::Bytes;
     use hyper::body::{Body, Frame};
     use std::convert::Infallible;
@@ -448,11 +450,11 @@ async fn a_paced_body_is_polled_once_for_each_frame_and_once_to_wait() {
     assert!(text.ends_with("0\r\n\r\n"), "{text}");
     let frames = text.matches(std::str::from_utf8(FRAME).unwrap()).count();
     assert_eq!(frames, FRAMES);
-    // Each frame: the poll that finds it ready and the one that waits for the next (plus the
-    // first wait and the end). Unpatched, hyper polls a third time after every flush.
+    // Each frame: the poll that finds it ready, the one that waits for the next, the one after
+    // the flush (plus the first wait and the end).
     let polls = polls.load(Ordering::Relaxed);
     assert!(
-        (2 * FRAMES..=2 * FRAMES + 3).contains(&polls),
+        (2 * FRAMES..=3 * FRAMES + 3).contains(&polls),
         "{polls} polls for {FRAMES} frames"
     );
 }
