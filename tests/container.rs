@@ -5,8 +5,8 @@
 //! compose config, the two simulators from the same image, and Prometheus (the Debian package,
 //! native histograms on, scraping as compose's config does) — work together.
 //!
-//! Runs in CI (which installs podman and makes the base image: `docker/podman-setup.sh`) and
-//! locally with `INFERSCOPE_CONTAINER_TEST=1`; skipped, saying why, where podman cannot run.
+//! A second-lane test (`cargo test --test container -- --ignored`): it needs podman and the base
+//! image `docker/podman-setup.sh` makes, as `.ci/run` does, and fails without them.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -52,15 +52,8 @@ impl Podman {
     }
 }
 
-/// Podman, if this test should and can run; otherwise why not (printed).
-fn podman() -> Option<Podman> {
-    let skip = |why: &str| {
-        eprintln!("SKIPPED: {why}");
-        None
-    };
-    if std::env::var_os("CI").is_none() && std::env::var_os("INFERSCOPE_CONTAINER_TEST").is_none() {
-        return skip("container test is opt-in locally: INFERSCOPE_CONTAINER_TEST=1");
-    }
+/// Podman with the base image (a second-lane test: without them it fails, saying why).
+fn podman() -> Podman {
     let conf = match std::env::var_os("CONTAINERS_CONF") {
         Some(c) => PathBuf::from(c),
         None => {
@@ -73,18 +66,17 @@ fn podman() -> Option<Podman> {
     let p = Podman { conf, runc };
     match p.cmd().arg("info").output() {
         Ok(o) if o.status.success() => {}
-        Ok(o) => {
-            return skip(&format!(
-                "podman cannot run here: {}",
-                String::from_utf8_lossy(&o.stderr).trim()
-            ))
-        }
-        Err(e) => return skip(&format!("no podman: {e}")),
+        Ok(o) => panic!(
+            "podman cannot run here: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        ),
+        Err(e) => panic!("this test needs podman (docker/podman-setup.sh; .ci/run runs it): {e}"),
     }
-    if !p.run(&["image", "exists", BASE]).status.success() {
-        return skip(&format!("no {BASE} image: run docker/podman-setup.sh"));
-    }
-    Some(p)
+    assert!(
+        p.run(&["image", "exists", BASE]).status.success(),
+        "no {BASE} image: run docker/podman-setup.sh"
+    );
+    p
 }
 
 /// Builds the image's `prebuilt` target with this build's binary.
@@ -188,8 +180,9 @@ async fn wait_log(p: &Podman, c: &Container<'_>, n: usize) -> Vec<Value> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs podman, its base image and prometheus"]
 async fn the_image_serves_streams_logs_and_reports_health() {
-    let Some(p) = podman() else { return };
+    let p = podman();
     let tag = format!("localhost/inferscope:test-{}", std::process::id());
     build(&p, &tag);
 
@@ -287,9 +280,7 @@ async fn the_image_serves_streams_logs_and_reports_health() {
         log.iter().filter_map(|l| l["variant"].as_str()).collect();
     assert_eq!(variants.len(), 2, "both simulators served: {variants:?}");
 
-    let Some(bin) = common::prom::binary() else {
-        return;
-    };
+    let bin = common::prom::binary();
     let scrape = std::fs::read_to_string(repo.join("docker/compose/prometheus.yml"))
         .unwrap()
         .replace("inferscope:9464", &admin.to_string())

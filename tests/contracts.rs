@@ -39,6 +39,31 @@ fn golden(name: &str, lines: &BTreeSet<String>) {
     );
 }
 
+/// Compares the generated reference page `docs/reference/NAME` with `text` (or rewrites it under
+/// `UPDATE_GOLDEN=1`): the references are written from the code, never by hand.
+fn reference(name: &str, text: &str) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("docs/reference")
+        .join(name);
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, text).unwrap();
+        return;
+    }
+    let want = std::fs::read_to_string(&path).unwrap_or_default();
+    if want != text {
+        let at = want
+            .lines()
+            .zip(text.lines())
+            .position(|(a, b)| a != b)
+            .unwrap_or(want.lines().count().min(text.lines().count()));
+        panic!(
+            "docs/reference/{name} is out of date from line {} (UPDATE_GOLDEN=1 cargo test --test contracts)",
+            at + 1
+        );
+    }
+}
+
 /// Every key path of a JSON document (`a.b`, arrays as `a[]`), leaves and objects alike.
 fn key_paths(v: &Value, prefix: &str, out: &mut BTreeSet<String>) {
     match v {
@@ -80,6 +105,27 @@ fn cli_commands_and_flags() {
         }
     }
     golden("cli.txt", &lines);
+
+    // The reference: each command's own long help, as `inferscope help CMD` prints it.
+    let mut page = String::from(
+        "# Command-line reference\n\nGenerated from the code (`UPDATE_GOLDEN=1 cargo test --test contracts`): each\ncommand's `--help`.\n",
+    );
+    let mut cmd = inferscope::cli::Cli::command().term_width(100);
+    cmd.build();
+    page.push_str(&format!(
+        "\n## inferscope\n\n```text\n{}```\n",
+        cmd.render_long_help()
+    ));
+    for sub in cmd.get_subcommands_mut() {
+        let help = sub.render_long_help().to_string();
+        page.push_str(&format!(
+            "\n## inferscope {}\n\n```text\n{}```\n",
+            sub.get_name(),
+            help.trim_end().to_string() + "\n"
+        ));
+    }
+    let page: String = page.lines().map(|l| format!("{}\n", l.trim_end())).collect();
+    reference("cli.md", &page);
 }
 
 #[test]
@@ -281,6 +327,7 @@ async fn log_stats_metrics_and_telemetry_names() {
         series.insert(format!("{name}{{{}}}", labels.join(",")));
     }
     golden("metrics-series.txt", &series);
+    reference("metrics.md", &metrics_page(&r.metrics));
 
     // OpenTelemetry: span names by kind, attribute keys by kind, event names, metric names.
     let mut otel = BTreeSet::new();
@@ -311,4 +358,58 @@ async fn log_stats_metrics_and_telemetry_names() {
         }
     }
     golden("otel-names.txt", &otel);
+}
+
+/// The metrics reference: each family's type, help and labels, from a scrape of `/metrics`.
+fn metrics_page(text: &str) -> String {
+    use std::collections::BTreeMap;
+    #[derive(Default)]
+    struct Family {
+        kind: String,
+        help: String,
+        labels: BTreeSet<String>,
+    }
+    let mut families: BTreeMap<String, Family> = BTreeMap::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
+            families.entry(name.to_string()).or_default().help = help.to_string();
+        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap();
+            families.entry(name.to_string()).or_default().kind = kind.to_string();
+        } else if !line.starts_with('#') && !line.is_empty() {
+            let name_end = line.find(['{', ' ']).unwrap();
+            let name = &line[..name_end];
+            let family = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| {
+                    name.strip_suffix(s)
+                        .filter(|f| families.get(*f).is_some_and(|f| f.kind == "histogram"))
+                })
+                .unwrap_or(name);
+            if let Some(rest) = line[name_end..].strip_prefix('{') {
+                let body = &rest[..rest.rfind('}').unwrap()];
+                let f = families.entry(family.to_string()).or_default();
+                for kv in body.split("\",") {
+                    let k = kv.split('=').next().unwrap();
+                    if k != "le" {
+                        f.labels.insert(format!("`{k}`"));
+                    }
+                }
+            }
+        }
+    }
+    let mut page = String::from(
+        "# Metrics reference\n\nThe admin listener's `GET /metrics` (Prometheus text), generated from a scrape of a\ngateway that served every kind of request (`UPDATE_GOLDEN=1 cargo test --test contracts`).\nHistograms are classic buckets here; with `Accept: application/vnd.google.protobuf` Prometheus\ngets native histograms.\n\n| metric | type | labels | meaning |\n| --- | --- | --- | --- |\n",
+    );
+    for (name, f) in &families {
+        let labels: Vec<&str> = f.labels.iter().map(String::as_str).collect();
+        page.push_str(&format!(
+            "| `{name}` | {} | {} | {} |\n",
+            f.kind,
+            labels.join(" "),
+            f.help.replace('|', "\\|")
+        ));
+    }
+    page
 }

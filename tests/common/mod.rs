@@ -48,6 +48,19 @@ pub fn data_file_path(name: &str) -> String {
         .to_string()
 }
 
+/// The first of `names` on `PATH`, for a second-lane test (`#[ignore = "needs …"]`, run by
+/// `cargo test -- --ignored` and `.ci/run`). Absent, the test fails: a lane that asked for a
+/// program and found none must not pass.
+pub fn program(names: &[&str], install: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let dirs: Vec<PathBuf> = std::env::split_paths(&path).collect();
+    names
+        .iter()
+        .flat_map(|name| dirs.iter().map(move |d| d.join(name)))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("this test needs {names:?} on PATH ({install}; .ci/run does)"))
+}
+
 /// A fresh, empty directory for one test's files.
 pub fn temp_dir() -> PathBuf {
     static N: AtomicU64 = AtomicU64::new(0);

@@ -22,21 +22,9 @@ impl Drop for Prometheus {
     }
 }
 
-/// `prometheus` on PATH; in CI (which installs it) its absence fails the test, elsewhere the
-/// caller skips with the printed reason.
-pub fn binary() -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let found = std::env::split_paths(&path)
-        .map(|p| p.join("prometheus"))
-        .find(|p| p.is_file());
-    if found.is_none() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI installs prometheus (.ci/run): it must be on PATH"
-        );
-        eprintln!("SKIPPED: no `prometheus` on PATH (apt-get install prometheus)");
-    }
-    found
+/// `prometheus` on PATH (a second-lane test: absent, it fails).
+pub fn binary() -> PathBuf {
+    super::program(&["prometheus"], "apt-get install prometheus")
 }
 
 /// Starts Prometheus with `config` (YAML text), its data under `dir/name`, native histograms on

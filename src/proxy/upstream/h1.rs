@@ -622,6 +622,15 @@ fn build(
         headers.append(name, value);
     }
     let framing = framing(code, head_only, http10, &headers)?;
+    // Transfer-Encoding overrides a Content-Length beside it, which must not be forwarded (RFC
+    // 9112 §6.3; hyper ≥ 1.13 drops it too); a body framed so is not followed by another message
+    // on its connection.
+    if headers.contains_key(header::TRANSFER_ENCODING)
+        && headers.remove(header::CONTENT_LENGTH).is_some()
+        && framing != Framing::Empty
+    {
+        keep_alive = false;
+    }
     let mut response = Response::new(());
     *response.status_mut() = status;
     *response.version_mut() = if http10 {
@@ -882,6 +891,9 @@ impl Chunked {
                 self.push_trailer(b, false)?;
                 Chunk::EndLf
             }
+            // A bare LF ending a trailer line: refused, as hyper ≥ 1.13 does (a line one side
+            // ends there and another does not is how a second message gets smuggled in).
+            (Chunk::EndCr | Chunk::Trailer, b'\n') => return bad("invalid trailer line ending"),
             (Chunk::EndCr, _) => {
                 self.push_trailer(b, true)?;
                 Chunk::Trailer
@@ -1299,6 +1311,24 @@ mod tests {
         }
     }
 
+    /// Transfer-Encoding beside Content-Length, in either order: the chunked body is read, the
+    /// Content-Length is not passed on, and the connection is not reused.
+    #[tokio::test]
+    async fn a_content_length_beside_transfer_encoding_is_dropped_and_the_connection_not_reused() {
+        for wire in [
+            &b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"[..],
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 9\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+        ] {
+            let (seen, _) = exchange(get(Method::GET), wire, &[]).await;
+            let Seen::Response { headers, .. } = &seen else {
+                panic!("{seen:?}")
+            };
+            assert!(!headers.contains_key("content-length"), "{headers:?}");
+            assert_eq!(headers["transfer-encoding"], "chunked");
+            assert_eq!(ok(&seen), (&b"ok"[..], false));
+        }
+    }
+
     #[tokio::test]
     async fn informational_heads_are_skipped() {
         let (seen, _) = exchange(
@@ -1347,7 +1377,10 @@ mod tests {
                 other => panic!("{other:?} for {wire:?}"),
             }
         }
-        let bodies: [&[u8]; 7] = [
+        let bodies: [&[u8]; 9] = [
+            // Trailer lines ended by a bare LF (a smuggled message could follow).
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\nGET / HTTP/1.1\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\nx: 1\n\r\n",
             b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nshort",
             b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhel",
             b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n",
