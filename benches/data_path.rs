@@ -1,7 +1,7 @@
 //! Per-chunk cost of the data path (scan + classify + meter) and per-request cost of recording,
 //! each next to a baseline measured in the same run: a bare `memchr` pass over the same bytes.
 //!
-//! Run: `cargo bench --bench data_path`. Results go to BENCHMARKS.md.
+//! Run: `cargo bench --bench data_path`. Results go to docs/performance.md (history in docs/perf-log/).
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
 use bytes::Bytes;

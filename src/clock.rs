@@ -6,7 +6,7 @@
 //!   data it returns: when the kernel took the packet, not when this process was scheduled to read
 //!   it. `StampedTcp` reads that way and keeps the stamp of its latest read. On a host where the
 //!   inference server saturates the cores, the gap between the two is what a user feels and a
-//!   user-space clock misses (hundreds of milliseconds, docs/BENCHMARKS.md).
+//!   user-space clock misses (hundreds of milliseconds, docs/perf-log/).
 //!   A read whose packets carry no stamp (stamping is switched on in the kernel's receive path a
 //!   moment after the first socket asks for it) leaves the previous stamp in place and returns
 //!   nothing new: the caller sees no fresher stamp and falls back to its own clock.

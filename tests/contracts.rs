@@ -124,7 +124,10 @@ fn cli_commands_and_flags() {
             help.trim_end().to_string() + "\n"
         ));
     }
-    let page: String = page.lines().map(|l| format!("{}\n", l.trim_end())).collect();
+    let page: String = page
+        .lines()
+        .map(|l| format!("{}\n", l.trim_end()))
+        .collect();
     reference("cli.md", &page);
 }
 

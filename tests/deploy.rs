@@ -1,4 +1,4 @@
-//! What the README tells users to deploy is valid: the compose file (by `podman-compose config`
+//! What the guide tells users to deploy is valid: the compose file (by `podman-compose config`
 //! and by what its services mount), the configs it mounts (the gateway's parses, Prometheus's
 //! passes `promtool`), the Grafana dashboard (its queries name metrics the gateway exports), and
 //! the Kubernetes manifests (`kubernetes-validate --strict` against the bundled schemas; the

@@ -8,8 +8,8 @@
 //! — without holding any chunk back: a chunk that arrives alone is written alone, at once.
 //! (hyper-util's pooled client ran every connection as a task of its own that handed the body
 //! over a one-slot channel, one decoded chunk at a time: one upstream read of 64 chunks became
-//! 64 downstream writes, BENCHMARKS.md "End-to-end"; hyper's own client connection, driven
-//! inline, still kept three buffers of 8–12 KB per connection, BENCHMARKS.md change 5.)
+//! 64 downstream writes, docs/perf-log/ "End-to-end"; hyper's own client connection, driven
+//! inline, still kept three buffers of 8–12 KB per connection, docs/perf-log/ change 5.)
 //!
 //! Pool behaviour: an idle HTTP/1.1 connection stays pooled for its backend's `idle_timeout`, or
 //! less when the backend's `Keep-Alive: timeout=N` says it closes sooner: the gateway lets go of a

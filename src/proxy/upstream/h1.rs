@@ -4,7 +4,7 @@
 //! connection lives — an 8 KiB write buffer for request heads, a read buffer of at least 8 KiB
 //! (hyper's minimum, and `read_buf_exact_size` would also cap the response head at the buffer's
 //! size) and the first block of its request channel (32 requests inline) — 25 of the 39 KB an
-//! open stream held (BENCHMARKS.md, change 5), and it hands each decoded chunk to the body
+//! open stream held (docs/perf-log/, change 5), and it hands each decoded chunk to the body
 //! through a channel. Here a connection is its socket and one read buffer that starts at 4 KiB
 //! and grows only while reads fill it; the head of a request is written from a buffer that lives
 //! for that write; the response head has a limit of its own (`MAX_HEAD_BYTES`); and the body

@@ -1,7 +1,7 @@
 //! HTTP/2 upstream connections: multiplexed, shared by the requests to one backend, each driven by
 //! a task of its own. (A connection carries many streams, so no one response body can drive it as
 //! an HTTP/1 body drives its connection: each chunk crosses from the connection's task to the
-//! task forwarding it. BENCHMARKS.md measures what that costs.)
+//! task forwarding it. docs/perf-log/ measures what that costs.)
 //!
 //! A connection takes streams up to the backend's `SETTINGS_MAX_CONCURRENT_STREAMS` (100 until
 //! the backend says otherwise), and at most `MAX_STREAMS`; past that a new connection opens, so no
