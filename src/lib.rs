@@ -8,8 +8,8 @@
 //! | module | owns |
 //! |---|---|
 //! | [`util`] | stable hash, seeded RNG, ids, time formatting, the percentile rule, the Prometheus writer |
-//! | [`sse`] | incremental zero-copy SSE and NDJSON scanners |
-//! | [`dialect`] | what one event of a wire format means (output, tokens, usage, finish, error, the end), in six dialects |
+//! | [`sse`] | incremental zero-copy SSE and NDJSON scanners (the `inferscope-wire` crate) |
+//! | [`dialect`] | what one event of a wire format means (output, tokens, usage, finish, error, the end), in six dialects (the `inferscope-wire` crate) |
 //! | [`server`] | accept loop: HTTP/1.1 + h2c, graceful drain |
 //! | [`sim`] | simulated backend speaking every dialect, with a timing model and ground truth |
 //! | [`config`] | YAML schema, `load()` → `validate()` → `Arc<Config>`, located errors, embedded default |
@@ -33,7 +33,6 @@ pub mod app;
 pub mod cli;
 pub mod clock;
 pub mod config;
-pub mod dialect;
 pub mod experiment;
 pub mod loadgen;
 pub mod meter;
@@ -42,8 +41,10 @@ pub mod recorder;
 pub mod route;
 pub mod server;
 pub mod sim;
-pub mod sse;
 pub mod stats;
 pub mod telemetry;
 pub mod tls;
 pub mod util;
+
+// The wire layer, a crate of its own (crates/inferscope-wire), under its module names here.
+pub use inferscope_wire::{dialect, sse};

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::program;
+use common::{program, succeeds};
 use serde_json::Value as Json;
 use serde_yaml_ng::Value;
 use std::path::{Path, PathBuf};
@@ -90,15 +90,10 @@ fn the_compose_setup_is_complete_and_valid() {
 #[ignore = "needs promtool"]
 fn promtool_accepts_the_compose_prometheus_config() {
     let promtool = program(&["promtool"], "apt-get install prometheus");
-    let out = Command::new(promtool)
-        .args(["check", "config"])
-        .arg(repo().join("docker/compose/prometheus.yml"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    succeeds(
+        Command::new(promtool)
+            .args(["check", "config"])
+            .arg(repo().join("docker/compose/prometheus.yml")),
     );
 }
 
@@ -106,15 +101,10 @@ fn promtool_accepts_the_compose_prometheus_config() {
 #[ignore = "needs podman-compose"]
 fn podman_compose_resolves_the_compose_file() {
     let pc = program(&["podman-compose"], "pip install podman-compose");
-    let out = Command::new(pc)
-        .args(["-f", "compose.yaml", "config"])
-        .current_dir(repo().join("docker"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "podman-compose config: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = succeeds(
+        Command::new(pc)
+            .args(["-f", "compose.yaml", "config"])
+            .current_dir(repo().join("docker")),
     );
     let resolved = String::from_utf8_lossy(&out.stdout);
     assert!(resolved.contains("target: runtime"), "{resolved}");

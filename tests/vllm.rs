@@ -4,6 +4,7 @@
 //! `return_token_ids`), completions, Responses and Anthropic Messages streams are classified
 //! event by event, and its `/metrics` is scraped into `/stats` under the names the engine
 //! module reads.
+#![cfg(feature = "vllm-tests")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;

@@ -375,13 +375,15 @@ pub fn run_cli(args: &[&str], file: &std::path::Path) -> std::process::Output {
 
 /// Runs the `inferscope` binary with `args`; panics with its stderr unless it succeeds.
 pub fn inferscope(args: &[&str]) -> std::process::Output {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_inferscope"))
-        .args(args)
-        .output()
-        .unwrap();
+    succeeds(std::process::Command::new(env!("CARGO_BIN_EXE_inferscope")).args(args))
+}
+
+/// Runs `cmd` to its end; panics with its stderr unless it succeeds.
+pub fn succeeds(cmd: &mut std::process::Command) -> std::process::Output {
+    let out = cmd.output().unwrap();
     assert!(
         out.status.success(),
-        "{}",
+        "{cmd:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     out

@@ -725,7 +725,7 @@ fn string_len(s: &[u8]) -> Option<usize> {
         while let Some(w) = s.get(i..i + 8) {
             let mut word = [0u8; 8];
             word.copy_from_slice(w);
-            let m = crate::util::json::not_plain(u64::from_le_bytes(word));
+            let m = crate::text::not_plain(u64::from_le_bytes(word));
             if m != 0 {
                 i += (m.trailing_zeros() / 8) as usize;
                 break;
