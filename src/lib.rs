@@ -31,11 +31,9 @@ pub mod accesslog;
 pub mod admin;
 pub mod app;
 pub mod cli;
-pub mod clock;
 pub mod config;
 pub mod experiment;
 pub mod loadgen;
-pub mod meter;
 pub mod proxy;
 pub mod recorder;
 pub mod route;
@@ -48,3 +46,7 @@ pub mod util;
 
 // The wire layer, a crate of its own (crates/inferscope-wire), under its module names here.
 pub use inferscope_wire::{dialect, sse};
+
+// The measuring layer, its record, the clock and the statistics core: crates/inferscope-meter.
+pub use inferscope_meter as meter;
+pub use inferscope_meter::clock;

@@ -145,7 +145,7 @@ impl RecordSink for Recorder {
         // A request its engine finished and reports on: the log line and span wait for the
         // engine's span (statistics above do not). Engines send no span for a request they
         // refused or that was cancelled, so those do not wait.
-        if rec.meta.engine_spans.is_some()
+        if join::engine_spans(&rec.meta).is_some()
             && rec.meta.t_sent.is_some()
             && rec.outcome == crate::meter::Outcome::Ok
         {

@@ -7,17 +7,17 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// Lowest first. A module may use modules of lower layers only. `sse` and `dialect` are the
-/// `inferscope-wire` crate (crates/, re-exported under these names), which the compiler already
-/// holds below everything here.
+/// Lowest first. A module may use modules of lower layers only. The first layer is the library
+/// crates (crates/, re-exported under these names), which the compiler already holds below
+/// everything here: `sse` and `dialect` are `inferscope-wire`; `meter` and `clock` are
+/// `inferscope-meter` (whose `stats` and `util` pieces the root's `stats` and `util` re-export).
 const LAYERS: &[&[&str]] = &[
-    &["sse", "dialect"],
-    &["util", "clock"],
+    &["sse", "dialect", "meter", "clock"],
+    &["util"],
     &["tls"],
     &["server"],
     &["sim"],
     &["config"],
-    &["meter"],
     &["stats", "accesslog", "experiment", "loadgen", "access"],
     &["telemetry"],
     &["route", "recorder"],

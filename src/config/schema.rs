@@ -724,19 +724,14 @@ pub struct SloConfig {
     pub e2e: Option<Duration>,
 }
 
-impl SloConfig {
-    /// `ttft<=200ms,tpot<=30ms`: the objectives set.
-    pub fn describe(&self) -> String {
-        [
-            ("ttft", self.ttft),
-            ("tpot", self.tpot),
-            ("itl", self.itl),
-            ("e2e", self.e2e),
-        ]
-        .iter()
-        .filter_map(|(k, d)| d.map(|d| format!("{k}<={}", humantime::format_duration(d))))
-        .collect::<Vec<_>>()
-        .join(",")
+impl From<SloConfig> for crate::meter::Slo {
+    fn from(c: SloConfig) -> Self {
+        Self {
+            ttft: c.ttft,
+            tpot: c.tpot,
+            itl: c.itl,
+            e2e: c.e2e,
+        }
     }
 }
 

@@ -422,7 +422,9 @@ impl Ctx {
                 m.backend = Arc::clone(&backend.name);
                 m.upstream = Some(backend.info.clone());
                 m.engine = engine;
-                m.engine_spans = backend.engine_spans.clone();
+                if let Some(spans) = &backend.engine_spans {
+                    m.extensions.insert(Arc::clone(spans));
+                }
             });
             let guard = backend.admit().await.map_err(ProxyError::Busy)?;
             let body = match (self.first_body.take(), &self.replay) {

@@ -141,3 +141,21 @@ impl tower::Service<Request<Incoming>> for ProxyService {
         Box::pin(async move { Ok(super::phases::proxy(gw, req).await) })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::ProxyBody;
+    use crate::meter::{Meter, MeteredBody};
+
+    #[test]
+    fn the_metered_body_is_small_enough_to_move() {
+        // The response is moved through the server's queues several times before its first
+        // frame; the meter (over a kilobyte) is boxed so those moves stay small.
+        let body = std::mem::size_of::<MeteredBody<ProxyBody>>();
+        let meter = std::mem::size_of::<Meter>();
+        assert!(
+            body < 1024 && body < meter,
+            "body {body} B, meter {meter} B"
+        );
+    }
+}

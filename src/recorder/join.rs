@@ -5,7 +5,8 @@
 //! `starved_factor` × their median or more. Bounded: past `MAX_WAITING` records or spans, the
 //! oldest are let go (counted).
 
-use crate::meter::{EngineJoin, EngineSpan, RequestRecord};
+use crate::config::EngineSpansConfig;
+use crate::meter::{EngineJoin, EngineSpan, RequestMeta, RequestRecord};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,6 +50,14 @@ pub(super) struct Joiner {
     closed: bool,
 }
 
+/// The backend's engine-span settings the proxy attached to the request (`engine_spans:`): its
+/// record waits for the engine's span to be joined.
+pub(crate) fn engine_spans(meta: &RequestMeta) -> Option<&EngineSpansConfig> {
+    meta.extensions
+        .get::<Arc<EngineSpansConfig>>()
+        .map(|c| &**c)
+}
+
 fn key(rec: &RequestRecord) -> Key {
     (rec.meta.trace.trace_id, rec.meta.trace.client_span)
 }
@@ -66,11 +75,7 @@ impl Joiner {
             self.join(&rec, span, now);
             return Some(rec);
         }
-        let wait = rec
-            .meta
-            .engine_spans
-            .as_ref()
-            .map_or(Duration::ZERO, |c| c.wait);
+        let wait = engine_spans(&rec.meta).map_or(Duration::ZERO, |c| c.wait);
         if self.closed || self.waiting.len() >= MAX_WAITING || wait.is_zero() {
             self.missing(&rec);
             return Some(rec);
@@ -135,7 +140,7 @@ impl Joiner {
 
     fn join(&mut self, rec: &RequestRecord, span: EngineSpan, now: Instant) {
         self.counts.joined += 1;
-        let starved = match (span.queue, rec.meta.engine_spans.as_deref()) {
+        let starved = match (span.queue, engine_spans(&rec.meta)) {
             (Some(q), Some(cfg)) => {
                 let w = self
                     .windows
@@ -186,7 +191,7 @@ mod tests {
         m.trace.trace_id = trace;
         m.trace.client_span = span;
         m.backend = Arc::from("b");
-        m.engine_spans = Some(Arc::new(EngineSpansConfig {
+        m.extensions.insert(Arc::new(EngineSpansConfig {
             wait: Duration::from_millis(wait_ms),
             ..EngineSpansConfig::default()
         }));

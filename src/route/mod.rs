@@ -214,7 +214,7 @@ pub struct Route {
     /// Response timeouts.
     pub timeouts: TimeoutsConfig,
     /// Latency objectives (goodput).
-    pub slo: Option<crate::config::SloConfig>,
+    pub slo: Option<crate::meter::Slo>,
     /// Honour `x-inferscope-purpose`.
     pub purpose_header: bool,
 }
@@ -437,7 +437,7 @@ impl Router {
                     budget: retry_budget(&r.retry),
                     retry: r.retry.clone(),
                     timeouts: r.timeouts.clone(),
-                    slo: r.slo,
+                    slo: r.slo.map(Into::into),
                     purpose_header: r.purpose_header,
                 })
             })

@@ -3,19 +3,14 @@
 //! Prometheus text writer and a reader of backends' expositions. Nothing here depends on another
 //! module of the crate.
 
+// The percentile rule, the stable hash, the RNG, ids and the Prometheus writer live in the
+// meter crate (crates/inferscope-meter), under their names here.
+pub use inferscope_meter::util::{hash, ids, prometheus, quantile, rng, stable_hash, Ids, Rng};
+
 pub mod errors;
 pub mod fs;
-pub mod hash;
-pub mod ids;
 pub mod json;
 pub mod label;
-pub mod prometheus;
 pub mod promtext;
-pub mod quantile;
-pub mod rng;
 pub mod shares;
 pub mod time;
-
-pub use hash::stable_hash;
-pub use ids::Ids;
-pub use rng::Rng;

@@ -5,7 +5,7 @@
 //! URLs) and merges them.
 
 use super::{GroupKey, Hist, Snapshot, Tally, METRICS};
-use crate::meter::Outcome;
+use crate::Outcome;
 use base64::Engine;
 use hdrhistogram::serialization::{Deserializer, Serializer, V2DeflateSerializer};
 use serde_json::{json, Map, Value};
@@ -99,7 +99,7 @@ pub fn import(doc: &Value) -> Result<Vec<(GroupKey, Tally)>, HdrError> {
     let mut de = Deserializer::new();
     let mut out = Vec::new();
     for g in doc["groups"].as_array().into_iter().flatten() {
-        let label = |k: &str| -> Arc<str> { g[k].as_str().unwrap_or(crate::meter::NONE).into() };
+        let label = |k: &str| -> Arc<str> { g[k].as_str().unwrap_or(crate::NONE).into() };
         let key = GroupKey {
             route: label("route"),
             model: label("model"),
@@ -108,7 +108,7 @@ pub fn import(doc: &Value) -> Result<Vec<(GroupKey, Tally)>, HdrError> {
             // Exports written before these were kept: live, and streamed unless said otherwise.
             purpose: g["purpose"]
                 .as_str()
-                .and_then(crate::meter::Purpose::parse)
+                .and_then(crate::Purpose::parse)
                 .unwrap_or_default(),
             stream: g["stream"].as_bool().unwrap_or(true),
         };
@@ -168,7 +168,7 @@ pub fn rollup(groups: &BTreeMap<GroupKey, Tally>, by: &str) -> BTreeMap<Arc<str>
     for (k, t) in groups {
         let name = match by {
             "purpose" => Arc::from(k.purpose.as_str()),
-            _ if k.purpose != crate::meter::Purpose::Live => continue,
+            _ if k.purpose != crate::Purpose::Live => continue,
             "stream" => Arc::from(k.stream_label()),
             "route" => Arc::clone(&k.route),
             "model" => Arc::clone(&k.model),
@@ -288,7 +288,7 @@ mod tests {
             model: "m".into(),
             backend: "b".into(),
             variant: v.into(),
-            purpose: crate::meter::Purpose::Live,
+            purpose: crate::Purpose::Live,
             stream: true,
         };
         let tally = |from: u64, n: u64| {

@@ -2,7 +2,7 @@
 //! labels, timings, counts — no handles to live objects.
 
 use super::trace::TraceContext;
-use crate::dialect::FinishReason;
+use inferscope_wire::dialect::FinishReason;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
@@ -323,7 +323,7 @@ pub struct ResponseInfo {
     /// Output text, only when content capture is on (capped).
     pub output_content: Option<String>,
     /// Prefill and decode time the engine itself reported (Ollama, llama.cpp).
-    pub engine: Option<crate::dialect::EngineTimes>,
+    pub engine: Option<inferscope_wire::dialect::EngineTimes>,
 }
 
 /// An upstream attempt that failed before any response byte reached the client, and was retried.
@@ -469,12 +469,12 @@ pub struct RequestMeta {
     /// Monotonic `t_hdr`: upstream response head received.
     pub t_hdr: Option<Instant>,
     /// The route's latency objectives, once routed.
-    pub slo: Option<crate::config::SloConfig>,
+    pub slo: Option<crate::Slo>,
     /// The backend engine's load as its latest fresh scrape had it when the request was sent.
     pub engine: Option<EngineLoad>,
-    /// The backend sends its engine's span of each request (`engine_spans:`): the record waits
-    /// for it to be joined.
-    pub engine_spans: Option<Arc<crate::config::EngineSpansConfig>>,
+    /// What the service inside the layer attaches for its own sinks (the gateway: its backend's
+    /// engine-span settings). The meter carries it to the record and never reads it.
+    pub extensions: http::Extensions,
 }
 
 impl RequestMeta {
@@ -511,8 +511,38 @@ impl RequestMeta {
             t_hdr: None,
             slo: None,
             engine: None,
-            engine_spans: None,
+            extensions: http::Extensions::new(),
         }
+    }
+}
+
+/// Latency objectives a request is judged by (`RequestRecord::slo_met`): each set one is a
+/// ceiling on time to first token, time per output token, every inter-token gap, end to end.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Slo {
+    /// Time to first token.
+    pub ttft: Option<Duration>,
+    /// Time per output token after the first.
+    pub tpot: Option<Duration>,
+    /// Every gap between output events.
+    pub itl: Option<Duration>,
+    /// End to end.
+    pub e2e: Option<Duration>,
+}
+
+impl Slo {
+    /// `ttft<=200ms,tpot<=30ms`: the objectives set.
+    pub fn describe(&self) -> String {
+        [
+            ("ttft", self.ttft),
+            ("tpot", self.tpot),
+            ("itl", self.itl),
+            ("e2e", self.e2e),
+        ]
+        .iter()
+        .filter_map(|(k, d)| d.map(|d| format!("{k}<={}", humantime::format_duration(d))))
+        .collect::<Vec<_>>()
+        .join(",")
     }
 }
 

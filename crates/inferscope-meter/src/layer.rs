@@ -7,9 +7,9 @@ use super::body::MeteredBody;
 use super::measure::{Framing, MeasureOptions, Meter};
 use super::record::{Outcome, RequestMeta, RequestRecord, NONE};
 use super::trace::TraceContext;
-use crate::dialect::Endpoint;
 use crate::util::Ids;
 use http::{header, HeaderValue, Method, Request, Response};
+use inferscope_wire::dialect::Endpoint;
 use parking_lot::Mutex;
 use pin_project_lite::pin_project;
 use std::future::Future;
@@ -57,7 +57,7 @@ impl Default for MeterSettings {
     fn default() -> Self {
         Self {
             sample_ratio: 1.0,
-            max_event_bytes: crate::sse::DEFAULT_MAX_LINE,
+            max_event_bytes: inferscope_wire::sse::DEFAULT_MAX_LINE,
         }
     }
 }
@@ -161,7 +161,7 @@ impl Metering {
         meta.version = req.version();
         meta.client = req
             .extensions()
-            .get::<crate::server::ClientAddr>()
+            .get::<crate::conn::ClientAddr>()
             .map(|c| c.0);
         meta.request_id = match req.extensions().get::<tower_http::request_id::RequestId>() {
             // An id set by tower-http's `SetRequestIdLayer` outside this layer.
@@ -180,8 +180,8 @@ impl Metering {
             .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
             .unwrap_or(0);
         let notes = self.start_with(meta);
-        let cut = req.extensions().get::<crate::server::StalledCut>();
-        let writes = req.extensions().get::<Arc<crate::server::WriteClock>>();
+        let cut = req.extensions().get::<crate::conn::StalledCut>();
+        let writes = req.extensions().get::<Arc<crate::conn::WriteClock>>();
         if cut.is_some() || writes.is_some() {
             if let Some(n) = notes.0.notes.lock().as_mut() {
                 n.stalled = cut.cloned();
@@ -193,7 +193,7 @@ impl Metering {
 
     /// Records a request the HTTP layer refused before any service saw it (a malformed or
     /// oversize head, a head that never completed): method and path are `-`, it gets a fresh id.
-    pub fn refused_by_http(self: &Arc<Self>, r: &crate::server::Refused) {
+    pub fn refused_by_http(self: &Arc<Self>, r: &crate::conn::Refused) {
         let method = http::Method::from_bytes(b"-").unwrap_or_default();
         let mut meta = RequestMeta::new(method, NONE);
         meta.request_id = self.ids.request_id();
@@ -255,9 +255,9 @@ struct Notes {
     refused: Option<(Outcome, &'static str)>,
     held: Held,
     /// The server's flag for a connection it closed on a stalled client (`server::StalledCut`).
-    stalled: Option<crate::server::StalledCut>,
+    stalled: Option<crate::conn::StalledCut>,
     /// The server's record of the connection's write attempts (`server::WriteClock`).
-    writes: Option<Arc<crate::server::WriteClock>>,
+    writes: Option<Arc<crate::conn::WriteClock>>,
 }
 
 #[derive(Debug)]
@@ -502,7 +502,7 @@ impl Drop for Session {
 /// also those an inner layer refuses — exactly once. Responses carry `x-inferscope-request-id`.
 ///
 /// ```
-/// use inferscope::meter::{MeterLayer, RecordSink, RequestRecord};
+/// use inferscope_meter::{MeterLayer, RecordSink, RequestRecord};
 /// use std::sync::Arc;
 ///
 /// struct Print;

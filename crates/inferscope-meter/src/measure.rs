@@ -5,9 +5,11 @@ use super::layer::{Held, Metering};
 use super::record::{
     EventTokens, Gaps, ItlSample, Outcome, RequestMeta, RequestRecord, ResponseInfo, TokensSource,
 };
-use crate::dialect::{Dialect, FinishReason, Observation, Shapes, StreamClassifier, Usage};
-use crate::sse::{Event, NdjsonScanner, OpenBlock, SseScanner};
 use bytes::Bytes;
+use inferscope_wire::dialect::{
+    Dialect, FinishReason, Observation, Shapes, StreamClassifier, Usage,
+};
+use inferscope_wire::sse::{Event, NdjsonScanner, OpenBlock, SseScanner};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -169,7 +171,7 @@ struct Progress {
     event_token_sum: u64,
     /// Cumulative completion tokens from per-chunk usage (vLLM `continuous_usage_stats`).
     cum_output: Option<u64>,
-    engine: Option<crate::dialect::EngineTimes>,
+    engine: Option<inferscope_wire::dialect::EngineTimes>,
     usage: Usage,
     finish: Option<FinishReason>,
     done: bool,
@@ -337,7 +339,7 @@ pub struct Meter {
     /// The body was encoded in a way the meter could not read (`unmeasured_encoding`).
     undecodable: bool,
     /// Set by the server when it closed the connection on a client that stopped taking bytes.
-    stalled: Option<crate::server::StalledCut>,
+    stalled: Option<crate::conn::StalledCut>,
     /// When the frames it handed on were written, where the server says.
     handoff: Handoff,
     /// Kept for the life of the response: concurrency limits count streams, not headers.
@@ -350,7 +352,7 @@ pub struct Meter {
 /// events a record times: the first attempt after each was handed to the server.
 #[derive(Debug, Default)]
 struct Handoff {
-    clock: Option<Arc<crate::server::WriteClock>>,
+    clock: Option<Arc<crate::conn::WriteClock>>,
     chunk1: Option<u64>,
     tok1: Option<u64>,
     /// The last output event's instant (packed) when its frame was handed on, and the attempt.
@@ -423,13 +425,13 @@ impl Meter {
 
     /// The server's flag that says its connection was closed on a stalled client: a response
     /// dropped after it is set is recorded `client_stalled`.
-    pub fn set_stalled_flag(&mut self, flag: crate::server::StalledCut) {
+    pub fn set_stalled_flag(&mut self, flag: crate::conn::StalledCut) {
         self.stalled = Some(flag);
     }
 
     /// The server's record of its connection's write attempts: events are timed when their
     /// frame was written (tried to be), and the record waits for the last frame's attempt.
-    pub fn set_write_clock(&mut self, clock: Arc<crate::server::WriteClock>) {
+    pub fn set_write_clock(&mut self, clock: Arc<crate::conn::WriteClock>) {
         self.handoff.clock = Some(clock);
     }
 
@@ -822,7 +824,7 @@ impl Meter {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::meter::{MeterSettings, RecordSink};
+    use crate::{MeterSettings, RecordSink};
 
     #[derive(Default, Clone)]
     struct Collect(Arc<parking_lot::Mutex<Vec<Arc<RequestRecord>>>>);
@@ -835,8 +837,8 @@ mod tests {
 
     /// A meter for a streamed chat completion, reading OpenAI's events.
     fn chat_stream_meter(meta: RequestMeta, metering: Arc<Metering>) -> Meter {
-        let dialect = crate::dialect::Endpoint::from_path("/v1/chat/completions")
-            .and_then(crate::dialect::Endpoint::dialect);
+        let dialect = inferscope_wire::dialect::Endpoint::from_path("/v1/chat/completions")
+            .and_then(inferscope_wire::dialect::Endpoint::dialect);
         Meter::new(
             meta,
             200,

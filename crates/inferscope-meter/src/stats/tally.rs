@@ -1,8 +1,8 @@
 //! `Tally`: the counters and HdrHistograms (µs, 3 significant digits) of one group over one span
 //! of time, mergeable so rollups and windows are built by adding tallies.
 
-use crate::meter::{Outcome, RequestRecord};
 use crate::util::quantile::{self, MAX_US};
+use crate::{Outcome, RequestRecord};
 use hdrhistogram::Histogram;
 use serde_json::{json, Map, Value};
 use std::time::Duration;
@@ -207,7 +207,7 @@ impl Tally {
         let Some(join) = r.engine_span.get() else {
             return;
         };
-        let crate::meter::EngineJoin::Joined { span, starved } = join else {
+        let crate::EngineJoin::Joined { span, starved } = join else {
             self.engine_missing += 1;
             return;
         };

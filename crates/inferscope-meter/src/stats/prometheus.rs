@@ -5,8 +5,8 @@
 //! `gen_ai.server.request.duration` boundaries for end-to-end latency.
 
 use super::{Snapshot, Tally};
-use crate::meter::Outcome;
 use crate::util::prometheus::{Labels, Native, Writer};
+use crate::Outcome;
 
 /// Native histogram resolution: 2^5 = 32 buckets per power of two, each 2.2% wide (a quantile
 /// from them is within 2.2% of the exact one; the classic GenAI buckets are up to 2.5× wide).
