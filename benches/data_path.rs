@@ -11,7 +11,7 @@ use inferscope::accesslog::AccessLog;
 use inferscope::dialect::{Dialect, Endpoint, StreamClassifier};
 use inferscope::meter::{
     End, Framing, Held, ItlSample, MeasureOptions, Meter, MeterSettings, Metering, Outcome,
-    RecordSink, RequestMeta, RequestRecord, ResponseInfo,
+    RecordSink, RequestMeta, RequestRecord,
 };
 use inferscope::recorder::Recorder;
 use inferscope::sse::SseScanner;
@@ -64,10 +64,8 @@ fn meta() -> RequestMeta {
 
 /// A meter for a classified SSE stream, as the proxy makes for chat completions.
 fn sse_meter(metering: &Arc<Metering>) -> Meter {
-    let opts = MeasureOptions {
-        dialect: Some(Dialect::OpenAi),
-        ..MeasureOptions::default()
-    };
+    let mut opts = MeasureOptions::default();
+    opts.dialect = Some(Dialect::OpenAi);
     Meter::new(
         meta(),
         200,
@@ -170,32 +168,18 @@ fn record_path(c: &mut Criterion) {
         .unwrap();
     let _guard = rt.enter();
     let recorder = Recorder::new(Stats::new(64), AccessLog::disabled(), None);
-    let record = RequestRecord {
-        status: 200,
-        outcome: Outcome::Ok,
-        ttft: Some(Duration::from_millis(120)),
-        ttfc: Some(Duration::from_millis(3)),
-        tpot: Some(Duration::from_millis(21)),
-        e2e: Duration::from_millis(1500),
-        upstream_ttft: Some(Duration::from_millis(119)),
-        forward_lag: None,
-        handoff_lag: None,
-        overhead: Some(Duration::from_micros(80)),
-        itl: (0..64)
-            .map(|i| ItlSample::new(Duration::from_micros(20_000 + i * 37), 1))
-            .collect(),
-        input_tokens: Some(100),
-        output_tokens: Some(64),
-        tokens_source: None,
-        event_tokens: None,
-        finish_reason: None,
-        bytes_out: 15_000,
-        malformed_events: 0,
-        error: None,
-        engine_span: std::sync::OnceLock::new(),
-        response: ResponseInfo::default(),
-        meta: meta(),
-    };
+    let mut record = RequestRecord::without_body(meta(), 200, Outcome::Ok, None, 15_000);
+    record.ttft = Some(Duration::from_millis(120));
+    record.ttfc = Some(Duration::from_millis(3));
+    record.tpot = Some(Duration::from_millis(21));
+    record.e2e = Duration::from_millis(1500);
+    record.upstream_ttft = Some(Duration::from_millis(119));
+    record.overhead = Some(Duration::from_micros(80));
+    record.itl = (0..64)
+        .map(|i| ItlSample::new(Duration::from_micros(20_000 + i * 37), 1))
+        .collect();
+    record.input_tokens = Some(100);
+    record.output_tokens = Some(64);
     let mut g = c.benchmark_group("per_request");
     g.bench_function("record_64_token_stream", |b| {
         b.iter(|| {

@@ -313,10 +313,9 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         enabled: settings.is_some(),
         capture_content: settings.as_ref().and_then(|s| s.capture_content),
     };
-    let meter_settings = MeterSettings {
-        sample_ratio: settings.as_ref().map_or(1.0, |s| s.sample_ratio),
-        max_event_bytes: config.limits.max_event_bytes,
-    };
+    let mut meter_settings = MeterSettings::default();
+    meter_settings.sample_ratio = settings.as_ref().map_or(1.0, |s| s.sample_ratio);
+    meter_settings.max_event_bytes = config.limits.max_event_bytes;
     let telemetry = match settings {
         Some(s) => Some(Telemetry::start(s, data_addr)?),
         None => None,

@@ -26,6 +26,9 @@
 //! | [`app`] | assembles a running gateway from a config and shuts it down in order |
 //! | [`cli`] | the clap command line; thin, calls the entry points above |
 
+// What is `pub` inside is the crate's API: anything else is `pub(crate)`.
+#![warn(unreachable_pub)]
+
 pub mod access;
 pub mod accesslog;
 pub mod admin;

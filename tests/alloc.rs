@@ -39,15 +39,14 @@ fn observing_content_chunks_does_not_allocate() {
     let meter = |shapes: Option<Arc<Shapes>>| {
         let mut meta = RequestMeta::new(http::Method::POST, "/");
         meta.stream = true;
+        let mut how = MeasureOptions::default();
+        how.dialect = Some(Dialect::OpenAi);
+        how.shapes = shapes;
         Meter::new(
             meta,
             200,
             Framing::Sse(SseScanner::default()),
-            MeasureOptions {
-                dialect: Some(Dialect::OpenAi),
-                shapes,
-                ..MeasureOptions::default()
-            },
+            how,
             Arc::clone(&metering),
             Held::default(),
         )

@@ -47,7 +47,7 @@ impl Body for GrpcReply {
 }
 
 /// Whether `path` is one of the receiver's.
-pub fn is_receiver(path: &str) -> bool {
+pub(super) fn is_receiver(path: &str) -> bool {
     path == receive::HTTP_PATH || path == receive::GRPC_PATH
 }
 
@@ -114,7 +114,7 @@ fn header_is(h: &HeaderMap, name: impl header::AsHeaderName, value: &str) -> boo
 }
 
 /// The answer to an export without the admin token: a gRPC status for a gRPC client.
-pub fn unauthorized(path: &str) -> Response<GrpcReply> {
+pub(super) fn unauthorized(path: &str) -> Response<GrpcReply> {
     const MSG: &str = "the admin API needs Authorization: Bearer <admin token> \
                        (OTEL_EXPORTER_OTLP_TRACES_HEADERS=authorization=Bearer%20<token>)";
     if path == receive::GRPC_PATH {
@@ -127,7 +127,7 @@ pub fn unauthorized(path: &str) -> Response<GrpcReply> {
 }
 
 /// Receives one export (authorization already checked).
-pub async fn receive(
+pub(super) async fn receive(
     state: &AdminState,
     req: Request<hyper::body::Incoming>,
 ) -> Response<GrpcReply> {

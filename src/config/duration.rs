@@ -43,18 +43,20 @@ pub fn parse(s: &str) -> Result<Duration, BadDuration> {
 }
 
 /// `#[serde(with = "duration")]` for `Duration` fields.
-pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let s = String::deserialize(d)?;
     parse(&s).map_err(serde::de::Error::custom)
 }
 
 /// `#[serde(with = "duration::option")]` for `Option<Duration>` fields.
-pub mod option {
+pub(super) mod option {
     use serde::{Deserialize, Deserializer};
     use std::time::Duration;
 
     /// Deserializes an optional duration.
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Duration>, D::Error> {
         Option::<String>::deserialize(d)?
             .map(|s| super::parse(&s).map_err(serde::de::Error::custom))
             .transpose()

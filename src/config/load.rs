@@ -240,7 +240,7 @@ fn err<T>(path: Vec<Seg>, msg: impl Into<String>) -> Result<T, Invalid> {
 }
 
 /// Checks what the schema alone cannot: references, uniqueness, ranges.
-pub fn validate(c: &Config) -> Result<(), Invalid> {
+pub(super) fn validate(c: &Config) -> Result<(), Invalid> {
     use Seg::{Index as I, Key as K};
     if c.backends.is_empty() {
         return err(vec![K("backends")], "at least one backend is required");

@@ -5,7 +5,7 @@
 
 /// One step of a key path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Seg {
+pub(super) enum Seg {
     /// A mapping key.
     Key(&'static str),
     /// A sequence index.
@@ -13,7 +13,7 @@ pub enum Seg {
 }
 
 /// `routes[0].backends[1]`.
-pub fn render(path: &[Seg]) -> String {
+pub(super) fn render(path: &[Seg]) -> String {
     let mut s = String::new();
     for seg in path {
         match seg {
@@ -63,7 +63,7 @@ fn key_at(line: &str, key: &str) -> Option<usize> {
 }
 
 /// 1-based line of `path` in `text`, or of the deepest part of it that could be found.
-pub fn locate(text: &str, path: &[Seg]) -> Option<usize> {
+pub(super) fn locate(text: &str, path: &[Seg]) -> Option<usize> {
     let lines: Vec<&str> = text.lines().collect();
     let mut from = 0;
     let mut parent: Option<usize> = None; // indent that children must exceed

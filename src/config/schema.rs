@@ -48,50 +48,50 @@ pub struct Config {
 
 /// Defaults of keys in structs that also have required keys (so cannot default as a whole).
 mod defaults {
-    pub fn auth_failures_per_minute() -> u32 {
+    pub(super) fn auth_failures_per_minute() -> u32 {
         30
     }
     use std::net::SocketAddr;
     use std::time::Duration;
 
-    pub fn bytes_per_param() -> f64 {
+    pub(super) fn bytes_per_param() -> f64 {
         2.0
     }
 
-    pub fn listen() -> SocketAddr {
+    pub(super) fn listen() -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], 8080))
     }
-    pub fn log_queue() -> usize {
+    pub(super) fn log_queue() -> usize {
         65_536
     }
-    pub fn rotate_keep() -> usize {
+    pub(super) fn rotate_keep() -> usize {
         5
     }
-    pub fn weight() -> u32 {
+    pub(super) fn weight() -> u32 {
         1
     }
-    pub fn max_queue() -> usize {
+    pub(super) fn max_queue() -> usize {
         128
     }
-    pub fn api_key_header() -> String {
+    pub(super) fn api_key_header() -> String {
         "authorization".into()
     }
-    pub fn queue_timeout() -> Duration {
+    pub(super) fn queue_timeout() -> Duration {
         Duration::from_secs(2)
     }
-    pub fn idle_timeout() -> Duration {
+    pub(super) fn idle_timeout() -> Duration {
         Duration::from_secs(4)
     }
-    pub fn min_samples() -> usize {
+    pub(super) fn min_samples() -> usize {
         200
     }
-    pub fn shadow_concurrency() -> usize {
+    pub(super) fn shadow_concurrency() -> usize {
         16
     }
-    pub fn guard_window() -> Duration {
+    pub(super) fn guard_window() -> Duration {
         Duration::from_secs(60)
     }
-    pub fn guard_samples() -> usize {
+    pub(super) fn guard_samples() -> usize {
         50
     }
 }
@@ -726,12 +726,12 @@ pub struct SloConfig {
 
 impl From<SloConfig> for crate::meter::Slo {
     fn from(c: SloConfig) -> Self {
-        Self {
-            ttft: c.ttft,
-            tpot: c.tpot,
-            itl: c.itl,
-            e2e: c.e2e,
-        }
+        let mut slo = Self::default();
+        slo.ttft = c.ttft;
+        slo.tpot = c.tpot;
+        slo.itl = c.itl;
+        slo.e2e = c.e2e;
+        slo
     }
 }
 
@@ -927,7 +927,7 @@ pub struct GuardRule {
 }
 
 /// True when `metric` names something the guardrails understand (`feedback:NAME` included).
-pub fn known_guard_metric(metric: &str) -> bool {
+pub(super) fn known_guard_metric(metric: &str) -> bool {
     if metric == "error_rate"
         || metric
             .strip_prefix("feedback:")

@@ -11,13 +11,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 /// Finished requests remembered for joining feedback (oldest forgotten first).
-pub const REMEMBERED: usize = 200_000;
+pub(super) const REMEMBERED: usize = 200_000;
 
 /// Distinct signal names per route (a name beyond them is refused).
-pub const MAX_SIGNALS: usize = 32;
+pub(super) const MAX_SIGNALS: usize = 32;
 
 /// Largest magnitude of a value: sums of squares stay finite and means meaningful.
-pub const MAX_VALUE: f64 = 1e9;
+pub(super) const MAX_VALUE: f64 = 1e9;
 
 /// Why feedback was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -21,11 +21,11 @@ use tokio::time::{Instant, Sleep};
 pub const RATE_GRACE: Duration = Duration::from_secs(5);
 
 /// Under pressure (`limit::Slots::pressured`) the minimum rate is this many times higher…
-pub const PRESSURE_RATE_FACTOR: u64 = 8;
+pub(super) const PRESSURE_RATE_FACTOR: u64 = 8;
 /// …and applies after this grace instead of `RATE_GRACE` (as Envoy's overload manager shortens
 /// timeouts when resources run low): a body that keeps a slot at just above the relaxed pace is
 /// cut once slots run out.
-pub const PRESSURE_GRACE: Duration = Duration::from_secs(1);
+pub(super) const PRESSURE_GRACE: Duration = Duration::from_secs(1);
 
 /// How often a body waiting at the relaxed pace looks again whether pressure has come.
 const PRESSURE_RECHECK: Duration = Duration::from_millis(250);
@@ -174,7 +174,7 @@ impl Drop for Reservation {
 /// Reads a whole body of at most `limit` bytes at `pace`, holding its bytes against `budget` as
 /// they arrive. (Not the declared length up front: heads alone, cheap to send, would then
 /// reserve the budget and refuse everyone else until their bodies timed out.)
-pub async fn read_whole<B>(
+pub(super) async fn read_whole<B>(
     body: B,
     limit: usize,
     declared: Option<u64>,

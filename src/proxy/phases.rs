@@ -547,13 +547,13 @@ impl Ctx {
                 .headers
                 .insert(PURPOSE, HeaderValue::from_static(p.as_str()));
         }
-        self.notes.measure(MeasureOptions {
-            dialect,
-            shapes: Some(Arc::clone(&guard.backend().shapes)),
-            strip_usage: strip,
-            capture_output: self.capture_output,
-            deadlines: deadlines(route, self.t0),
-        });
+        let mut how = MeasureOptions::default();
+        how.dialect = dialect;
+        how.shapes = Some(Arc::clone(&guard.backend().shapes));
+        how.strip_usage = strip;
+        how.capture_output = self.capture_output;
+        how.deadlines = deadlines(route, self.t0);
+        self.notes.measure(how);
         self.notes.hold(guard);
         if let Some(rate) = &self.rate {
             rate.write(&mut parts.headers);
@@ -665,13 +665,12 @@ impl ShadowCopy {
         notes.hold(permit);
         match self.attempt(&gw, &route, &notes, t0).await {
             Ok((resp, guard)) => {
-                notes.measure(MeasureOptions {
-                    dialect: self.endpoint.dialect(),
-                    shapes: Some(Arc::clone(&guard.backend().shapes)),
-                    strip_usage: false,
-                    capture_output: Some(MAX_COMPARED),
-                    deadlines: deadlines(&route, t0),
-                });
+                let mut how = MeasureOptions::default();
+                how.dialect = self.endpoint.dialect();
+                how.shapes = Some(Arc::clone(&guard.backend().shapes));
+                how.capture_output = Some(MAX_COMPARED);
+                how.deadlines = deadlines(&route, t0);
+                notes.measure(how);
                 notes.hold(guard);
                 // Read to the end (the meter records it) and discard.
                 let _ = notes.meter_response(resp).into_body().collect().await;
@@ -738,11 +737,11 @@ fn retry_after(h: &HeaderMap) -> Duration {
 
 /// A route's response deadlines for a request that arrived at `t0`.
 fn deadlines(route: &Route, t0: Instant) -> Deadlines {
-    Deadlines {
-        first_token: nonzero(route.timeouts.first_token).map(|d| t0 + d),
-        idle: nonzero(route.timeouts.idle),
-        total: nonzero(route.timeouts.total).map(|d| t0 + d),
-    }
+    let mut d = Deadlines::default();
+    d.first_token = nonzero(route.timeouts.first_token).map(|d| t0 + d);
+    d.idle = nonzero(route.timeouts.idle);
+    d.total = nonzero(route.timeouts.total).map(|d| t0 + d);
+    d
 }
 
 fn nonzero(d: Duration) -> Option<Duration> {

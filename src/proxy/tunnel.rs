@@ -24,7 +24,7 @@ const MAX_REFUSAL_BODY: usize = 64 << 10;
 
 /// True for an HTTP/1.1 GET asking to switch to WebSocket (other upgrades, such as `h2c`, are
 /// hop-by-hop negotiations with the gateway itself: their headers are dropped as before).
-pub fn is_upgrade(method: &Method, version: Version, headers: &HeaderMap) -> bool {
+pub(super) fn is_upgrade(method: &Method, version: Version, headers: &HeaderMap) -> bool {
     method == Method::GET
         && version == Version::HTTP_11
         && headers
@@ -44,7 +44,7 @@ pub fn is_upgrade(method: &Method, version: Version, headers: &HeaderMap) -> boo
 
 /// How long a session may run, and go quiet.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Limits {
+pub(super) struct Limits {
     /// No bytes either way for this long ends it (`None`: never).
     pub idle: Option<Duration>,
     /// It ends at this instant (`None`: never).
@@ -63,7 +63,7 @@ pub struct Limits {
 /// sent it; any other answer is passed back as it is and is the session's record. A handshake
 /// that could not be sent is the caller's to answer, with the session back.
 #[allow(clippy::too_many_arguments)]
-pub async fn open(
+pub(super) async fn open(
     backend: &Backend,
     path_and_query: Option<&http::uri::PathAndQuery>,
     headers: HeaderMap,

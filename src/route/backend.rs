@@ -116,7 +116,7 @@ impl Drop for BackendGuard {
 }
 
 /// `pq` under the API root `root` (see `Backend::upstream_path`).
-pub fn join_root(root: &str, pq: Option<&PathAndQuery>) -> Option<PathAndQuery> {
+pub(super) fn join_root(root: &str, pq: Option<&PathAndQuery>) -> Option<PathAndQuery> {
     let root = root.trim_end_matches('/');
     if root.is_empty() {
         return pq.cloned();

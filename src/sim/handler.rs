@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 use tokio::time::{sleep_until, Instant};
 
 /// Response body of the simulator: a whole body, or chunks produced by a generator task.
-pub type SimBody = Either<Full<Bytes>, ChannelBody>;
+pub(super) type SimBody = Either<Full<Bytes>, ChannelBody>;
 
 /// The simulator's vocabulary: one token a word, each with its leading space.
 const WORDS: [&str; 16] = [
@@ -44,12 +44,12 @@ const WORDS: [&str; 16] = [
 /// The `refuse` fault: returned as the service's error, so hyper drops the connection unanswered.
 #[derive(Debug, thiserror::Error)]
 #[error("connection refused by fault injection")]
-pub struct Refused;
+pub(super) struct Refused;
 
 /// Body fed by an mpsc channel; dropping it tells the generator the client went away. An `Err`
 /// item aborts the connection mid-body (the `die_after_chunks` fault).
 #[derive(Debug)]
-pub struct ChannelBody(mpsc::Receiver<Result<Bytes, std::io::Error>>);
+pub(super) struct ChannelBody(mpsc::Receiver<Result<Bytes, std::io::Error>>);
 
 impl Body for ChannelBody {
     type Data = Bytes;

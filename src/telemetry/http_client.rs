@@ -16,7 +16,7 @@ use std::time::Duration;
 const MAX_ANSWER: usize = 4 << 20;
 
 /// An `opentelemetry_http::HttpClient` over `crate::tls::connect`.
-pub struct ExportClient {
+pub(super) struct ExportClient {
     tls: Option<Arc<crate::tls::ClientTls>>,
     timeout: Duration,
     conn: tokio::sync::Mutex<Option<SendRequest<Full<Bytes>>>>,
@@ -33,7 +33,7 @@ impl std::fmt::Debug for ExportClient {
 
 impl ExportClient {
     /// A client; `tls` for an `https://` endpoint.
-    pub fn new(tls: Option<Arc<crate::tls::ClientTls>>, timeout: Duration) -> Self {
+    pub(super) fn new(tls: Option<Arc<crate::tls::ClientTls>>, timeout: Duration) -> Self {
         Self {
             tls,
             timeout,

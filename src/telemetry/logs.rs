@@ -12,25 +12,25 @@ use std::collections::HashMap;
 use crate::meter::{Outcome, RequestRecord};
 
 /// The event name of every record.
-pub const EVENT: &str = "inferscope.access";
+pub(super) const EVENT: &str = "inferscope.access";
 
 /// The log pipeline.
 #[derive(Debug)]
-pub struct AccessLogs {
+pub(super) struct AccessLogs {
     logger: SdkLogger,
 }
 
 impl AccessLogs {
     /// A pipeline exporting through `provider` (built with its batch processor; its shutdown
     /// exports what is queued).
-    pub fn new(provider: &SdkLoggerProvider) -> Self {
+    pub(super) fn new(provider: &SdkLoggerProvider) -> Self {
         Self {
             logger: provider.logger(super::names::SCOPE),
         }
     }
 
     /// Emits one request's record.
-    pub fn emit(&self, rec: &RequestRecord) {
+    pub(super) fn emit(&self, rec: &RequestRecord) {
         let m = &rec.meta;
         let mut r = self.logger.create_log_record();
         r.set_event_name(EVENT);

@@ -24,7 +24,7 @@ const TOKEN_BOUNDS: [f64; 14] = [
 
 /// The instruments, resolved once.
 #[derive(Debug, Clone)]
-pub struct Instruments {
+pub(super) struct Instruments {
     duration: Histogram<f64>,
     ttft: Histogram<f64>,
     tpot: Histogram<f64>,
@@ -33,7 +33,7 @@ pub struct Instruments {
 
 impl Instruments {
     /// Creates the instruments on `meter`.
-    pub fn new(meter: &Meter) -> Self {
+    pub(super) fn new(meter: &Meter) -> Self {
         Self {
             duration: meter
                 .f64_histogram(n::M_REQUEST_DURATION)
@@ -63,7 +63,7 @@ impl Instruments {
     }
 
     /// Records one finished request.
-    pub fn record(&self, rec: &RequestRecord) {
+    pub(super) fn record(&self, rec: &RequestRecord) {
         let m = &rec.meta;
         let mut attrs = vec![
             KeyValue::new(
@@ -121,7 +121,7 @@ impl Instruments {
 
 /// Wraps a metric exporter to count (and rate-limit logging of) failed exports.
 #[derive(Debug)]
-pub struct CountingExporter<E> {
+pub(super) struct CountingExporter<E> {
     /// The real exporter.
     pub inner: E,
     /// Where failures are counted.

@@ -32,7 +32,7 @@ fn ctx(rec: &RequestRecord, span: u64) -> SpanContext {
 }
 
 /// The instrumentation scope of every span (built once).
-pub fn scope() -> InstrumentationScope {
+pub(super) fn scope() -> InstrumentationScope {
     InstrumentationScope::builder(n::SCOPE)
         .with_version(env!("CARGO_PKG_VERSION"))
         .build()
@@ -73,7 +73,7 @@ fn error_type(rec: &RequestRecord) -> Option<String> {
 }
 
 /// The spans of one sampled request (empty when not sampled).
-pub fn build(
+pub(super) fn build(
     rec: &RequestRecord,
     s: &Settings,
     listen: SocketAddr,
@@ -402,7 +402,7 @@ fn openinference(rec: &RequestRecord, s: &Settings, a: &mut Vec<KeyValue>) {
 }
 
 /// A standalone gateway event: a zero-length INTERNAL span in a new trace, with one event.
-pub fn event(
+pub(super) fn event(
     name: &'static str,
     attrs: Vec<(&'static str, String)>,
     scope: &InstrumentationScope,

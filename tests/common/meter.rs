@@ -46,15 +46,14 @@ pub fn measure(path: &str, ctype: &str, pieces: &[&[u8]]) -> Seen {
     let sink = Collect::default();
     let metering = Metering::new(sink.clone(), Arc::default(), MeterSettings::default());
     let dialect = Endpoint::from_path(path).and_then(Endpoint::dialect);
+    let mut how = MeasureOptions::default();
+    how.dialect = dialect;
+    how.capture_output = Some(1 << 10);
     let mut meter = Meter::new(
         RequestMeta::new(http::Method::POST, path),
         200,
         Framing::for_response(ctype, dialect, 1 << 20),
-        MeasureOptions {
-            dialect,
-            capture_output: Some(1 << 10),
-            ..MeasureOptions::default()
-        },
+        how,
         metering,
         Held::default(),
     );

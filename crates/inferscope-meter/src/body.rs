@@ -82,7 +82,7 @@ pin_project! {
 
 impl<B: Body> MeteredBody<B> {
     /// Wraps `inner` without measuring it (a response metered already).
-    pub fn unmetered(inner: B) -> Self {
+    pub(crate) fn unmetered(inner: B) -> Self {
         Self {
             inner,
             meter: None,

@@ -100,7 +100,7 @@ static LAST_OFFSET: Mutex<Option<(i128, Instant)>> = Mutex::new(None);
 /// the clocks read now. `None` when the stamp cannot be trusted: a wall-clock step since the
 /// previous conversion (counted in `CLOCK_STEPS`), or a stamp from the future or over a minute
 /// old.
-pub fn stamp_to_instant(stamp: Duration) -> Option<Instant> {
+pub(crate) fn stamp_to_instant(stamp: Duration) -> Option<Instant> {
     convert(stamp, SystemTime::now(), Instant::now(), &LAST_OFFSET)
 }
 

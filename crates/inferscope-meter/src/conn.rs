@@ -74,7 +74,7 @@ impl WriteClock {
     }
 
     /// Runs `f` with the instant of attempt `n` once it happened (at once if it has).
-    pub fn after_attempt(&self, n: u64, f: WhenWritten) {
+    pub(crate) fn after_attempt(&self, n: u64, f: WhenWritten) {
         if self.seq.load(Ordering::Acquire) > n || self.closed.load(Ordering::Acquire) {
             return f(self.attempt(n));
         }

@@ -46,6 +46,7 @@ impl<T: RecordSink + ?Sized> RecordSink for Arc<T> {
 
 /// Settings every measured request shares.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct MeterSettings {
     /// Ratio of new traces sampled (a client's `traceparent` decides for its own trace).
     pub sample_ratio: f64,

@@ -21,6 +21,9 @@
 //! What the bytes of a stream mean (SSE, NDJSON, the six API dialects) is the `inferscope-wire`
 //! crate, which this one reads the response with.
 
+// What is `pub` inside is the crate's API: anything else is `pub(crate)`.
+#![warn(unreachable_pub)]
+
 pub mod clock;
 pub mod conn;
 pub mod stats;

@@ -16,6 +16,7 @@ use tokio::time::Instant;
 
 /// Response deadlines, enforced by `MeteredBody` while it waits for upstream bytes.
 #[derive(Debug, Clone, Copy, Default)]
+#[non_exhaustive]
 pub struct Deadlines {
     /// The first output event must arrive by then.
     pub first_token: Option<Instant>,
@@ -35,7 +36,7 @@ const MAX_DECODED: u64 = 256 << 20;
 /// A copy of an encoded response body (`Content-Encoding: gzip` or `deflate` from a backend that
 /// encoded although the gateway asked for `identity`), decoded for the meter only: the client
 /// gets the bytes as the backend sent them.
-pub struct Decoder {
+pub(crate) struct Decoder {
     inner: DecoderKind,
     decoded: u64,
 }
@@ -56,7 +57,7 @@ impl std::fmt::Debug for Decoder {
 impl Decoder {
     /// A decoder for a `Content-Encoding` value the meter can read through (`gzip`, `x-gzip`,
     /// `deflate`); `None` for `identity` or none. `Err` names an encoding it cannot read.
-    pub fn for_encoding(value: Option<&str>) -> Result<Option<Self>, ()> {
+    pub(crate) fn for_encoding(value: Option<&str>) -> Result<Option<Self>, ()> {
         let Some(v) = value.map(str::trim).filter(|v| !v.is_empty()) else {
             return Ok(None);
         };
@@ -143,11 +144,6 @@ impl Framing {
         } else {
             Framing::Opaque
         }
-    }
-
-    /// A streamed framing (SSE or NDJSON).
-    pub fn is_stream(&self) -> bool {
-        matches!(self, Framing::Sse(_) | Framing::Ndjson(_))
     }
 }
 
@@ -302,6 +298,7 @@ pub struct StripPlan {
 
 /// How a response is measured.
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct MeasureOptions {
     /// Read events in this dialect (`None`: every event counts as output, timing only).
     pub dialect: Option<Dialect>,
@@ -425,13 +422,13 @@ impl Meter {
 
     /// The server's flag that says its connection was closed on a stalled client: a response
     /// dropped after it is set is recorded `client_stalled`.
-    pub fn set_stalled_flag(&mut self, flag: crate::conn::StalledCut) {
+    pub(crate) fn set_stalled_flag(&mut self, flag: crate::conn::StalledCut) {
         self.stalled = Some(flag);
     }
 
     /// The server's record of its connection's write attempts: events are timed when their
     /// frame was written (tried to be), and the record waits for the last frame's attempt.
-    pub fn set_write_clock(&mut self, clock: Arc<crate::conn::WriteClock>) {
+    pub(crate) fn set_write_clock(&mut self, clock: Arc<crate::conn::WriteClock>) {
         self.handoff.clock = Some(clock);
     }
 
@@ -454,7 +451,7 @@ impl Meter {
 
     /// Marks the response as the service's own refusal: recorded with this outcome and error
     /// kind whatever its status says.
-    pub fn set_refused(&mut self, outcome: Outcome, error: &'static str) {
+    pub(crate) fn set_refused(&mut self, outcome: Outcome, error: &'static str) {
         self.refused = Some((outcome, error));
     }
 
@@ -464,7 +461,7 @@ impl Meter {
     }
 
     /// True once the stream's terminal event (`[DONE]`) has been observed.
-    pub fn terminal_seen(&self) -> bool {
+    pub(crate) fn terminal_seen(&self) -> bool {
         self.progress.done
     }
 
@@ -474,7 +471,7 @@ impl Meter {
     }
 
     /// True while the usage-only chunk still has to be removed from the stream.
-    pub fn stripping(&self) -> bool {
+    pub(crate) fn stripping(&self) -> bool {
         self.progress.strip_usage
     }
 
@@ -487,7 +484,7 @@ impl Meter {
     /// Observes the pieces of one frame (`Batch`: what one upstream read brought), all received
     /// at `now`, in order. The plan is the last piece's: while stripping, a frame is observed
     /// one piece at a time.
-    pub fn observe_parts(&mut self, parts: &[Bytes], now: Instant) -> StripPlan {
+    pub(crate) fn observe_parts(&mut self, parts: &[Bytes], now: Instant) -> StripPlan {
         debug_assert!(parts.len() <= 1 || !self.stripping());
         let at = crate::clock::pack(now.into_std());
         // The stamp of the upstream read current now (packed, 0: none): that read brought this

@@ -52,7 +52,7 @@ impl Outcome {
 
     /// Counts toward an error rate: every outcome but `ok`, `client_cancelled` and `shutdown`
     /// (the client or the operator ended those).
-    pub fn is_error(self) -> bool {
+    pub(crate) fn is_error(self) -> bool {
         !matches!(
             self,
             Outcome::Ok | Outcome::ClientCancelled | Outcome::Shutdown
@@ -283,6 +283,7 @@ impl FromIterator<ItlSample> for Gaps {
 /// One request's inter-token gaps summarized by the one percentile rule (`stats::quantile`):
 /// what `/stats` would report for these gaps alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ItlSummary {
     /// Median gap, µs.
     pub p50_us: u64,
@@ -296,6 +297,7 @@ pub struct ItlSummary {
 
 /// What the request asked for, as far as telemetry reports it.
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct RequestParams {
     /// `chat` or `text_completion` (`gen_ai.operation.name`), for known inference endpoints.
     pub operation: Option<&'static str>,
@@ -311,6 +313,7 @@ pub struct RequestParams {
 
 /// What the response said about itself, beyond timing.
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct ResponseInfo {
     /// Response id (`chatcmpl-…`).
     pub id: Option<String>,
@@ -408,6 +411,7 @@ pub const PURPOSE_HEADER: &str = "x-inferscope-purpose";
 
 /// What is known about a request before its response body flows: who, where, when.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct RequestMeta {
     /// Wall-clock time the request head was accepted (for the log's `ts`).
     pub ts: SystemTime,
@@ -519,6 +523,7 @@ impl RequestMeta {
 /// Latency objectives a request is judged by (`RequestRecord::slo_met`): each set one is a
 /// ceiling on time to first token, time per output token, every inter-token gap, end to end.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Slo {
     /// Time to first token.
     pub ttft: Option<Duration>,
@@ -562,6 +567,7 @@ pub struct EngineLoad {
 
 /// Everything measured about one request. Durations are `None` when they do not apply.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct RequestRecord {
     /// Who, where and when.
     pub meta: RequestMeta,
@@ -657,6 +663,7 @@ pub enum EngineJoin {
 /// network both ways and the engine's HTTP server, tokenizer and detokenizer — and is negative
 /// only when the engine's numbers and the gateway's disagree.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct Breakdown {
     /// The gateway's own time: before the upstream send, and holding the frames.
     pub gateway: Duration,

@@ -43,16 +43,12 @@ impl TraceContext {
     }
 
     /// 32 lowercase hex digits.
-    pub fn trace_id_hex(&self) -> Arc<str> {
+    pub(crate) fn trace_id_hex(&self) -> Arc<str> {
         hex_str(&hex::<32>(self.trace_id))
     }
 
-    /// The `traceparent` to send upstream: this trace, the CLIENT span as parent.
-    pub fn upstream_traceparent(&self) -> String {
-        self.upstream_traceparent_sampled(false)
-    }
-
-    /// `upstream_traceparent`, flagged sampled when `force` or when this trace is.
+    /// The `traceparent` to send upstream: this trace, the CLIENT span as parent, flagged sampled
+    /// when `force` or when this trace is.
     pub fn upstream_traceparent_sampled(&self, force: bool) -> String {
         let mut s = String::with_capacity(55);
         for part in [
@@ -83,7 +79,7 @@ fn sample(trace_id: u128, ratio: f64) -> bool {
 }
 
 /// `(trace id, parent span id, sampled)` of a valid `traceparent` header.
-pub fn parse_traceparent(h: &HeaderMap) -> Option<(u128, u64, bool)> {
+pub(crate) fn parse_traceparent(h: &HeaderMap) -> Option<(u128, u64, bool)> {
     let v = h.get(TRACEPARENT)?.to_str().ok()?.trim();
     let mut parts = v.split('-');
     let (version, trace, parent, flags) =
@@ -135,7 +131,7 @@ mod tests {
         assert_eq!(c.parent, Some(0x00f0_67aa_0ba9_02b7));
         assert!(c.sampled, "the client's sampled flag wins over ratio 0");
         assert_eq!(
-            c.upstream_traceparent(),
+            c.upstream_traceparent_sampled(false),
             format!(
                 "00-4bf92f3577b34da6a3ce929d0e0e4736-{:016x}-01",
                 c.client_span

@@ -10,6 +10,9 @@
 //!
 //! No clocks, no I/O, no HTTP: the meter above this crate timestamps what these classify. The
 //! crate depends on serde, serde_json, memchr and arc-swap (the learned chunk shapes) only.
+
+// What is `pub` inside is the crate's API: anything else is `pub(crate)`.
+#![warn(unreachable_pub)]
 #![forbid(unsafe_code)]
 
 pub mod dialect;

@@ -27,7 +27,7 @@ use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
 /// Streams one connection carries at most, whatever the backend allows.
-pub const MAX_STREAMS: usize = 100;
+pub(super) const MAX_STREAMS: usize = 100;
 
 /// Ping interval while streams are open; a ping unanswered for `PING_TIMEOUT` closes the
 /// connection.
@@ -35,7 +35,7 @@ const PING_EVERY: Duration = Duration::from_secs(30);
 const PING_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// One HTTP/2 connection in the pool.
-pub struct Conn {
+pub(super) struct Conn {
     sender: http2::SendRequest<UpstreamRequestBody>,
     /// Streams open on it now.
     open: AtomicUsize,
@@ -56,16 +56,16 @@ impl Conn {
 }
 
 /// One stream's hold on its connection, released when dropped.
-pub struct Slot(Arc<Conn>);
+pub(super) struct Slot(Arc<Conn>);
 
 impl Slot {
     /// A sender for this stream's request.
-    pub fn sender(&self) -> http2::SendRequest<UpstreamRequestBody> {
+    pub(super) fn sender(&self) -> http2::SendRequest<UpstreamRequestBody> {
         self.0.sender.clone()
     }
 
     /// The connection's latest kernel receive stamp.
-    pub fn rx(&self) -> &Arc<AtomicU64> {
+    pub(super) fn rx(&self) -> &Arc<AtomicU64> {
         &self.0.rx
     }
 }
@@ -79,17 +79,17 @@ impl Drop for Slot {
 }
 
 /// Why opening a connection failed, kept for every request that waited on it.
-pub type DialError = (std::io::ErrorKind, String);
+pub(super) type DialError = (std::io::ErrorKind, String);
 
 /// What opening a connection gave: an HTTP/2 connection (pooled), or the backend chose HTTP/1.1
 /// by ALPN (the caller pooled that connection as HTTP/1).
-pub type Dialed = Result<bool, DialError>;
+pub(super) type Dialed = Result<bool, DialError>;
 
 type Dial = Arc<OnceCell<Dialed>>;
 
 /// The HTTP/2 connections, per authority and TLS configuration.
 #[derive(Default)]
-pub struct Pool {
+pub(super) struct Pool {
     conns: Mutex<HashMap<Key, Vec<Arc<Conn>>>>,
     dialing: Mutex<HashMap<Key, Dial>>,
 }
@@ -97,7 +97,7 @@ pub struct Pool {
 impl Pool {
     /// A stream on a pooled connection with room, if there is one (the fullest such: streams
     /// gather on few connections, and the others go idle and close).
-    pub fn take(&self, key: &Key) -> Option<Slot> {
+    pub(super) fn take(&self, key: &Key) -> Option<Slot> {
         let mut conns = self.conns.lock();
         let list = conns.get_mut(key)?;
         list.retain(|c| !c.sender.is_closed());
@@ -118,7 +118,7 @@ impl Pool {
     }
 
     /// Whether an open connection to `key` allows streams at all (full or not).
-    pub fn usable(&self, key: &Key) -> bool {
+    pub(super) fn usable(&self, key: &Key) -> bool {
         self.conns.lock().get(key).is_some_and(|l| {
             l.iter()
                 .any(|c| !c.sender.is_closed() && c.limit.load(Relaxed) > 0)
@@ -126,7 +126,7 @@ impl Pool {
     }
 
     /// Takes a connection out of the pool (it gave a request back: it is closing).
-    pub fn retire(&self, slot: &Slot) {
+    pub(super) fn retire(&self, slot: &Slot) {
         if let Some(list) = self.conns.lock().get_mut(&slot.0.key) {
             list.retain(|c| !Arc::ptr_eq(c, &slot.0));
         }
@@ -134,7 +134,7 @@ impl Pool {
 
     /// Opens a connection with `open` — or waits for the one being opened for `key` — and
     /// pools it when it is HTTP/2.
-    pub async fn dial<F>(&self, key: &Key, open: F) -> Dialed
+    pub(super) async fn dial<F>(&self, key: &Key, open: F) -> Dialed
     where
         F: Future<Output = Result<Option<Conn>, DialError>>,
     {
@@ -170,7 +170,7 @@ impl Pool {
     /// The backend's stream limit as its connections last saw it (`MAX_STREAMS` before any):
     /// a new connection starts from it, not from the protocol's default, until the backend's
     /// SETTINGS arrive on it.
-    pub fn known_limit(&self, key: &Key) -> usize {
+    pub(super) fn known_limit(&self, key: &Key) -> usize {
         self.conns
             .lock()
             .get(key)
@@ -180,7 +180,7 @@ impl Pool {
     }
 
     /// Drops connections closed by the backend or idle for `idle_timeout`.
-    pub fn sweep(&self, idle_timeout: Duration) {
+    pub(super) fn sweep(&self, idle_timeout: Duration) {
         let mut conns = self.conns.lock();
         for list in conns.values_mut() {
             list.retain(|c| {
@@ -192,14 +192,14 @@ impl Pool {
     }
 
     /// Connections pooled now.
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.conns.lock().values().map(Vec::len).sum()
     }
 }
 
 /// The HTTP/2 handshake on `stream`, sending at most `streams` at once until the backend's
 /// SETTINGS say otherwise; the connection runs on a task of its own from here on.
-pub async fn handshake(stream: Stream, key: Key, streams: usize) -> Result<Conn, DialError> {
+pub(super) async fn handshake(stream: Stream, key: Key, streams: usize) -> Result<Conn, DialError> {
     let rx = stream.rx_cell();
     let (sender, conn) = http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())

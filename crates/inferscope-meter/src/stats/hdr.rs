@@ -15,7 +15,7 @@ use std::sync::Arc;
 /// The document's `format` value.
 pub const FORMAT: &str = "inferscope-hdr";
 /// The document's `version`.
-pub const VERSION: u64 = 1;
+pub(crate) const VERSION: u64 = 1;
 
 /// A document that is not an inferscope HdrHistogram export.
 #[derive(Debug, thiserror::Error)]

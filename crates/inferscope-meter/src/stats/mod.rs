@@ -8,7 +8,7 @@ mod tally;
 
 pub use prometheus::{
     native as native_histogram, render as render_prometheus, write as write_prometheus, Scalar,
-    DURATION_BOUNDS, LAG_BOUNDS, NATIVE_SCHEMA, OVERHEAD_BOUNDS, TPOT_BOUNDS, TTFT_BOUNDS,
+    DURATION_BOUNDS, LAG_BOUNDS, NATIVE_SCHEMA, TPOT_BOUNDS, TTFT_BOUNDS,
 };
 pub use tally::{Hist, Tally, METRICS};
 
@@ -20,13 +20,13 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 /// Length of the sliding window.
-pub const WINDOW_SECS: u64 = 60;
+pub(crate) const WINDOW_SECS: u64 = 60;
 const SLOT_SECS: u64 = 10;
 const SLOTS: usize = (WINDOW_SECS / SLOT_SECS) as usize;
 
 /// Label put in place of a model name once `max_groups` is reached (client-chosen model names
 /// must not grow memory without bound).
-pub const OTHER_MODEL: &str = "__other__";
+pub(crate) const OTHER_MODEL: &str = "__other__";
 
 /// The labels that identify a group.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -47,7 +47,7 @@ pub struct GroupKey {
 
 impl GroupKey {
     /// `stream` as a label value.
-    pub fn stream_label(&self) -> &'static str {
+    pub(crate) fn stream_label(&self) -> &'static str {
         if self.stream {
             "true"
         } else {
@@ -187,7 +187,7 @@ impl Stats {
 
 impl Snapshot {
     /// Seconds the window covers (shorter than 60 s right after start).
-    pub fn window_seconds(&self) -> f64 {
+    pub(crate) fn window_seconds(&self) -> f64 {
         self.uptime.min(WINDOW_SECS as f64)
     }
 

@@ -51,7 +51,7 @@ pub const DURATION_BOUNDS: &[f64] = &[
     0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
 ];
 /// Gateway overhead: sub-millisecond resolution matters here.
-pub const OVERHEAD_BOUNDS: &[f64] = &[
+pub(crate) const OVERHEAD_BOUNDS: &[f64] = &[
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
 ];
 

@@ -28,7 +28,7 @@ impl Hist {
 
     /// Records `n` samples of `us` microseconds.
     #[inline(always)]
-    pub fn record_us_n(&mut self, us: u64, n: u64) {
+    pub(crate) fn record_us_n(&mut self, us: u64, n: u64) {
         if self.h.is_none() {
             let digits = if self.coarse {
                 quantile::WINDOW_DIGITS
@@ -71,7 +71,7 @@ impl Hist {
     }
 
     /// Exact sum of samples, in microseconds.
-    pub fn sum_us(&self) -> u64 {
+    pub(crate) fn sum_us(&self) -> u64 {
         self.sum_us
     }
 
@@ -86,7 +86,7 @@ impl Hist {
     }
 
     /// Samples ≤ `le_seconds` (for cumulative Prometheus buckets).
-    pub fn count_le(&self, le_seconds: f64) -> u64 {
+    pub(crate) fn count_le(&self, le_seconds: f64) -> u64 {
         let Some(h) = &self.h else { return 0 };
         let le_us = (le_seconds * 1e6) as u64;
         if le_us >= h.max() {
@@ -97,7 +97,7 @@ impl Hist {
 
     /// `{p50 p90 p95 p99 p999 mean max count}` in milliseconds (null when empty); quantiles by
     /// the one rule (`stats::quantile`).
-    pub fn summary_ms(&self) -> Value {
+    pub(crate) fn summary_ms(&self) -> Value {
         let Some(h) = self.h.as_ref().filter(|h| !h.is_empty()) else {
             return Value::Null;
         };
@@ -160,7 +160,7 @@ pub struct Tally {
 
 impl Tally {
     /// A tally for one slot of the sliding window (histograms at 2 significant digits).
-    pub fn window_slot() -> Self {
+    pub(crate) fn window_slot() -> Self {
         let mut t = Self::default();
         for h in &mut t.hists {
             h.coarse = true;

@@ -63,7 +63,7 @@ pub fn hex<const N: usize>(v: u128) -> [u8; N] {
 }
 
 /// Hex digits as a string.
-pub fn hex_str(digits: &[u8]) -> Arc<str> {
+pub(crate) fn hex_str(digits: &[u8]) -> Arc<str> {
     // Hex digits are ASCII.
     Arc::from(std::str::from_utf8(digits).unwrap_or_default())
 }

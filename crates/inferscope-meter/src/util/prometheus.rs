@@ -5,10 +5,10 @@
 use std::fmt::{Display, Write};
 
 /// The protobuf exposition's content type.
-pub const PROTOBUF_TYPE: &str =
+pub(crate) const PROTOBUF_TYPE: &str =
     "application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited";
 /// The text exposition's content type.
-pub const TEXT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub(crate) const TEXT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Whether a scraper's `Accept` header asks for the protobuf format (Prometheus does with native
 /// histograms enabled).
@@ -107,7 +107,7 @@ pub struct Native {
 
 impl Native {
     /// From ascending `(index, count)` pairs of non-empty buckets.
-    pub fn from_buckets(
+    pub(crate) fn from_buckets(
         schema: i32,
         zero_threshold: f64,
         zero_count: u64,
@@ -143,33 +143,33 @@ impl Native {
 mod pb {
     #![allow(missing_docs)]
     #[derive(Clone, PartialEq, prost::Message)]
-    pub struct LabelPair {
+    pub(super) struct LabelPair {
         #[prost(string, tag = "1")]
         pub name: String,
         #[prost(string, tag = "2")]
         pub value: String,
     }
     #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Value {
+    pub(super) struct Value {
         #[prost(double, tag = "1")]
         pub value: f64,
     }
     #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Bucket {
+    pub(super) struct Bucket {
         #[prost(uint64, tag = "1")]
         pub cumulative_count: u64,
         #[prost(double, tag = "2")]
         pub upper_bound: f64,
     }
     #[derive(Clone, PartialEq, prost::Message)]
-    pub struct BucketSpan {
+    pub(super) struct BucketSpan {
         #[prost(sint32, tag = "1")]
         pub offset: i32,
         #[prost(uint32, tag = "2")]
         pub length: u32,
     }
     #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Histogram {
+    pub(super) struct Histogram {
         #[prost(uint64, tag = "1")]
         pub sample_count: u64,
         #[prost(double, tag = "2")]
@@ -188,7 +188,7 @@ mod pb {
         pub positive_delta: Vec<i64>,
     }
     #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Metric {
+    pub(super) struct Metric {
         #[prost(message, repeated, tag = "1")]
         pub label: Vec<LabelPair>,
         #[prost(message, optional, tag = "2")]
@@ -201,7 +201,7 @@ mod pb {
         pub histogram: Option<Histogram>,
     }
     #[derive(Clone, PartialEq, prost::Message)]
-    pub struct MetricFamily {
+    pub(super) struct MetricFamily {
         #[prost(string, tag = "1")]
         pub name: String,
         #[prost(string, tag = "2")]
@@ -240,7 +240,7 @@ impl Writer {
     }
 
     /// Whether this writes the protobuf format.
-    pub fn is_protobuf(&self) -> bool {
+    pub(crate) fn is_protobuf(&self) -> bool {
         self.proto.is_some()
     }
 
@@ -337,7 +337,7 @@ impl Writer {
     }
 
     /// One sample with one more label after `labels` (`outcome`, `le`), its value escaped too.
-    pub fn sample_with(
+    pub(crate) fn sample_with(
         &mut self,
         name: &str,
         labels: &Labels,
@@ -391,7 +391,7 @@ impl Writer {
     /// A histogram with its native buckets too: the protobuf format carries both (a Prometheus
     /// with native histograms enabled keeps the native one), the text format the classic one.
     #[allow(clippy::too_many_arguments)]
-    pub fn histogram_with(
+    pub(crate) fn histogram_with(
         &mut self,
         name: &str,
         labels: &Labels,

@@ -12,13 +12,13 @@ use hdrhistogram::Histogram;
 use std::sync::OnceLock;
 
 /// Largest recordable value: one hour in microseconds (larger values saturate).
-pub const MAX_US: u64 = 3_600_000_000;
+pub(crate) const MAX_US: u64 = 3_600_000_000;
 
 /// Significant digits of the cumulative histograms (and of exact-sample rounding).
-pub const DIGITS: u8 = 3;
+pub(crate) const DIGITS: u8 = 3;
 
 /// Significant digits of the sliding window's histograms (1% resolution).
-pub const WINDOW_DIGITS: u8 = 2;
+pub(crate) const WINDOW_DIGITS: u8 = 2;
 
 /// The 1-based rank of the `q`-quantile among `n > 0` samples: ⌈q·n⌉, clamped to `1..=n` —
 /// computed exactly as HdrHistogram computes it (same floating-point expression).
@@ -46,7 +46,7 @@ fn buckets() -> Option<&'static Histogram<u8>> {
 
 /// What a 3-digit HdrHistogram reports for a sample of `us` microseconds: the highest value of
 /// its bucket (values above `MAX_US` saturate, as they do when recorded).
-pub fn round_us(us: u64) -> u64 {
+pub(crate) fn round_us(us: u64) -> u64 {
     let us = us.min(MAX_US);
     buckets().map_or(us, |h| h.highest_equivalent(us))
 }

@@ -95,7 +95,7 @@ fn reason(t: &Tag<'_>) -> Option<FinishReason> {
 }
 
 /// Classifies one event's data, or a whole message body.
-pub fn classify(data: &[u8]) -> Observation<'_> {
+pub(super) fn classify(data: &[u8]) -> Observation<'_> {
     let Some(v) = read::<EventView<'_>>(data) else {
         return Observation::malformed();
     };
@@ -135,7 +135,7 @@ pub fn classify(data: &[u8]) -> Observation<'_> {
 }
 
 /// Appends the text a delta (or a whole message's text blocks) carries.
-pub fn append_content(data: &[u8], out: &mut String, cap: usize) {
+pub(super) fn append_content(data: &[u8], out: &mut String, cap: usize) {
     #[derive(Deserialize)]
     struct Body<'a> {
         #[serde(default, borrow)]

@@ -32,7 +32,7 @@ struct EventView<'a> {
 }
 
 /// Classifies one streamed event, or a whole body.
-pub fn classify(data: &[u8]) -> Observation<'_> {
+pub(super) fn classify(data: &[u8]) -> Observation<'_> {
     let Some(v) = read::<EventView<'_>>(data) else {
         return Observation::malformed();
     };
@@ -62,7 +62,7 @@ pub fn classify(data: &[u8]) -> Observation<'_> {
 }
 
 /// Appends an event's (or a body's) `content`.
-pub fn append_content(data: &[u8], out: &mut String, cap: usize) {
+pub(super) fn append_content(data: &[u8], out: &mut String, cap: usize) {
     #[derive(Deserialize)]
     struct Body<'a> {
         #[serde(default, borrow)]

@@ -47,7 +47,7 @@ struct MessageView {
 }
 
 /// Classifies one NDJSON line, or a whole non-streaming body.
-pub fn classify(data: &[u8]) -> Observation<'_> {
+pub(super) fn classify(data: &[u8]) -> Observation<'_> {
     let Some(v) = read::<LineView<'_>>(data) else {
         return Observation::malformed();
     };
@@ -81,7 +81,7 @@ pub fn classify(data: &[u8]) -> Observation<'_> {
 }
 
 /// Appends the text a line carries (`message.content` or `response`).
-pub fn append_content(data: &[u8], out: &mut String, cap: usize) {
+pub(super) fn append_content(data: &[u8], out: &mut String, cap: usize) {
     #[derive(Deserialize)]
     struct Body<'a> {
         #[serde(default, borrow)]

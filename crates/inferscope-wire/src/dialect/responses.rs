@@ -124,7 +124,7 @@ impl<'a> ResponseView<'a> {
 }
 
 /// Classifies one event's data, or a whole response body.
-pub fn classify(data: &[u8]) -> Observation<'_> {
+pub(super) fn classify(data: &[u8]) -> Observation<'_> {
     let Some(v) = read::<EventView<'_>>(data) else {
         return Observation::malformed();
     };
@@ -158,7 +158,7 @@ pub fn classify(data: &[u8]) -> Observation<'_> {
 }
 
 /// Appends the text a text delta (or a whole response's output text) carries.
-pub fn append_content(data: &[u8], out: &mut String, cap: usize) {
+pub(super) fn append_content(data: &[u8], out: &mut String, cap: usize) {
     #[derive(Deserialize)]
     struct Body<'a> {
         #[serde(default, borrow, rename = "type")]

@@ -32,7 +32,7 @@ struct DetailsView<'a> {
 }
 
 /// Classifies one `generate_stream` event, or a whole `generate` body.
-pub fn classify(data: &[u8]) -> Observation<'_> {
+pub(super) fn classify(data: &[u8]) -> Observation<'_> {
     let Some(v) = read::<EventView<'_>>(data) else {
         return Observation::malformed();
     };
@@ -63,7 +63,7 @@ pub fn classify(data: &[u8]) -> Observation<'_> {
 }
 
 /// Appends the text a token event (or a whole body) carries; special tokens are not text.
-pub fn append_content(data: &[u8], out: &mut String, cap: usize) {
+pub(super) fn append_content(data: &[u8], out: &mut String, cap: usize) {
     #[derive(Deserialize)]
     struct Body<'a> {
         #[serde(default, borrow)]
