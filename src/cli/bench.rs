@@ -1,0 +1,310 @@
+//! `inferscope bench`: the load generator, measured client-side by the gateway's definitions.
+
+use super::{fetch_json, parse_headers};
+use crate::config;
+use anyhow::Context as _;
+use std::path::PathBuf;
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// Gateway (or backend) URL.
+    #[arg(long)]
+    url: String,
+    /// Model name.
+    #[arg(long, default_value = "demo")]
+    model: String,
+    /// Prompts: ShareGPT JSON or JSONL (`{"prompt": ...}` or strings); default synthetic.
+    #[arg(long)]
+    dataset: Option<PathBuf>,
+    /// Words per synthetic prompt.
+    #[arg(long, default_value_t = 64)]
+    input_words: usize,
+    /// Requests per second, open loop (Poisson arrivals unless --constant).
+    #[arg(long, conflicts_with = "concurrency")]
+    rate: Option<f64>,
+    /// Run once per rate (open loop) and print one row per rate, e.g. --sweep 1,2,4,8.
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["rate", "concurrency"])]
+    sweep: Vec<f64>,
+    /// Evenly spaced arrivals instead of Poisson.
+    #[arg(long)]
+    constant: bool,
+    /// Requests in flight, closed loop (default 1 when no --rate).
+    #[arg(long)]
+    concurrency: Option<usize>,
+    /// Requests to send.
+    #[arg(long, default_value_t = 100)]
+    requests: usize,
+    /// Stop after this long (e.g. 60s), whichever comes first.
+    #[arg(long)]
+    duration: Option<String>,
+    /// Non-streaming requests.
+    #[arg(long)]
+    no_stream: bool,
+    /// max_tokens of each request.
+    #[arg(long, default_value_t = 128)]
+    max_tokens: u32,
+    /// SLOs for goodput, e.g. ttft=200ms,tpot=30ms.
+    #[arg(long)]
+    slo: Option<String>,
+    /// Extra header NAME:VALUE (repeatable), e.g. x-inferscope-variant:int8.
+    #[arg(long = "header")]
+    headers: Vec<String>,
+    /// What the requests are to the gateway: `bench` (its own groups in /stats, out of live
+    /// rates and experiment comparisons, where the route has `purpose_header: true`) or
+    /// `live` (standing in for users' traffic).
+    #[arg(long, default_value = "bench", value_parser = ["bench", "live"])]
+    purpose: String,
+    /// Write the report as JSON here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Gateway admin URL: print its /stats next to the client's figures.
+    #[arg(long)]
+    compare_gateway: Option<String>,
+    /// Seed of arrivals and synthetic prompts.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// HTTP/2 with prior knowledge (h2c) over this many connections instead of HTTP/1.1 (one
+    /// connection per request in flight): holds many thousands of streams on a few sockets.
+    #[arg(long)]
+    http2_connections: Option<usize>,
+    /// Send this many requests at once first, left out of the report (opens the connections
+    /// the run will use).
+    #[arg(long, default_value_t = 0)]
+    warmup: usize,
+    /// For an https:// URL: a PEM CA bundle trusted besides the bundled Mozilla roots.
+    #[arg(long)]
+    ca_file: Option<PathBuf>,
+    /// Roofline: the served model's parameters, in billions (with --gpu, or --hbm-gb-s and
+    /// --tflops): decode bandwidth, MBU and prefill MFU next to the latencies.
+    #[arg(long)]
+    params_b: Option<f64>,
+    /// Roofline: bytes per parameter as served (2: FP16/BF16, 1: INT8/FP8, 0.5: INT4).
+    #[arg(long, default_value_t = 2.0)]
+    bytes_per_param: f64,
+    /// Roofline: KV-cache bytes per token (absent: KV traffic left out, a lower bound).
+    #[arg(long)]
+    kv_bytes_per_token: Option<f64>,
+    /// Roofline: GPU preset (a100, h100, h200, l4, l40s).
+    #[arg(long)]
+    gpu: Option<String>,
+    /// Roofline: HBM bandwidth of one GPU, GB/s (overrides the preset's).
+    #[arg(long)]
+    hbm_gb_s: Option<f64>,
+    /// Roofline: dense FP16/BF16 TFLOP/s of one GPU (overrides the preset's).
+    #[arg(long)]
+    tflops: Option<f64>,
+    /// Roofline: GPUs serving the model.
+    #[arg(long, default_value_t = 1)]
+    gpus: u32,
+}
+
+pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
+    let Args {
+        url,
+        model,
+        dataset,
+        input_words,
+        rate,
+        sweep,
+        constant,
+        concurrency,
+        requests,
+        duration,
+        no_stream,
+        max_tokens,
+        slo,
+        headers,
+        purpose,
+        out,
+        compare_gateway,
+        seed,
+        http2_connections,
+        warmup,
+        ca_file,
+        params_b,
+        bytes_per_param,
+        kv_bytes_per_token,
+        gpu,
+        hbm_gb_s,
+        tflops,
+        gpus,
+    } = args;
+    use crate::loadgen::{self, Arrivals, BenchOptions};
+    let roof = match params_b {
+        None => None,
+        Some(params_b) => {
+            let model = crate::config::ModelSpec {
+                params_b,
+                bytes_per_param,
+                kv_bytes_per_token,
+            };
+            let spec = crate::config::GpuSpec {
+                preset: gpu,
+                hbm_gb_s,
+                tflops,
+                count: gpus,
+            };
+            let peak = crate::stats::roofline::Peak::of(&spec).context(
+                "--params-b needs --gpu (a100, h100, h200, l4, l40s) or both --hbm-gb-s and --tflops",
+            )?;
+            Some((model, peak))
+        }
+    };
+    let alpn: &[&[u8]] = if http2_connections.is_some() {
+        &[b"h2"]
+    } else {
+        &[b"http/1.1"]
+    };
+    let connector = crate::tls::Connector::for_url(&url, ca_file, alpn).context("--ca-file")?;
+    let prompts = match &dataset {
+        Some(p) => loadgen::load_prompts(
+            &crate::util::fs::read_to_string(p, crate::util::fs::DATA_CAP)
+                .with_context(|| format!("reading {}", p.display()))?,
+        )
+        .with_context(|| p.display().to_string())?,
+        None => loadgen::synthetic_prompts(requests.min(1000), input_words, seed),
+    };
+    let arrivals = match (rate, concurrency) {
+        (Some(r), _) if r > 0.0 => {
+            if constant {
+                Arrivals::Constant(r)
+            } else {
+                Arrivals::Poisson(r)
+            }
+        }
+        (Some(r), _) => anyhow::bail!("--rate {r}: must be above 0"),
+        (None, c) => Arrivals::Concurrency(c.unwrap_or(1)),
+    };
+    let mut headers = parse_headers(&headers)?;
+    if purpose != "live" {
+        headers.push((crate::meter::PURPOSE_HEADER.into(), purpose.clone()));
+    }
+    let opts = BenchOptions {
+        url,
+        model,
+        prompts,
+        arrivals,
+        requests,
+        duration: duration
+            .map(|d| config::parse_duration(&d))
+            .transpose()
+            .context("--duration")?,
+        stream: !no_stream,
+        max_tokens,
+        slo: slo
+            .map(|s| loadgen::parse_slo(&s))
+            .transpose()
+            .context("--slo")?
+            .unwrap_or_default(),
+        headers,
+        seed,
+        progress: true,
+        http2_connections,
+        warmup,
+        connector,
+    };
+    if !sweep.is_empty() {
+        let mut rows = Vec::new();
+        for r in &sweep {
+            let mut o = opts.clone();
+            o.arrivals = if constant {
+                Arrivals::Constant(*r)
+            } else {
+                Arrivals::Poisson(*r)
+            };
+            let (samples, wall) = loadgen::run(&o).await;
+            let mut report = loadgen::summarize(&samples, wall, &o.slo);
+            if let serde_json::Value::Object(m) = &mut report {
+                m.insert("rate".into(), (*r).into());
+            }
+            rows.push(report);
+        }
+        print!("{}", loadgen::render_sweep(&rows));
+        if let Some(path) = out {
+            std::fs::write(&path, serde_json::to_string_pretty(&rows)?)
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        return Ok(());
+    }
+    let (samples, wall) = loadgen::run(&opts).await;
+    let mut report = loadgen::summarize(&samples, wall, &opts.slo);
+    let taken = samples.iter().any(|s| s.purpose_taken);
+    if purpose != "live" && !taken && !samples.is_empty() {
+        eprintln!("note: the gateway did not take x-inferscope-purpose: {purpose} (the route has no `purpose_header: true`), so these requests count as live traffic in its statistics and experiments");
+    }
+    let gateway = match &compare_gateway {
+        // Compared with the gateway's figures for the same population.
+        Some(admin) => Some(population(
+            fetch_stats(admin).await?,
+            taken.then_some(purpose.as_str()),
+        )),
+        None => None,
+    };
+    print!("{}", loadgen::render(&report, gateway.as_ref()));
+    if let Some((model, peak)) = &roof {
+        let v = crate::stats::roofline::assess(model, *peak, bench_measured(&report));
+        for part in ["decode", "prefill"] {
+            if let Some(w) = v[part]["words"].as_str() {
+                println!("roofline: {w}");
+            }
+        }
+        if let serde_json::Value::Object(m) = &mut report {
+            m.insert("roofline".into(), v);
+        }
+    }
+    if let Some(path) = out {
+        let mut doc = report.clone();
+        if let (Some(g), serde_json::Value::Object(m)) = (&gateway, &mut doc) {
+            m.insert("gateway".into(), g["rollups"]["all"].clone());
+        }
+        std::fs::write(&path, serde_json::to_string_pretty(&doc)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// What a bench run says for the roofline: its median TPOT and TTFT, mean tokens, and as the
+/// batch the mean number of its requests in flight (Little's law: throughput × mean E2E; the
+/// engine's batch when this run is its only load).
+fn bench_measured(r: &serde_json::Value) -> crate::stats::roofline::Measured {
+    let ms = |k: &str, q: &str| r[k][q].as_f64().map(|v| v / 1e3);
+    let ok = r["successful"].as_f64().filter(|n| *n > 0.0);
+    let secs = r["duration_s"].as_f64();
+    let per_request = |k: &str| Some(r[k].as_f64()? * secs? / ok?);
+    let output = per_request("output_token_throughput");
+    let input = per_request("total_token_throughput")
+        .zip(output)
+        .map(|(t, o)| t - o);
+    let in_flight = r["request_throughput"]
+        .as_f64()
+        .zip(ms("e2e_ms", "mean"))
+        .map(|(x, e2e)| x * e2e);
+    crate::stats::roofline::Measured {
+        tpot_s: ms("tpot_ms", "median"),
+        ttft_s: ms("ttft_ms", "median"),
+        prompt_tokens: input.filter(|n| *n > 0.0),
+        output_tokens: output,
+        batch: in_flight.filter(|b| *b > 0.0),
+        engine_prefill_s: None,
+    }
+}
+
+/// `GET {admin}/stats`.
+/// A `/stats` document whose overall rollup is `purpose`'s (the rollups are of live traffic;
+/// requests a benchmark declared are counted under their purpose).
+fn population(mut stats: serde_json::Value, purpose: Option<&str>) -> serde_json::Value {
+    let Some(p) = purpose else {
+        return stats;
+    };
+    let own = stats["rollups"]["purpose"]
+        .as_array()
+        .and_then(|l| l.iter().find(|g| g["purpose"] == p))
+        .cloned()
+        .unwrap_or(serde_json::Value::Null);
+    stats["rollups"]["all"] = own;
+    stats
+}
+
+async fn fetch_stats(admin: &str) -> anyhow::Result<serde_json::Value> {
+    fetch_json(admin, "/stats", None, None).await
+}

@@ -1,0 +1,282 @@
+//! `inferscope report`: per-group latency from access logs or HdrHistogram exports, each group
+//! compared with a control; the verdict with --quality and --accept.
+
+use super::fetch_json;
+use crate::config;
+use anyhow::Context as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// Access logs (JSON lines); several are read as one (a fleet's replicas).
+    #[arg(required_unless_present = "merge")]
+    files: Vec<PathBuf>,
+    /// Merge replicas exactly: admin URLs (read at /stats?format=hdr), saved
+    /// /stats?format=hdr documents, or access logs (every sample: the fleet's verdict).
+    #[arg(long, num_args = 1.., value_name = "URL|FILE")]
+    merge: Vec<String>,
+    /// For admin URLs: a bearer token, from this environment variable.
+    #[arg(long, value_name = "VAR")]
+    token_env: Option<String>,
+    /// For https:// admin URLs: a PEM CA bundle trusted besides the bundled Mozilla roots.
+    #[arg(long)]
+    ca_file: Option<PathBuf>,
+    /// Group by `variant`, `backend`, `model`, `route`, `purpose` or `stream`.
+    #[arg(long, default_value = "variant")]
+    by: String,
+    /// Which traffic to read: `live` (with shadow copies, as their own `VARIANT:shadow`
+    /// group: the default), `eval`, `bench`, `shadow`, or `all`. Grouped by variant, a
+    /// variant a client forced is left out unless `all`.
+    #[arg(long, value_name = "PURPOSE")]
+    purpose: Option<String>,
+    /// The group the others are compared with (e.g. the control variant).
+    #[arg(long)]
+    control: Option<String>,
+    /// No verdict until both groups have this many samples of a metric (the fixed horizon:
+    /// the experiment's `min_samples`, which a log does not carry).
+    #[arg(long, default_value_t = 200)]
+    min_samples: usize,
+    /// Print JSON (per group: labels, counts, p50/p90/p99 of every metric; comparisons).
+    #[arg(long)]
+    json: bool,
+    /// The gateway's config: with access logs, each backend it gives `model:` and `gpu:` is
+    /// placed on its roofline from its logged requests, and each group whose backends have a
+    /// `price:` gets its cost per million output tokens.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Eval results to join to the comparison (`inferscope eval --json > FILE`; repeatable):
+    /// one verdict row per variant, latency and quality side by side (needs --control).
+    #[arg(long, value_name = "FILE")]
+    quality: Vec<PathBuf>,
+    /// Limits of the verdict, as an experiment's `accept:`, e.g.
+    /// `tpot_change_max=0,accuracy_drop_max_points=1,ppl_rise_max=0.5`.
+    #[arg(long, value_name = "KEY=VALUE,...")]
+    accept: Option<String>,
+}
+
+pub(crate) fn exec(args: &Args) -> ExitCode {
+    let Args {
+        files,
+        merge,
+        token_env,
+        ca_file,
+        by,
+        purpose,
+        control,
+        min_samples,
+        json,
+        config: roof_config,
+        quality,
+        accept,
+    } = args;
+    let mut sources: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+    sources.extend(merge.iter().cloned());
+    let token = token_env.as_ref().and_then(|v| std::env::var(v).ok());
+    let joined = read_quality(quality).and_then(|q| Ok((q, parse_accept(accept.as_deref())?)));
+    let backends = match roof_config.as_deref().map(config::load).transpose() {
+        Ok(c) => c.map(|c| c.backends.clone()).unwrap_or_default(),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let (quality, accept) = match joined {
+        Ok(j) => j,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let opts = crate::experiment::ReportOptions {
+        files: Vec::new(),
+        by: by.clone(),
+        purpose: purpose.clone(),
+        control: control.clone(),
+        min_samples: *min_samples,
+        json: *json,
+        quality,
+        accept,
+        backends,
+    };
+    let made =
+        read_report_sources(&sources, token.as_deref(), ca_file.clone()).and_then(|read| {
+            match read {
+                ReportSources::Logs(files) => {
+                    let opts = crate::experiment::ReportOptions {
+                        files: files.clone(),
+                        ..opts
+                    };
+                    let text = crate::experiment::report(&opts).map_err(anyhow::Error::from)?;
+                    match roof_config {
+                        Some(c) => with_rooflines(text, &files, c, *json),
+                        None => Ok(text),
+                    }
+                }
+                ReportSources::Hdr(_) if opts.quality.len() + usize::from(opts.accept.is_some()) > 0 => {
+                    anyhow::bail!("--quality and --accept are read with access logs, not with /stats?format=hdr sources (their comparisons have no intervals to judge)")
+                }
+                ReportSources::Hdr(docs) => {
+                    crate::stats::hdr::report(&docs, by, control.as_deref(), *json)
+                        .map_err(anyhow::Error::from)
+                }
+            }
+        });
+    match made {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// A report with each configured backend's roofline (`model:` and `gpu:` in `config`) from the
+/// logs' lines: appended as text, or as `roofline` in the JSON document.
+fn with_rooflines(
+    report: String,
+    files: &[PathBuf],
+    config: &std::path::Path,
+    json: bool,
+) -> anyhow::Result<String> {
+    use crate::stats::roofline;
+    let cfg = config::load(config)?;
+    let mut lines = Vec::new();
+    for f in files {
+        let text = crate::util::fs::read_to_string(f, crate::util::fs::DATA_CAP)
+            .with_context(|| format!("reading {}", f.display()))?;
+        lines.extend(
+            text.lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()),
+        );
+    }
+    let mut found = serde_json::Map::new();
+    let mut out = String::new();
+    for b in &cfg.backends {
+        let (Some(model), Some(peak)) = (b.model, b.gpu.as_ref().and_then(roofline::Peak::of))
+        else {
+            continue;
+        };
+        let (m, n) = roofline::measured_from_log(&lines, &b.name);
+        if n == 0 {
+            continue;
+        }
+        let v = roofline::assess(&model, peak, m);
+        out.push_str(&format!(
+            "
+roofline of {} ({n} requests):
+",
+            b.name
+        ));
+        for part in ["decode", "prefill"] {
+            if let Some(w) = v[part]["words"].as_str() {
+                out.push_str(&format!(
+                    "  {w}
+"
+                ));
+            }
+        }
+        found.insert(b.name.clone(), v);
+    }
+    if !json {
+        return Ok(report + &out);
+    }
+    let mut doc: serde_json::Value = serde_json::from_str(&report)?;
+    if let serde_json::Value::Object(m) = &mut doc {
+        m.insert("roofline".into(), found.into());
+    }
+    Ok(serde_json::to_string_pretty(&doc)? + "\n")
+}
+
+/// The eval results given to `report --quality`, each checked as the admin API checks a post.
+fn read_quality(
+    files: &[PathBuf],
+) -> anyhow::Result<Vec<crate::experiment::quality::QualityResult>> {
+    files
+        .iter()
+        .map(|f| {
+            let bytes = crate::util::fs::read(f, crate::util::fs::DATA_CAP)
+                .with_context(|| format!("--quality {}", f.display()))?;
+            crate::experiment::quality::QualityResult::parse(&bytes)
+                .with_context(|| format!("--quality {}", f.display()))
+        })
+        .collect()
+}
+
+/// `report --accept KEY=VALUE,...`, the keys of an experiment's `accept:`.
+fn parse_accept(s: Option<&str>) -> anyhow::Result<Option<crate::config::AcceptConfig>> {
+    let Some(s) = s else { return Ok(None) };
+    let mut a = crate::config::AcceptConfig::default();
+    for pair in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (k, v) = pair
+            .split_once('=')
+            .with_context(|| format!("--accept {pair}: write KEY=VALUE"))?;
+        let v: f64 = v
+            .trim()
+            .parse()
+            .ok()
+            .filter(|v: &f64| v.is_finite())
+            .with_context(|| format!("--accept {pair}: not a number"))?;
+        let slot = match k.trim() {
+            "ttft_change_max" => &mut a.ttft_change_max,
+            "tpot_change_max" => &mut a.tpot_change_max,
+            "e2e_change_max" => &mut a.e2e_change_max,
+            "accuracy_drop_max_points" => &mut a.accuracy_drop_max_points,
+            "ppl_rise_max" => &mut a.ppl_rise_max,
+            other => anyhow::bail!("--accept {other}: use ttft_change_max, tpot_change_max, e2e_change_max, accuracy_drop_max_points or ppl_rise_max"),
+        };
+        *slot = Some(v);
+    }
+    anyhow::ensure!(a.limits().next().is_some(), "--accept: no limit given");
+    Ok(Some(a))
+}
+
+/// What `report` was given: access logs, or HdrHistogram exports.
+enum ReportSources {
+    Logs(Vec<PathBuf>),
+    Hdr(Vec<serde_json::Value>),
+}
+
+/// Reads every source: an admin URL is fetched at `/stats?format=hdr`; a file holding one JSON
+/// document of that format is an export; any other file is an access log. Mixing the two is an
+/// error (a log's samples and a histogram's buckets do not add up to one population).
+fn read_report_sources(
+    sources: &[String],
+    token: Option<&str>,
+    ca_file: Option<PathBuf>,
+) -> anyhow::Result<ReportSources> {
+    let mut logs = Vec::new();
+    let mut docs = Vec::new();
+    let urls: Vec<&String> = sources
+        .iter()
+        .filter(|s| s.starts_with("http://") || s.starts_with("https://"))
+        .collect();
+    if !urls.is_empty() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        for u in &urls {
+            let doc = rt.block_on(fetch_json(u, "/stats?format=hdr", token, ca_file.clone()))?;
+            docs.push(doc);
+        }
+    }
+    for s in sources.iter().filter(|s| !urls.contains(s)) {
+        let path = PathBuf::from(s);
+        let text = crate::util::fs::read_to_string(&path, crate::util::fs::DATA_CAP)
+            .with_context(|| s.clone())?;
+        match serde_json::from_str::<serde_json::Value>(&text) {
+            Ok(v) if v["format"] == crate::stats::hdr::FORMAT => docs.push(v),
+            _ => logs.push(path),
+        }
+    }
+    match (logs.is_empty(), docs.is_empty()) {
+        (false, false) => anyhow::bail!(
+            "give access logs or /stats?format=hdr exports (admin URLs), not both: a log's samples and a histogram's buckets are not one population"
+        ),
+        (true, _) => Ok(ReportSources::Hdr(docs)),
+        (false, true) => Ok(ReportSources::Logs(logs)),
+    }
+}
