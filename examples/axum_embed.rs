@@ -1,6 +1,6 @@
 //! inferscope's measurements inside your own service: an axum app that serves an
 //! OpenAI-style `/v1/chat/completions` stream gets TTFT, TPOT, ITL, E2E and outcomes per request,
-//! and a Prometheus `/metrics`, by adding one layer.
+//! and a Prometheus `/metrics`, by adding one layer — from the `inferscope-meter` crate alone.
 //!
 //! ```sh
 //! cargo run --example axum_embed            # prints: listening on 127.0.0.1:PORT
@@ -13,8 +13,8 @@ use axum::extract::Extension;
 use axum::routing::{get, post};
 use axum::Router;
 use bytes::Bytes;
-use inferscope::meter::{Annotations, MeterLayer};
-use inferscope::stats::Stats;
+use inferscope_meter::stats::Stats;
+use inferscope_meter::{Annotations, MeterLayer};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -31,7 +31,7 @@ pub fn app(stats: Arc<Stats>) -> Router {
         let stats = Arc::clone(&stats);
         move || {
             let stats = Arc::clone(&stats);
-            async move { inferscope::stats::render_prometheus(&stats.snapshot(), &[]) }
+            async move { inferscope_meter::stats::render_prometheus(&stats.snapshot(), &[]) }
         }
     };
     Router::new()

@@ -7,14 +7,15 @@
 //!
 //! | module | owns |
 //! |---|---|
-//! | [`util`] | stable hash, seeded RNG, ids, time formatting, the percentile rule, the Prometheus writer |
 //! | [`sse`] | incremental zero-copy SSE and NDJSON scanners (the `inferscope-wire` crate) |
 //! | [`dialect`] | what one event of a wire format means (output, tokens, usage, finish, error, the end), in six dialects (the `inferscope-wire` crate) |
+//! | [`meter`] | `MeterLayer` (measure any tower HTTP service), `RecordSink`, `Annotations`, `MeteredBody`, `RequestRecord` (the `inferscope-meter` crate) |
+//! | [`clock`] | kernel receive stamps, the heartbeat (the `inferscope-meter` crate) |
+//! | [`util`] | time formatting, error chains, labels, bounded reads, fair shares; the meter crate's percentile rule, ids, hash, RNG and Prometheus writer |
 //! | [`server`] | accept loop: HTTP/1.1 + h2c, graceful drain |
 //! | [`sim`] | simulated backend speaking every dialect, with a timing model and ground truth |
 //! | [`config`] | YAML schema, `load()` → `validate()` → `Arc<Config>`, located errors, embedded default |
-//! | [`meter`] | `MeterLayer` (measure any tower HTTP service), `RecordSink`, `Annotations`, `MeteredBody`, `RequestRecord` |
-//! | [`stats`] | HdrHistograms per group, sliding window, `/stats` JSON, Prometheus series |
+//! | [`stats`] | HdrHistograms per group, sliding window, `/stats` JSON, Prometheus series (the `inferscope-meter` crate), the roofline |
 //! | [`accesslog`] | JSONL writer task behind a bounded queue |
 //! | [`experiment`] | per-variant samples, comparisons, guardrails, shadow agreement, feedback, eval, reports |
 //! | [`loadgen`] | `inferscope bench`: load generation measured by the same definitions |

@@ -25,7 +25,17 @@ async fn an_axum_app_gets_measurements_and_metrics_from_one_layer() {
     let body = String::from_utf8(r.body()).unwrap();
     assert!(body.ends_with("data: [DONE]\n\n"), "{body}");
     // The record is written when the body ends, just before the client has it all.
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    until(Duration::from_secs(5), "the request's record", || {
+        let stats = Arc::clone(&stats);
+        async move {
+            stats
+                .snapshot()
+                .groups
+                .iter()
+                .any(|(_, t, _)| t.requests == 1)
+        }
+    })
+    .await;
 
     let snap = stats.snapshot();
     let (key, t, _) = snap

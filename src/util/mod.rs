@@ -1,7 +1,8 @@
-//! Small shared pieces with no home of their own: stable hashing, a seeded RNG, request and span
-//! ids, time formatting, a JSON object writer, bounded file reads, fair shares of a pool, error chains and sparse error logging, bounded label strings, the one
-//! Prometheus text writer and a reader of backends' expositions. Nothing here depends on another
-//! module of the crate.
+//! Small shared pieces with no home of their own: time formatting, a JSON object writer, bounded
+//! file reads, fair shares of a pool, error chains and sparse error logging, bounded label
+//! strings and a reader of backends' expositions; and, from the meter crate, stable hashing, a
+//! seeded RNG, request and span ids, the percentile rule and the one Prometheus text writer.
+//! Nothing here depends on another module of the crate.
 
 // The percentile rule, the stable hash, the RNG, ids and the Prometheus writer live in the
 // meter crate (crates/inferscope-meter), under their names here.
