@@ -100,6 +100,13 @@ impl WriteClock {
         }
     }
 
+    /// The connection is gone: runs the work still waiting for a write attempt (there will be
+    /// none). The server calls it when the connection ends.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.run_due(true);
+    }
+
     /// Runs the waiting work whose attempt happened (all of it with `closed`).
     fn run_due(&self, closed: bool) {
         let seq = self.seq.load(Ordering::Acquire);
@@ -137,13 +144,4 @@ pub struct Refused {
     pub kind: &'static str,
     /// When the connection was accepted.
     pub accepted: Instant,
-}
-
-impl WriteClock {
-    /// The connection is gone: runs the work still waiting for a write attempt (there will be
-    /// none). The server calls it when the connection ends.
-    pub fn close(&self) {
-        self.closed.store(true, Ordering::Release);
-        self.run_due(true);
-    }
 }

@@ -535,22 +535,6 @@ pub struct Slo {
     pub e2e: Option<Duration>,
 }
 
-impl Slo {
-    /// `ttft<=200ms,tpot<=30ms`: the objectives set.
-    pub fn describe(&self) -> String {
-        [
-            ("ttft", self.ttft),
-            ("tpot", self.tpot),
-            ("itl", self.itl),
-            ("e2e", self.e2e),
-        ]
-        .iter()
-        .filter_map(|(k, d)| d.map(|d| format!("{k}<={}", humantime::format_duration(d))))
-        .collect::<Vec<_>>()
-        .join(",")
-    }
-}
-
 /// A backend engine's load when a request was sent to it, from the latest scrape of its metrics
 /// (`metrics:`) no older than its staleness bound.
 #[derive(Debug, Clone, Copy, PartialEq)]
