@@ -289,7 +289,6 @@ fn bench_measured(r: &serde_json::Value) -> crate::stats::roofline::Measured {
     }
 }
 
-/// `GET {admin}/stats`.
 /// A `/stats` document whose overall rollup is `purpose`'s (the rollups are of live traffic;
 /// requests a benchmark declared are counted under their purpose).
 fn population(mut stats: serde_json::Value, purpose: Option<&str>) -> serde_json::Value {
@@ -305,6 +304,7 @@ fn population(mut stats: serde_json::Value, purpose: Option<&str>) -> serde_json
     stats
 }
 
+/// `GET {admin}/stats`.
 async fn fetch_stats(admin: &str) -> anyhow::Result<serde_json::Value> {
     fetch_json(admin, "/stats", None, None).await
 }
