@@ -23,6 +23,57 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
+/// An access-log line as its readers (`inferscope report`, the roofline) take it back: the
+/// fields they use, each optional (a line written before a field existed lacks it; fields a
+/// reader does not use are ignored).
+#[derive(Debug, Clone, Default, PartialEq, serde::Deserialize)]
+#[non_exhaustive]
+pub struct LogLine {
+    /// Arrival, RFC 3339.
+    pub ts: Option<String>,
+    /// The route.
+    pub route: Option<String>,
+    /// The model requested.
+    pub model: Option<String>,
+    /// The backend that answered.
+    pub backend: Option<String>,
+    /// The experiment variant.
+    pub variant: Option<String>,
+    /// The client forced the variant.
+    #[serde(default)]
+    pub variant_forced: bool,
+    /// `live`, `shadow`, `eval` or `bench` (absent in logs older than it).
+    pub purpose: Option<String>,
+    /// A shadow copy (logs older than `purpose`).
+    #[serde(default)]
+    pub shadow: bool,
+    /// Streamed.
+    pub stream: Option<bool>,
+    /// How the request ended.
+    pub outcome: Option<String>,
+    /// Met the route's objectives (absent: not judged).
+    pub slo_met: Option<bool>,
+    /// End to end, milliseconds.
+    pub e2e_ms: Option<f64>,
+    /// Time to first token, milliseconds.
+    pub ttft_ms: Option<f64>,
+    /// Time to first chunk, milliseconds.
+    pub ttfc_ms: Option<f64>,
+    /// Time per output token, milliseconds.
+    pub tpot_ms: Option<f64>,
+    /// Prompt tokens.
+    pub input_tokens: Option<u64>,
+    /// Output tokens.
+    pub output_tokens: Option<u64>,
+    /// Every inter-token gap, microseconds (absent in logs older than it).
+    #[serde(default)]
+    pub itl_us: Vec<u64>,
+    /// Requests the engine was running when this one was sent (engine load, where scraped).
+    pub backend_running: Option<f64>,
+    /// The engine's prefill time, milliseconds (engine spans, where read).
+    pub engine_prefill_ms: Option<f64>,
+}
+
 /// Longest a written line waits in the buffer before it reaches the file.
 pub const FLUSH_EVERY: Duration = Duration::from_millis(100);
 

@@ -269,8 +269,8 @@ async fn handle_page(
             let rec = Arc::clone(&state.recorder);
             let doc = tokio::task::spawn_blocking(move || experiments_json(&router, &rec))
                 .await
-                .unwrap_or(serde_json::Value::Null);
-            reply(StatusCode::OK, "application/json", doc.to_string())
+                .unwrap_or_else(|_| "null".to_string());
+            reply(StatusCode::OK, "application/json", doc)
         }
         "/readyz" => {
             let draining = !state.accepting.load(Ordering::Relaxed);
@@ -928,80 +928,45 @@ fn key_metrics(limiter: &crate::access::Limiter, w: &mut Writer) {
 }
 
 /// Every experiment: per-variant summaries and comparisons with the control.
-fn experiments_json(router: &Router, rec: &Recorder) -> serde_json::Value {
-    let list: Vec<serde_json::Value> =
-        router
-            .routes()
-            .iter()
-            .filter_map(|r| match &r.target {
-                crate::route::Target::Experiment(x) => {
-                    let arms = rec.experiments.arms(&r.name);
-                    let mut v =
-                        crate::experiment::summarize(&x.name, &x.control, &arms, x.min_samples);
-                    crate::experiment::quality::add_costs(&mut v, &x.prices);
-                    if let serde_json::Value::Object(m) = &mut v {
-                        m.insert("route".into(), r.name.as_ref().into());
-                        m.insert(
-                            "left_out".into(),
-                            rec.experiments.left_out(&r.name).to_json(),
-                        );
-                        m.insert("feedback".into(), rec.experiments.feedback.summary(&r.name));
-                        if let Some(g) = &x.guard {
-                            m.insert("guardrails".into(), g.to_json());
-                        }
-                        let results = rec.experiments.quality.results(&r.name);
-                        let shadow = x.shadow.as_ref().map(|sh| {
-                            let ag = sh.agreement();
-                            (sh.variant.as_ref(), ag.exact, ag.pairs)
-                        });
-                        let verdicts = crate::experiment::quality::verdicts(
-                            &serde_json::Value::Object(m.clone()),
-                            &results,
-                            &m["feedback"],
-                            shadow,
-                            x.accept.as_deref(),
-                        );
-                        m.insert("quality".into(), serde_json::json!(results));
-                        m.insert(
-                            "accept".into(),
-                            serde_json::json!(x
-                                .accept
-                                .as_deref()
-                                .map(|a| a.limits().collect::<std::collections::BTreeMap<_, _>>())),
-                        );
-                        m.insert("verdicts".into(), verdicts.into());
-                        if let Some(sh) = &x.shadow {
-                            use std::sync::atomic::Ordering::Relaxed;
-                            let ag = sh.agreement();
-                            let rate = |k: f64| {
-                                if ag.pairs > 0 {
-                                    serde_json::json!(k / ag.pairs as f64)
-                                } else {
-                                    serde_json::Value::Null
-                                }
-                            };
-                            m.insert(
-                                "shadow".into(),
-                                serde_json::json!({
-                                    "variant": sh.variant.as_ref(),
-                                    "label": sh.label.as_ref(),
-                                    "sent": sh.sent.load(Relaxed),
-                                    "dropped": sh.dropped.load(Relaxed),
-                                    "agreement": {
-                                        "pairs": ag.pairs,
-                                        "exact_match_rate": rate(ag.exact as f64),
-                                        "rouge_l_mean": rate(ag.rouge_l_sum),
-                                    },
-                                }),
-                            );
-                        }
-                    }
-                    Some(v)
-                }
-                crate::route::Target::Pool(_) => None,
-            })
-            .collect();
-    serde_json::json!({ "experiments": list })
+fn experiments_json(router: &Router, rec: &Recorder) -> String {
+    use crate::experiment::{quality, ExperimentView, ShadowView};
+    #[derive(serde::Serialize)]
+    struct Doc {
+        experiments: Vec<ExperimentView>,
+    }
+    let experiments = router
+        .routes()
+        .iter()
+        .filter_map(|r| match &r.target {
+            crate::route::Target::Experiment(x) => {
+                let arms = rec.experiments.arms(&r.name);
+                let mut summary =
+                    crate::experiment::summarize(&x.name, &x.control, &arms, x.min_samples);
+                quality::add_costs(&mut summary, &x.prices);
+                let feedback = rec.experiments.feedback.summary(&r.name);
+                let results = rec.experiments.quality.results(&r.name);
+                let shadow = x.shadow.as_ref().map(|sh| {
+                    let ag = sh.agreement();
+                    (sh.variant.as_ref(), ag.exact, ag.pairs)
+                });
+                let verdicts =
+                    quality::verdicts(&summary, &results, &feedback, shadow, x.accept.as_deref());
+                Some(ExperimentView {
+                    summary,
+                    route: r.name.to_string(),
+                    left_out: rec.experiments.left_out(&r.name),
+                    feedback,
+                    guardrails: x.guard.as_ref().map(|g| g.view()),
+                    quality: results,
+                    accept: x.accept.as_deref().map(|a| a.limits().collect()),
+                    verdicts,
+                    shadow: x.shadow.as_deref().map(ShadowView::of),
+                })
+            }
+            crate::route::Target::Pool(_) => None,
+        })
+        .collect();
+    serde_json::to_string(&Doc { experiments }).unwrap_or_default()
 }
 
 /// `POST /feedback {request_id, name, value}`.

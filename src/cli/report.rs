@@ -150,7 +150,7 @@ fn with_rooflines(
             .with_context(|| format!("reading {}", f.display()))?;
         lines.extend(
             text.lines()
-                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()),
+                .filter_map(|l| serde_json::from_str::<crate::accesslog::LogLine>(l).ok()),
         );
     }
     let mut found = serde_json::Map::new();

@@ -3,7 +3,7 @@
 //! aggregated per variant with a 95% confidence interval.
 
 use parking_lot::Mutex;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::Write;
@@ -233,21 +233,42 @@ impl Feedback {
     }
 
     /// Per variant and signal name: n, mean and 95% interval, for one route.
-    pub fn summary(&self, route: &str) -> Value {
+    pub fn summary(&self, route: &str) -> Vec<FeedbackMean> {
         let i = self.inner.lock();
         let Some(stats) = i.stats.get(route) else {
-            return json!([]);
+            return Vec::new();
         };
-        let list: Vec<Value> = stats
+        stats
             .iter()
             .map(|((variant, name), s)| {
                 let (lo, hi) = s.interval();
-                let f = |x: f64| if x.is_finite() { json!(x) } else { Value::Null };
-                json!({"variant": variant.as_ref(), "name": name, "n": s.n, "mean": f(s.mean()), "ci": [f(lo), f(hi)]})
+                let f = |x: f64| x.is_finite().then_some(x);
+                FeedbackMean {
+                    variant: variant.to_string(),
+                    name: name.clone(),
+                    n: s.n,
+                    mean: f(s.mean()),
+                    ci: [f(lo), f(hi)],
+                }
             })
-            .collect();
-        list.into()
+            .collect()
     }
+}
+
+/// One signal of one variant: how many values, their mean and its 95% interval (`None`, `null`
+/// in JSON, where too few values give none).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FeedbackMean {
+    /// The variant that served the requests.
+    pub variant: String,
+    /// The signal's name.
+    pub name: String,
+    /// Values received.
+    pub n: u64,
+    /// Their mean.
+    pub mean: Option<f64>,
+    /// 95% interval of the mean.
+    pub ci: [Option<f64>; 2],
 }
 
 #[cfg(test)]
@@ -301,15 +322,9 @@ mod tests {
             Err(FeedbackError::Invalid(_))
         ));
         let s = fb.summary("chat");
-        let fp16 = s
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|x| x["variant"] == "fp16")
-            .cloned()
-            .unwrap_or_default();
+        let fp16 = s.iter().find(|x| x.variant == "fp16");
         // fp16 got req-0,2,4,6,8: thumbs up for 0, 4, 8 → 3 of 5.
-        assert_eq!(fp16["n"], 5);
-        assert!((fp16["mean"].as_f64().unwrap_or(0.0) - 0.6).abs() < 1e-9);
+        assert_eq!(fp16.map(|f| f.n), Some(5));
+        assert!((fp16.and_then(|f| f.mean).unwrap_or(0.0) - 0.6).abs() < 1e-9);
     }
 }

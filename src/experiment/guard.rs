@@ -6,7 +6,6 @@
 use crate::config::GuardrailsConfig;
 use crate::meter::{Outcome, RequestRecord};
 use parking_lot::Mutex;
-use serde_json::{json, Value};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -241,20 +240,25 @@ impl Guardrails {
     }
 
     /// The state, for `/experiments`.
-    pub fn to_json(&self) -> Value {
+    pub fn view(&self) -> super::GuardrailsView {
         let s = self.state.lock();
-        let tripped: Vec<Value> = s
-            .tripped
-            .iter()
-            .map(|(v, t)| json!({"variant": v.as_ref(), "rule": t.rule, "value": t.value, "samples": t.n, "at": crate::util::time::rfc3339(t.at)}))
-            .collect();
-        json!({
-            "window_s": self.cfg.window.as_secs_f64(),
-            "min_samples": self.cfg.min_samples,
-            "rules": self.cfg.rules.iter().map(|r| r.describe()).collect::<Vec<_>>(),
-            "tripped": tripped,
-            "trips_total": s.trips_total,
-        })
+        super::GuardrailsView {
+            window_s: self.cfg.window.as_secs_f64(),
+            min_samples: self.cfg.min_samples,
+            rules: self.cfg.rules.iter().map(|r| r.describe()).collect(),
+            tripped: s
+                .tripped
+                .iter()
+                .map(|(v, t)| super::TripView {
+                    variant: v.to_string(),
+                    rule: t.rule.clone(),
+                    value: t.value,
+                    samples: t.n,
+                    at: crate::util::time::rfc3339(t.at),
+                })
+                .collect(),
+            trips_total: s.trips_total,
+        }
     }
 }
 

@@ -13,16 +13,18 @@ pub mod quality;
 mod report;
 pub mod sandbox;
 pub mod shadow;
+mod summary;
 
-pub use feedback::{Feedback, FeedbackError, FeedbackStats};
+pub use feedback::{Feedback, FeedbackError, FeedbackMean, FeedbackStats};
 pub use guard::{Guardrails, Trip};
 pub use report::{report, ReportError, ReportOptions};
+pub use summary::{Comparison, GoodputShare, Metric, Percentiles, Summary, VariantSummary};
 
 use crate::meter::NONE;
 use crate::meter::{Outcome, Purpose, RequestRecord};
 use crate::util::Rng;
 use parking_lot::Mutex;
-use serde_json::{json, Value};
+use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -213,13 +215,121 @@ pub struct LeftOut {
     pub bench: u64,
 }
 
-impl LeftOut {
-    /// As JSON, with what it means.
-    pub fn to_json(self) -> Value {
-        json!({
-            "variant_forced": self.forced, "eval": self.eval, "bench": self.bench,
-            "why": "compared: live traffic the split assigned (and shadow copies, as VARIANT:shadow); a forced variant is not a random draw, an eval's or a benchmark's request is not what users felt",
-        })
+impl Serialize for LeftOut {
+    /// The counts, and what they mean (`why`).
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut m = s.serialize_struct("LeftOut", 4)?;
+        m.serialize_field("variant_forced", &self.forced)?;
+        m.serialize_field("eval", &self.eval)?;
+        m.serialize_field("bench", &self.bench)?;
+        m.serialize_field("why", "compared: live traffic the split assigned (and shadow copies, as VARIANT:shadow); a forced variant is not a random draw, an eval's or a benchmark's request is not what users felt")?;
+        m.end()
+    }
+}
+
+/// One experiment as admin `GET /experiments` serves it: the summary and comparisons, and
+/// beside them what was left out, the feedback, the guardrails, the quality results, the
+/// `accept:` limits, the joined verdicts and the shadow's agreement.
+#[derive(Debug, Clone, Serialize)]
+pub struct ExperimentView {
+    /// Variants and comparisons with the control.
+    #[serde(flatten)]
+    pub summary: Summary,
+    /// The route the experiment splits.
+    pub route: String,
+    /// What the comparisons leave out.
+    pub left_out: LeftOut,
+    /// Feedback means per variant and signal.
+    pub feedback: Vec<FeedbackMean>,
+    /// The guardrails, where configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guardrails: Option<GuardrailsView>,
+    /// Eval results posted for this route.
+    pub quality: Vec<quality::QualityResult>,
+    /// The `accept:` limits (`null`: none configured).
+    pub accept: Option<BTreeMap<&'static str, f64>>,
+    /// One joined verdict per non-control variant.
+    pub verdicts: Vec<quality::VerdictRow>,
+    /// The shadow policy and its agreement, where configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<ShadowView>,
+}
+
+/// An experiment's guardrails: their window, rules and what tripped.
+#[derive(Debug, Clone, Serialize)]
+pub struct GuardrailsView {
+    /// The sliding window, seconds.
+    pub window_s: f64,
+    /// Samples a window needs before a rule is judged.
+    pub min_samples: usize,
+    /// Each rule, as configured.
+    pub rules: Vec<String>,
+    /// Variants pulled from the split, with the trip that pulled them.
+    pub tripped: Vec<TripView>,
+    /// Trips since start.
+    pub trips_total: u64,
+}
+
+/// One trip of a guardrail.
+#[derive(Debug, Clone, Serialize)]
+pub struct TripView {
+    /// The variant pulled.
+    pub variant: String,
+    /// The rule that tripped, as configured.
+    pub rule: String,
+    /// The observed value.
+    pub value: f64,
+    /// Samples in the window then.
+    pub samples: usize,
+    /// When (RFC 3339).
+    pub at: String,
+}
+
+/// A shadow policy: where copies go, how many went, and how well they agree with the primary.
+#[derive(Debug, Clone, Serialize)]
+pub struct ShadowView {
+    /// The variant receiving copies.
+    pub variant: String,
+    /// Its label in the arms (`VARIANT:shadow`).
+    pub label: String,
+    /// Copies sent.
+    pub sent: u64,
+    /// Copies dropped (over the concurrency cap).
+    pub dropped: u64,
+    /// Agreement of the copies with the primary answers.
+    pub agreement: AgreementView,
+}
+
+/// Agreement of shadow copies with the primary: exact-match rate and mean ROUGE-L (`None` before
+/// the first pair).
+#[derive(Debug, Clone, Serialize)]
+pub struct AgreementView {
+    /// Pairs compared.
+    pub pairs: u64,
+    /// Pairs with identical text, over pairs.
+    pub exact_match_rate: Option<f64>,
+    /// Mean ROUGE-L F1 over pairs.
+    pub rouge_l_mean: Option<f64>,
+}
+
+impl ShadowView {
+    /// The view of a shadow policy now.
+    pub fn of(sh: &shadow::Shadow) -> Self {
+        use std::sync::atomic::Ordering::Relaxed;
+        let ag = sh.agreement();
+        let rate = |k: f64| (ag.pairs > 0).then(|| k / ag.pairs as f64);
+        Self {
+            variant: sh.variant.to_string(),
+            label: sh.label.to_string(),
+            sent: sh.sent.load(Relaxed),
+            dropped: sh.dropped.load(Relaxed),
+            agreement: AgreementView {
+                pairs: ag.pairs,
+                exact_match_rate: rate(ag.exact as f64),
+                rouge_l_mean: rate(ag.rouge_l_sum),
+            },
+        }
     }
 }
 
@@ -295,79 +405,84 @@ fn pct(x: f64) -> String {
     }
 }
 
-/// Per-variant summary and comparisons with the control, as JSON (`/experiments`, reports).
+/// Per-variant summary and comparisons with the control (`/experiments`, reports).
 /// `min_samples` is the fixed horizon: below it no verdict is given.
 pub fn summarize(
     name: &str,
     control: &str,
     arms: &BTreeMap<Arc<str>, Arm>,
     min_samples: usize,
-) -> Value {
-    let variants: Vec<Value> = arms
+) -> Summary {
+    let variants: Vec<VariantSummary> = arms
         .iter()
         .map(|(v, a)| {
-            let mut m = serde_json::Map::new();
-            m.insert("variant".into(), v.as_ref().into());
-            m.insert("requests".into(), a.requests.into());
-            m.insert("error_rate".into(), a.error_rate().into());
-            m.insert(
-                "output_tokens_per_s".into(),
-                ((a.tokens_per_s() * 100.0).round() / 100.0).into(),
-            );
-            m.insert(
-                "served_output_tokens_per_s".into(),
-                a.served_tokens_per_s()
-                    .map(|t| (t * 100.0).round() / 100.0)
-                    .into(),
-            );
-            let outcomes: serde_json::Map<String, Value> = Outcome::ALL
-                .iter()
-                .filter(|o| a.outcomes[o.index()] > 0)
-                .map(|o| (o.as_str().to_string(), a.outcomes[o.index()].into()))
-                .collect();
-            m.insert("outcomes".into(), outcomes.into());
-            m.insert(
-                "goodput".into(),
-                match (a.goodput(), compare::wilson(a.slo_met, a.slo_evaluated)) {
-                    (Some(g), Some(ci)) => json!({
-                        "share": g, "ci": [ci.lo, ci.hi],
-                        "met": a.slo_met, "evaluated": a.slo_evaluated,
+            let mut s = VariantSummary {
+                variant: v.to_string(),
+                requests: a.requests,
+                error_rate: a.error_rate(),
+                output_tokens_per_s: (a.tokens_per_s() * 100.0).round() / 100.0,
+                served_output_tokens_per_s: a
+                    .served_tokens_per_s()
+                    .map(|t| (t * 100.0).round() / 100.0),
+                outcomes: Outcome::ALL
+                    .iter()
+                    .filter(|o| a.outcomes[o.index()] > 0)
+                    .map(|o| (o.as_str().to_string(), a.outcomes[o.index()]))
+                    .collect(),
+                goodput: a
+                    .goodput()
+                    .zip(compare::wilson(a.slo_met, a.slo_evaluated))
+                    .map(|(share, ci)| GoodputShare {
+                        share,
+                        ci: [ci.lo, ci.hi],
+                        met: a.slo_met,
+                        evaluated: a.slo_evaluated,
                     }),
-                    _ => Value::Null,
-                },
-            );
-            for (metric, r) in COMPARED.iter().zip(&a.samples) {
-                let mut s = r.values().to_vec();
-                s.sort_unstable_by(f64::total_cmp);
-                let q = |p: f64| crate::util::quantile::of_sorted_ms(&s, p);
-                let v = if s.is_empty() {
-                    Value::Null
-                } else {
-                    json!({"p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "n": r.seen()})
-                };
-                m.insert((*metric).into(), v);
+                ttft: None,
+                ttfc: None,
+                tpot: None,
+                itl: None,
+                e2e: None,
+                e2e_unstreamed: None,
+                cost_per_million_output_tokens: None,
+                cost_basis: None,
+            };
+            for (metric, r) in Metric::LATENCY.into_iter().zip(&a.samples) {
+                let mut sorted = r.values().to_vec();
+                sorted.sort_unstable_by(f64::total_cmp);
+                if let Some(slot) = s.latency_mut(metric) {
+                    *slot = Percentiles::of_sorted(&sorted, r.seen());
+                }
             }
-            Value::Object(m)
+            s
         })
         .collect();
     let mut comparisons = Vec::new();
     if let Some(base) = arms.get(control) {
         for (v, a) in arms.iter().filter(|(v, _)| v.as_ref() != control) {
-            for (i, metric) in COMPARED.iter().enumerate() {
+            for (i, metric) in Metric::LATENCY.into_iter().enumerate() {
                 let (c, t) = (base.samples[i].values(), a.samples[i].values());
                 if c.is_empty() && t.is_empty() {
                     continue;
                 }
-                let label = metric.to_uppercase();
+                let label = metric.as_str().to_uppercase();
                 let (nc, nt) = (c.len(), t.len());
                 if nc.min(nt) < min_samples {
-                    comparisons.push(json!({
-                        "variant": v.as_ref(), "metric": metric, "n_control": nc, "n_treatment": nt,
-                        "verdict": format!("{v} {label}: not enough data yet (n = {} of {min_samples} per variant)", nc.min(nt)),
-                    }));
+                    let mut row = Comparison::new(
+                        v,
+                        metric,
+                        format!(
+                            "{v} {label}: not enough data yet (n = {} of {min_samples} per variant)",
+                            nc.min(nt)
+                        ),
+                    );
+                    row.n_control = Some(nc as u64);
+                    row.n_treatment = Some(nt as u64);
+                    comparisons.push(row);
                     continue;
                 }
-                let seed = crate::util::stable_hash(format!("{name}/{v}/{metric}").as_bytes());
+                let seed =
+                    crate::util::stable_hash(format!("{name}/{v}/{}", metric.as_str()).as_bytes());
                 let Some(cmp) = compare::compare(c, t, seed) else {
                     continue;
                 };
@@ -382,13 +497,17 @@ pub fn summarize(
                         "not significant"
                     }
                 );
-                comparisons.push(json!({
-                    "variant": v.as_ref(), "metric": metric, "n_control": cmp.n_control, "n_treatment": cmp.n_treatment,
-                    "median_change": cmp.median_change, "median_ci": [cmp.median_ci.lo, cmp.median_ci.hi],
-                    "p99_change": cmp.p99_change, "p99_ci": [cmp.p99_ci.lo, cmp.p99_ci.hi],
-                    "hodges_lehmann_ms": cmp.hodges_lehmann, "p_value": cmp.p_value,
-                    "significant": cmp.significant(), "verdict": verdict,
-                }));
+                let mut row = Comparison::new(v, metric, verdict);
+                row.n_control = Some(cmp.n_control as u64);
+                row.n_treatment = Some(cmp.n_treatment as u64);
+                row.median_change = Some(cmp.median_change);
+                row.median_ci = Some([cmp.median_ci.lo, cmp.median_ci.hi]);
+                row.p99_change = Some(cmp.p99_change);
+                row.p99_ci = Some([cmp.p99_ci.lo, cmp.p99_ci.hi]);
+                row.hodges_lehmann_ms = Some(cmp.hodges_lehmann);
+                row.p_value = Some(cmp.p_value);
+                row.significant = Some(cmp.significant());
+                comparisons.push(row);
             }
             if let Some((d, ci)) = compare::proportion_change(
                 base.slo_met,
@@ -423,27 +542,40 @@ pub fn summarize(
                         }
                     )
                 };
-                comparisons.push(json!({
-                    "variant": v.as_ref(), "metric": "goodput", "n_control": nc, "n_treatment": nt,
-                    "control": base.goodput(), "treatment": a.goodput(),
-                    "change": d, "change_ci": [ci.lo, ci.hi],
-                    "significant": nc.min(nt) >= min_samples as u64 && ci.excludes(0.0),
-                    "verdict": verdict,
-                }));
+                let mut row = Comparison::new(v, Metric::Goodput, verdict);
+                row.n_control = Some(nc);
+                row.n_treatment = Some(nt);
+                row.control = base.goodput();
+                row.treatment = a.goodput();
+                row.change = Some(d);
+                row.change_ci = Some([ci.lo, ci.hi]);
+                row.significant = Some(nc.min(nt) >= min_samples as u64 && ci.excludes(0.0));
+                comparisons.push(row);
             }
             let (ec, et) = (base.error_rate(), a.error_rate());
-            comparisons.push(json!({
-                "variant": v.as_ref(), "metric": "error_rate", "control": ec, "treatment": et,
-                "verdict": format!("{v} error rate {:.2}% vs {:.2}% (control)", et * 100.0, ec * 100.0),
-            }));
+            let mut row = Comparison::new(
+                v,
+                Metric::ErrorRate,
+                format!(
+                    "{v} error rate {:.2}% vs {:.2}% (control)",
+                    et * 100.0,
+                    ec * 100.0
+                ),
+            );
+            row.control = Some(ec);
+            row.treatment = Some(et);
+            comparisons.push(row);
         }
     }
-    json!({
-        "name": name,
-        "control": control,
-        "min_samples": min_samples,
-        "method": "median and p99 change with 95% percentile-bootstrap intervals (2000 resamples); Mann-Whitney U p-value; fixed horizon: no verdict below min_samples per variant",
-        "variants": variants,
-        "comparisons": comparisons,
-    })
+    Summary {
+        name: name.to_string(),
+        control: control.to_string(),
+        min_samples,
+        method: METHOD.to_string(),
+        variants,
+        comparisons,
+    }
 }
+
+/// How `summarize` compares, as its output states it.
+const METHOD: &str = "median and p99 change with 95% percentile-bootstrap intervals (2000 resamples); Mann-Whitney U p-value; fixed horizon: no verdict below min_samples per variant";

@@ -8,10 +8,10 @@
 //! undecided otherwise (or while the data is missing). A variant is accepted when every limit is
 //! met, rejected when any is broken, and undecided otherwise.
 
+use super::{FeedbackMean, Metric, Summary, VariantSummary};
 use crate::config::AcceptConfig;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -227,13 +227,12 @@ impl VariantPrice {
 
 /// Adds each variant's cost per million output tokens (`cost_per_million_output_tokens`,
 /// `cost_basis`) to `summarize`'s output, from `prices` by variant.
-pub fn add_costs(summary: &mut Value, prices: &BTreeMap<String, VariantPrice>) {
-    for v in summary["variants"].as_array_mut().into_iter().flatten() {
-        let name = v["variant"].as_str().unwrap_or_default();
-        let served = v["served_output_tokens_per_s"].as_f64();
-        if let Some((cost, basis)) = prices.get(name).and_then(|p| p.per_million(served)) {
-            v["cost_per_million_output_tokens"] = json!((cost * 1e4).round() / 1e4);
-            v["cost_basis"] = basis.into();
+pub fn add_costs(summary: &mut Summary, prices: &BTreeMap<String, VariantPrice>) {
+    for v in &mut summary.variants {
+        let served = v.served_output_tokens_per_s;
+        if let Some((cost, basis)) = prices.get(&v.variant).and_then(|p| p.per_million(served)) {
+            v.cost_per_million_output_tokens = Some((cost * 1e4).round() / 1e4);
+            v.cost_basis = Some(basis.to_string());
         }
     }
 }
@@ -265,21 +264,89 @@ fn with_interval(d: f64, ci: Option<[f64; 2]>, scale: f64, decimals: usize, unit
 }
 
 /// The state of one limit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    /// The whole interval is on the limit's good side.
     Met,
+    /// The whole interval is on its bad side.
     Broken,
+    /// The interval straddles the limit, or there is no data yet.
     Undecided,
 }
 
 impl State {
-    fn as_str(self) -> &'static str {
+    /// The name in JSON and in the report.
+    pub fn as_str(self) -> &'static str {
         match self {
             State::Met => "met",
             State::Broken => "broken",
             State::Undecided => "undecided",
         }
     }
+}
+
+/// What the joined verdict decides for a variant, from the states of its checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Decision {
+    /// Every limit is met.
+    Accept,
+    /// A limit is broken.
+    Reject,
+    /// Neither yet.
+    Undecided,
+}
+
+impl Decision {
+    /// The name in JSON and in the report's row.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decision::Accept => "accept",
+            Decision::Reject => "reject",
+            Decision::Undecided => "undecided",
+        }
+    }
+
+    fn of(checks: &[Check]) -> Self {
+        if checks.iter().any(|c| c.state == State::Broken) {
+            Decision::Reject
+        } else if checks.iter().all(|c| c.state == State::Met) {
+            Decision::Accept
+        } else {
+            Decision::Undecided
+        }
+    }
+}
+
+/// One check of a variant against one `accept:` limit.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Check {
+    /// The limit's key (`tpot_change_max`, `accuracy_drop_max_points`, …).
+    pub limit: String,
+    /// Its value.
+    pub max: f64,
+    /// What was observed, as the row shows it.
+    pub observed: String,
+    /// Met, broken or undecided.
+    pub state: State,
+    /// Why, in words.
+    pub why: String,
+}
+
+/// The joined verdict of one variant against the control.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VerdictRow {
+    /// The variant judged.
+    pub variant: String,
+    /// The control.
+    pub control: String,
+    /// Latency, quality, feedback, throughput and cost in one line.
+    pub row: String,
+    /// Given only where `accept:` limits are.
+    pub decision: Option<Decision>,
+    /// One per limit.
+    pub checks: Vec<Check>,
 }
 
 /// Judges "the change is at most `max`" on interval `ci` (same unit).
@@ -291,9 +358,14 @@ fn at_most(ci: Option<[f64; 2]>, max: f64) -> State {
     }
 }
 
-/// One check of a variant against a limit, as JSON.
-fn check(limit: &str, max: f64, what: String, state: State, why: &str) -> Value {
-    json!({"limit": limit, "max": max, "observed": what, "state": state.as_str(), "why": why})
+fn check(limit: &str, max: f64, observed: String, state: State, why: &str) -> Check {
+    Check {
+        limit: limit.to_string(),
+        max,
+        observed,
+        state,
+        why: why.to_string(),
+    }
 }
 
 /// The joined verdict of every non-control variant: one row each, from the latency comparisons in
@@ -301,79 +373,57 @@ fn check(limit: &str, max: f64, what: String, state: State, why: &str) -> Value 
 /// agreement (`shadow`: the shadow variant's name, its exact matches and pairs), judged against
 /// `accept` where given.
 pub fn verdicts(
-    summary: &Value,
+    summary: &Summary,
     results: &[QualityResult],
-    feedback: &Value,
+    feedback: &[FeedbackMean],
     shadow: Option<(&str, u64, u64)>,
     accept: Option<&AcceptConfig>,
-) -> Vec<Value> {
-    let control = summary["control"].as_str().unwrap_or_default();
-    let variants = summary["variants"].as_array().cloned().unwrap_or_default();
-    let field = |name: &str, key: &str| {
-        variants
-            .iter()
-            .find(|v| v["variant"] == name)
-            .and_then(|v| v[key].as_f64())
-    };
-    let rate = |name: &str| field(name, "output_tokens_per_s");
-    let comparisons = summary["comparisons"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
+) -> Vec<VerdictRow> {
+    let control = summary.control.as_str();
+    let field =
+        |name: &str, key: fn(&VariantSummary) -> Option<f64>| summary.variant(name).and_then(key);
     let ppl_count = results
         .iter()
         .filter(|r| r.kind == QualityKind::Perplexity)
         .count();
-    variants
+    summary
+        .variants
         .iter()
-        .filter_map(|v| v["variant"].as_str())
+        .map(|v| v.variant.as_str())
         .filter(|v| *v != control)
         .map(|variant| {
             let mut parts = Vec::new();
             let mut checks = Vec::new();
             // Latency: the median change and its interval, once there is enough data.
             for (metric, limit) in [
-                ("ttft", accept.and_then(|a| a.ttft_change_max)),
-                ("tpot", accept.and_then(|a| a.tpot_change_max)),
-                ("e2e", accept.and_then(|a| a.e2e_change_max)),
+                (Metric::Ttft, accept.and_then(|a| a.ttft_change_max)),
+                (Metric::Tpot, accept.and_then(|a| a.tpot_change_max)),
+                (Metric::E2e, accept.and_then(|a| a.e2e_change_max)),
             ] {
-                let find = |metric: &str| {
-                    comparisons
-                        .iter()
-                        .find(|c| c["variant"] == variant && c["metric"] == metric)
-                };
                 // E2E is compared streamed with streamed; an experiment serving only
                 // non-streamed requests is judged on theirs.
-                let c = find(metric)
-                    .or_else(|| (metric == "e2e").then(|| find("e2e_unstreamed")).flatten());
-                let label = metric.to_uppercase();
-                let ci = c.and_then(|c| {
-                    let lo = c["median_ci"][0].as_f64()?;
-                    let hi = c["median_ci"][1].as_f64()?;
-                    Some([lo, hi])
+                let c = summary.comparison(variant, metric).or_else(|| {
+                    (metric == Metric::E2e)
+                        .then(|| summary.comparison(variant, Metric::E2eUnstreamed))
+                        .flatten()
                 });
+                let label = metric.as_str().to_uppercase();
+                let ci = c
+                    .and_then(|c| c.median_ci)
+                    .filter(|[lo, hi]| lo.is_finite() && hi.is_finite());
                 let shown = match (c, ci) {
                     (Some(c), Some(ci)) => Some(format!(
                         "{label} {}",
-                        with_interval(
-                            c["median_change"].as_f64().unwrap_or(f64::NAN),
-                            Some(ci),
-                            100.0,
-                            0,
-                            "%"
-                        )
+                        with_interval(c.median_change.unwrap_or(f64::NAN), Some(ci), 100.0, 0, "%")
                     )),
                     (Some(c), None) => Some(format!(
                         "{label} n/a (n = {} of {} per variant)",
-                        c["n_control"]
-                            .as_u64()
-                            .min(c["n_treatment"].as_u64())
-                            .unwrap_or(0),
-                        summary["min_samples"]
+                        c.n_control.min(c.n_treatment).unwrap_or(0),
+                        summary.min_samples
                     )),
                     (None, _) => None,
                 };
-                if metric != "e2e" || limit.is_some() {
+                if metric != Metric::E2e || limit.is_some() {
                     parts.extend(shown.clone());
                 }
                 if let Some(max) = limit {
@@ -385,7 +435,7 @@ pub fn verdicts(
                         (State::Met, _) => "the whole interval is at or below the limit",
                         (State::Broken, _) => "the whole interval is above the limit",
                     };
-                    let key = format!("{metric}_change_max");
+                    let key = format!("{}_change_max", metric.as_str());
                     checks.push(check(
                         &key,
                         max,
@@ -476,24 +526,19 @@ pub fn verdicts(
                 }
             }
             // Feedback means, variant beside control (no limit: signals differ per deployment).
-            for f in feedback.as_array().into_iter().flatten() {
-                if f["variant"] != variant {
-                    continue;
-                }
-                let name = f["name"].as_str().unwrap_or_default();
-                let mean = |f: &Value| {
-                    let m = f["mean"].as_f64()?;
-                    Some(match (f["ci"][0].as_f64(), f["ci"][1].as_f64()) {
-                        (Some(lo), Some(hi)) => format!("{m:.2} [{lo:.2}, {hi:.2}]"),
+            for f in feedback.iter().filter(|f| f.variant == variant) {
+                let name = f.name.as_str();
+                let mean = |f: &FeedbackMean| {
+                    let m = f.mean?;
+                    Some(match f.ci {
+                        [Some(lo), Some(hi)] => format!("{m:.2} [{lo:.2}, {hi:.2}]"),
                         _ => format!("{m:.2}"),
                     })
                 };
                 let Some(mine) = mean(f) else { continue };
                 let theirs = feedback
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .find(|g| g["variant"] == control && g["name"] == name)
+                    .iter()
+                    .find(|g| g.variant == control && g.name == name)
                     .and_then(mean);
                 parts.push(match theirs {
                     Some(t) => format!("{name} {mine} vs {t}"),
@@ -512,26 +557,21 @@ pub fn verdicts(
                     ));
                 }
             }
-            if let (Some(t), Some(c)) = (rate(variant), rate(control)) {
+            let rate = |v: &VariantSummary| Some(v.output_tokens_per_s);
+            if let (Some(t), Some(c)) = (field(variant, rate), field(control, rate)) {
                 parts.push(format!("{t:.0} vs {c:.0} tok/s per stream"));
             }
-            if let (Some(t), Some(c)) = (
-                field(variant, "served_output_tokens_per_s"),
-                field(control, "served_output_tokens_per_s"),
-            ) {
+            let served = |v: &VariantSummary| v.served_output_tokens_per_s;
+            if let (Some(t), Some(c)) = (field(variant, served), field(control, served)) {
                 parts.push(format!("{t:.0} vs {c:.0} tok/s served"));
             }
-            if let (Some(t), Some(c)) = (
-                field(variant, "cost_per_million_output_tokens"),
-                field(control, "cost_per_million_output_tokens"),
-            ) {
+            let cost = |v: &VariantSummary| v.cost_per_million_output_tokens;
+            if let (Some(t), Some(c)) = (field(variant, cost), field(control, cost)) {
                 let basis = |v: &str| {
-                    variants
-                        .iter()
-                        .find(|x| x["variant"] == v)
-                        .and_then(|x| x["cost_basis"].as_str())
+                    summary
+                        .variant(v)
+                        .and_then(|x| x.cost_basis.clone())
                         .unwrap_or_default()
-                        .to_string()
                 };
                 let (bt, bc) = (basis(variant), basis(control));
                 let basis = if bt == bc {
@@ -541,23 +581,19 @@ pub fn verdicts(
                 };
                 parts.push(format!("{t:.2} vs {c:.2} per M output tokens ({basis})"));
             }
-            let decision = accept.map(|_| {
-                let states: Vec<&str> = checks.iter().filter_map(|c| c["state"].as_str()).collect();
-                if states.contains(&"broken") {
-                    "reject"
-                } else if states.iter().all(|s| *s == "met") {
-                    "accept"
-                } else {
-                    "undecided"
-                }
-            });
+            let decision = accept.map(|_| Decision::of(&checks));
             let mut row = format!("{variant}: {}", parts.join("; "));
             if let Some(d) = decision {
                 row.push_str(" \u{2192} ");
-                row.push_str(d);
+                row.push_str(d.as_str());
             }
-            json!({"variant": variant, "control": control, "row": row,
-                "decision": decision, "checks": checks})
+            VerdictRow {
+                variant: variant.to_string(),
+                control: control.to_string(),
+                row,
+                decision,
+                checks,
+            }
         })
         .collect()
 }
@@ -567,17 +603,29 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
-    fn summary(tpot_ci: Option<[f64; 2]>) -> Value {
-        let tpot = match tpot_ci {
-            Some(ci) => json!({"variant": "int8", "metric": "tpot", "n_control": 500,
-                "n_treatment": 500, "median_change": (ci[0] + ci[1]) / 2.0, "median_ci": ci}),
-            None => json!({"variant": "int8", "metric": "tpot", "n_control": 12,
-                "n_treatment": 9, "verdict": "not enough"}),
+    fn summary(tpot_ci: Option<[f64; 2]>) -> Summary {
+        let mut tpot = crate::experiment::Comparison::new("int8", Metric::Tpot, "…".into());
+        match tpot_ci {
+            Some(ci) => {
+                (tpot.n_control, tpot.n_treatment) = (Some(500), Some(500));
+                tpot.median_change = Some((ci[0] + ci[1]) / 2.0);
+                tpot.median_ci = Some(ci);
+            }
+            None => (tpot.n_control, tpot.n_treatment) = (Some(12), Some(9)),
+        }
+        let variant = |name: &str, rate: f64| VariantSummary {
+            variant: name.into(),
+            output_tokens_per_s: rate,
+            ..VariantSummary::default()
         };
-        json!({"control": "fp16", "min_samples": 200,
-            "variants": [{"variant": "fp16", "output_tokens_per_s": 40.0},
-                         {"variant": "int8", "output_tokens_per_s": 55.0}],
-            "comparisons": [tpot]})
+        Summary {
+            name: "test".into(),
+            control: "fp16".into(),
+            min_samples: 200,
+            method: String::new(),
+            variants: vec![variant("fp16", 40.0), variant("int8", 55.0)],
+            comparisons: vec![tpot],
+        }
     }
 
     fn result(kind: QualityKind, suite: &str, d: f64, ci: Option<[f64; 2]>) -> QualityResult {
@@ -607,7 +655,7 @@ mod tests {
         }
     }
 
-    fn decide(tpot: Option<[f64; 2]>, acc: Option<[f64; 2]>, ppl: Option<[f64; 2]>) -> Value {
+    fn decide(tpot: Option<[f64; 2]>, acc: Option<[f64; 2]>, ppl: Option<[f64; 2]>) -> VerdictRow {
         let mut results = Vec::new();
         if let Some(ci) = acc {
             results.push(result(
@@ -625,7 +673,7 @@ mod tests {
                 Some(ci),
             ));
         }
-        verdicts(&summary(tpot), &results, &json!([]), None, Some(&accept()))
+        verdicts(&summary(tpot), &results, &[], None, Some(&accept()))
             .pop()
             .unwrap()
     }
@@ -638,9 +686,9 @@ mod tests {
             Some([0.15, 0.27]),
         );
         // accuracy −1.9 points at worst: more than 1 point of drop is still possible.
-        assert_eq!(v["decision"], "undecided", "{v}");
+        assert_eq!(v.decision, Some(Decision::Undecided), "{v:?}");
         assert_eq!(
-            v["row"],
+            v.row,
             "int8: TPOT \u{2212}30% [\u{2212}31, \u{2212}29]; mmlu \u{2212}0.8 pts [\u{2212}1.9, +0.3]; ppl +0.21 [+0.15, +0.27]; 55 vs 40 tok/s per stream \u{2192} undecided"
         );
         let v = decide(
@@ -648,30 +696,29 @@ mod tests {
             Some([-0.009, 0.003]),
             Some([0.15, 0.27]),
         );
-        assert_eq!(v["decision"], "accept", "{v}");
+        assert_eq!(v.decision, Some(Decision::Accept), "{v:?}");
         // Any limit broken with confidence rejects, whatever the others say.
         let v = decide(
             Some([-0.31, -0.29]),
             Some([-0.009, 0.003]),
             Some([0.55, 0.6]),
         );
-        assert_eq!(v["decision"], "reject", "{v}");
+        assert_eq!(v.decision, Some(Decision::Reject), "{v:?}");
         let v = decide(Some([0.01, 0.03]), Some([-0.009, 0.003]), Some([0.1, 0.2]));
-        assert_eq!(v["decision"], "reject", "{v}");
+        assert_eq!(v.decision, Some(Decision::Reject), "{v:?}");
         let v = decide(Some([-0.31, -0.29]), Some([-0.05, -0.02]), Some([0.1, 0.2]));
-        assert_eq!(v["decision"], "reject", "{v}");
+        assert_eq!(v.decision, Some(Decision::Reject), "{v:?}");
     }
 
     #[test]
     fn missing_data_leaves_the_verdict_undecided_and_says_what_is_missing() {
         let v = decide(None, None, Some([0.1, 0.2]));
-        assert_eq!(v["decision"], "undecided", "{v}");
-        let whys: Vec<&str> = v["checks"]
-            .as_array()
-            .unwrap()
+        assert_eq!(v.decision, Some(Decision::Undecided), "{v:?}");
+        let whys: Vec<&str> = v
+            .checks
             .iter()
-            .filter(|c| c["state"] == "undecided")
-            .map(|c| c["why"].as_str().unwrap())
+            .filter(|c| c.state == State::Undecided)
+            .map(|c| c.why.as_str())
             .collect();
         assert_eq!(
             whys,
@@ -681,11 +728,8 @@ mod tests {
             ]
         );
         assert!(
-            v["row"]
-                .as_str()
-                .unwrap()
-                .contains("TPOT n/a (n = 9 of 200 per variant)"),
-            "{v}"
+            v.row.contains("TPOT n/a (n = 9 of 200 per variant)"),
+            "{v:?}"
         );
     }
 

@@ -2,9 +2,9 @@
 //! TTFT, TPOT, tokens/s, P99, error rate per variant (or backend, model, route), with model,
 //! backend and variant labels — and, given a control, the comparison of each group with it.
 
-use super::{summarize, Arm};
+use super::{summarize, Arm, Summary};
+use crate::accesslog::LogLine;
 use crate::meter::{Outcome, Purpose};
-use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 use std::path::PathBuf;
@@ -40,10 +40,10 @@ const GROUPINGS: [&str; 6] = ["variant", "backend", "model", "route", "purpose",
 
 /// A line's purpose: its `purpose`, or for logs written before it existed, `shadow` when marked
 /// so and else `live`.
-fn line_purpose(v: &Value) -> Purpose {
-    match v["purpose"].as_str() {
+fn line_purpose(v: &LogLine) -> Purpose {
+    match v.purpose.as_deref() {
         Some(p) => Purpose::parse(p).unwrap_or(Purpose::Live),
-        None if v["shadow"].as_bool() == Some(true) => Purpose::Shadow,
+        None if v.shadow => Purpose::Shadow,
         None => Purpose::Live,
     }
 }
@@ -54,42 +54,37 @@ fn outcome(s: &str) -> Option<Outcome> {
 
 impl Arm {
     /// Adds one access-log line.
-    fn record_line(&mut self, v: &Value) {
-        let Some(o) = v["outcome"].as_str().and_then(outcome) else {
+    fn record_line(&mut self, v: &LogLine) {
+        let Some(o) = v.outcome.as_deref().and_then(outcome) else {
             return;
         };
         self.requests += 1;
         self.outcomes[o.index()] += 1;
-        self.count_slo(v["slo_met"].as_bool());
-        if let Some(start) = v["ts"].as_str().and_then(crate::util::time::parse_rfc3339) {
-            self.cover(start, v["e2e_ms"].as_f64().unwrap_or(0.0) / 1000.0);
+        self.count_slo(v.slo_met);
+        let e2e_s = v.e2e_ms.unwrap_or(0.0) / 1000.0;
+        if let Some(start) = v.ts.as_deref().and_then(crate::util::time::parse_rfc3339) {
+            self.cover(start, e2e_s);
         }
         if o != Outcome::Ok {
             return;
         }
-        self.output_tokens += v["output_tokens"].as_u64().unwrap_or(0);
-        self.output_seconds += v["e2e_ms"].as_f64().unwrap_or(0.0) / 1000.0;
-        let e2e = if v["stream"].as_bool() == Some(false) {
-            5
-        } else {
-            4
-        };
-        for (i, key) in [
-            (0, "ttft_ms"),
-            (1, "ttfc_ms"),
-            (2, "tpot_ms"),
-            (e2e, "e2e_ms"),
+        self.output_tokens += v.output_tokens.unwrap_or(0);
+        self.output_seconds += e2e_s;
+        let e2e = if v.stream == Some(false) { 5 } else { 4 };
+        for (i, x) in [
+            (0, v.ttft_ms),
+            (1, v.ttfc_ms),
+            (2, v.tpot_ms),
+            (e2e, v.e2e_ms),
         ] {
-            if let Some(x) = v[key].as_f64() {
+            if let Some(x) = x {
                 self.samples[i].push(x);
             }
         }
         // Every gap, as `/stats` records them (logs written before `itl_us` existed have only
         // per-request summaries: their ITL is left out rather than estimated).
-        for gap in v["itl_us"].as_array().into_iter().flatten() {
-            if let Some(us) = gap.as_u64() {
-                self.samples[3].push(crate::util::quantile::us_to_ms(us));
-            }
+        for &us in &v.itl_us {
+            self.samples[3].push(crate::util::quantile::us_to_ms(us));
         }
     }
 }
@@ -127,6 +122,22 @@ pub enum ReportError {
     },
 }
 
+/// `--json`: the groups (each with its labels and the `/experiments` per-variant fields), the
+/// verdicts where asked for, the comparisons, and what was skipped or left out.
+#[derive(serde::Serialize)]
+struct JsonReport<'a> {
+    by: &'a str,
+    groups: Vec<serde_json::Map<String, serde_json::Value>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    verdicts: Option<Vec<super::quality::VerdictRow>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    quality: Option<&'a [super::quality::QualityResult]>,
+    comparisons: Vec<super::Comparison>,
+    method: String,
+    skipped_lines: u64,
+    left_out: BTreeMap<&'static str, u64>,
+}
+
 /// Builds the report text, or says what is wrong with the file.
 pub fn report(o: &ReportOptions) -> Result<String, ReportError> {
     if !GROUPINGS.contains(&o.by.as_str()) {
@@ -157,11 +168,11 @@ pub fn report(o: &ReportOptions) -> Result<String, ReportError> {
             if line.trim().is_empty() {
                 continue;
             }
-            let Ok(v) = serde_json::from_str::<Value>(line) else {
+            let Ok(v) = serde_json::from_str::<LogLine>(line) else {
                 bad += 1;
                 if bad <= 3 {
                     eprintln!(
-                        "warning: {}:{}: not a JSON line, skipped",
+                        "warning: {}:{}: not an access-log line, skipped",
                         file.display(),
                         i + 1
                     );
@@ -173,26 +184,30 @@ pub fn report(o: &ReportOptions) -> Result<String, ReportError> {
                 *left_out.entry(purpose.as_str()).or_default() += 1;
                 continue;
             }
-            if !keep_forced && v["variant_forced"].as_bool() == Some(true) {
+            if !keep_forced && v.variant_forced {
                 *left_out.entry("variant_forced").or_default() += 1;
                 continue;
             }
+            let label = |l: &Option<String>| l.as_deref().unwrap_or("-").to_string();
             let key: Arc<str> = match o.by.as_str() {
                 "purpose" => purpose.as_str().into(),
-                "stream" => match v["stream"].as_bool() {
+                "stream" => match v.stream {
                     Some(true) => "streamed".into(),
                     Some(false) => "unstreamed".into(),
                     None => "-".into(),
                 },
-                by => v[by].as_str().unwrap_or("-").into(),
+                "route" => label(&v.route).into(),
+                "model" => label(&v.model).into(),
+                "backend" => label(&v.backend).into(),
+                _ => label(&v.variant).into(),
             };
             let seed = crate::util::stable_hash(key.as_bytes());
             arms.entry(Arc::clone(&key))
                 .or_insert_with(|| Arm::new(seed))
                 .record_line(&v);
             let l = labels.entry(key).or_default();
-            for (j, k) in ["model", "backend", "variant"].iter().enumerate() {
-                l[j].insert(v[*k].as_str().unwrap_or("-").to_string());
+            for (j, k) in [&v.model, &v.backend, &v.variant].into_iter().enumerate() {
+                l[j].insert(label(k));
             }
         }
     }
@@ -243,8 +258,8 @@ pub fn report(o: &ReportOptions) -> Result<String, ReportError> {
         super::quality::add_costs(&mut s, &prices);
         s
     };
-    let verdicts = |summary: &Value| {
-        super::quality::verdicts(summary, &o.quality, &Value::Null, None, o.accept.as_ref())
+    let verdicts = |summary: &Summary| {
+        super::quality::verdicts(summary, &o.quality, &[], None, o.accept.as_ref())
     };
     // The label columns other than the grouping one (which is the first column already).
     let label_cols: Vec<(usize, &str)> = ["model", "backend", "variant"]
@@ -254,32 +269,42 @@ pub fn report(o: &ReportOptions) -> Result<String, ReportError> {
         .collect();
     let join = |s: &BTreeSet<String>| s.iter().cloned().collect::<Vec<_>>();
     if o.json {
-        let mut doc = summary(o.control.as_deref().unwrap_or(""));
-        let rows = joined.then(|| verdicts(&doc));
-        if let Some(groups) = doc["variants"].as_array_mut() {
-            for g in groups {
-                let key = g["variant"].as_str().unwrap_or("").to_string();
-                let Some(l) = labels.get(key.as_str()) else {
-                    continue;
+        let doc = summary(o.control.as_deref().unwrap_or(""));
+        let verdicts = joined.then(|| verdicts(&doc));
+        // Each group: the `/experiments` per-variant fields, its grouping label, and every
+        // value of the other labels its lines name (`variant` among them when grouping by
+        // something else: then it is that list).
+        let groups = doc
+            .variants
+            .iter()
+            .map(|g| {
+                let serde_json::Value::Object(mut m) = serde_json::to_value(g).unwrap_or_default()
+                else {
+                    return serde_json::Map::new();
                 };
-                g[o.by.as_str()] = key.into();
-                for (j, name) in &label_cols {
-                    g[*name] = join(&l[*j]).into();
+                if let Some(l) = labels.get(g.variant.as_str()) {
+                    m.insert(o.by.clone(), g.variant.clone().into());
+                    for (j, name) in &label_cols {
+                        m.insert((*name).to_string(), join(&l[*j]).into());
+                    }
                 }
-            }
-        }
-        let mut m = serde_json::Map::new();
-        m.insert("by".into(), o.by.clone().into());
-        m.insert("groups".into(), doc["variants"].take());
-        if let Some(rows) = rows {
-            m.insert("verdicts".into(), rows.into());
-            m.insert("quality".into(), serde_json::json!(o.quality));
-        }
-        m.insert("comparisons".into(), doc["comparisons"].take());
-        m.insert("method".into(), doc["method"].take());
-        m.insert("skipped_lines".into(), bad.into());
-        m.insert("left_out".into(), serde_json::json!(left_out));
-        return Ok(format!("{:#}\n", Value::Object(m)));
+                m
+            })
+            .collect();
+        let report = JsonReport {
+            by: &o.by,
+            groups,
+            quality: verdicts.as_ref().map(|_| o.quality.as_slice()),
+            verdicts,
+            comparisons: doc.comparisons,
+            method: doc.method,
+            skipped_lines: bad,
+            left_out,
+        };
+        return Ok(format!(
+            "{}\n",
+            serde_json::to_string_pretty(&report).unwrap_or_default()
+        ));
     }
     let mut out = String::new();
     let mut head = format!("| {} |", o.by);
@@ -322,27 +347,23 @@ pub fn report(o: &ReportOptions) -> Result<String, ReportError> {
     }
     if let Some(control) = &o.control {
         let s = summary(control);
-        let _ = writeln!(
-            out,
-            "\nCompared with {control} ({}):",
-            s["method"].as_str().unwrap_or("")
-        );
-        for c in s["comparisons"].as_array().into_iter().flatten() {
-            let _ = writeln!(out, "- {}", c["verdict"].as_str().unwrap_or(""));
+        let _ = writeln!(out, "\nCompared with {control} ({}):", s.method);
+        for c in &s.comparisons {
+            let _ = writeln!(out, "- {}", c.verdict);
         }
         if joined {
             let _ = writeln!(out, "\nVerdict (latency, quality, throughput):");
             for v in verdicts(&s) {
-                let _ = writeln!(out, "- {}", v["row"].as_str().unwrap_or(""));
-                for c in v["checks"].as_array().into_iter().flatten() {
+                let _ = writeln!(out, "- {}", v.row);
+                for c in &v.checks {
                     let _ = writeln!(
                         out,
                         "  - {} {}: {}: {} ({})",
-                        c["limit"].as_str().unwrap_or(""),
-                        c["max"],
-                        c["observed"].as_str().unwrap_or(""),
-                        c["state"].as_str().unwrap_or(""),
-                        c["why"].as_str().unwrap_or("")
+                        c.limit,
+                        serde_json::Value::from(c.max),
+                        c.observed,
+                        c.state.as_str(),
+                        c.why
                     );
                 }
             }

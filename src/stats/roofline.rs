@@ -17,6 +17,7 @@
 //!   (vLLM's `request_prefill_time_seconds`) when scraped; otherwise the TTFT, which includes
 //!   queueing and the network, so the MFU is then a lower bound.
 
+use crate::accesslog::LogLine;
 use crate::config::{GpuSpec, ModelSpec};
 use serde_json::{json, Value};
 
@@ -192,28 +193,29 @@ pub fn assess(model: &ModelSpec, peak: Peak, m: Measured) -> Value {
 /// What the roofline of `backend` rests on, read back from access-log lines (`ok` ones): the
 /// median TPOT and TTFT, the mean tokens, the mean engine batch the requests were sent into
 /// (`backend_running`) and the mean engine prefill time (`engine_prefill_ms`), where logged.
-pub fn measured_from_log(lines: &[Value], backend: &str) -> (Measured, usize) {
-    let ok: Vec<&Value> = lines
+pub fn measured_from_log(lines: &[LogLine], backend: &str) -> (Measured, usize) {
+    let ok: Vec<&LogLine> = lines
         .iter()
-        .filter(|l| l["backend"] == backend && l["outcome"] == "ok")
+        .filter(|l| l.backend.as_deref() == Some(backend) && l.outcome.as_deref() == Some("ok"))
         .collect();
-    let field = |k: &str| -> Vec<f64> { ok.iter().filter_map(|l| l[k].as_f64()).collect() };
-    let median = |k: &str| {
+    let field =
+        |k: fn(&LogLine) -> Option<f64>| -> Vec<f64> { ok.iter().filter_map(|l| k(l)).collect() };
+    let median = |k: fn(&LogLine) -> Option<f64>| {
         let mut v = field(k);
         v.sort_by(f64::total_cmp);
         crate::util::quantile::of_sorted_ms(&v, 0.5).map(|ms| ms / 1e3)
     };
-    let mean = |k: &str| {
+    let mean = |k: fn(&LogLine) -> Option<f64>| {
         let v = field(k);
         (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
     };
     let m = Measured {
-        tpot_s: median("tpot_ms"),
-        ttft_s: median("ttft_ms"),
-        prompt_tokens: mean("input_tokens"),
-        output_tokens: mean("output_tokens"),
-        batch: mean("backend_running").filter(|b| *b > 0.0),
-        engine_prefill_s: mean("engine_prefill_ms").map(|ms| ms / 1e3),
+        tpot_s: median(|l| l.tpot_ms),
+        ttft_s: median(|l| l.ttft_ms),
+        prompt_tokens: mean(|l| l.input_tokens.map(|n| n as f64)),
+        output_tokens: mean(|l| l.output_tokens.map(|n| n as f64)),
+        batch: mean(|l| l.backend_running).filter(|b| *b > 0.0),
+        engine_prefill_s: mean(|l| l.engine_prefill_ms).map(|ms| ms / 1e3),
     };
     (m, ok.len())
 }
