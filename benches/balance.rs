@@ -77,18 +77,20 @@ async fn run(balancer: &str, rate: f64, secs: u64) {
         .count();
     let all = log.lines().count().max(1);
     let r = loadgen::summarize(&samples, wall, &[]);
-    let d = |k: &str, p: &str| r[k][p].as_f64().unwrap_or(f64::NAN);
+    use inferscope::loadgen::Dist;
+    let median = |d: Option<Dist>| d.map_or(f64::NAN, |d| d.median);
+    let p99 = |d: Option<Dist>| d.map_or(f64::NAN, |d| d.p99);
     println!(
         "| {balancer} | {} | {} | {:.0}% | {:.1} / {:.1} | {:.2} / {:.2} | {:.0} / {:.0} |",
-        r["requests"],
-        r["failed"],
+        r.requests,
+        r.failed,
         100.0 * to_fast as f64 / all as f64,
-        d("ttft_ms", "median"),
-        d("ttft_ms", "p99"),
-        d("tpot_ms", "median"),
-        d("tpot_ms", "p99"),
-        d("e2e_ms", "median"),
-        d("e2e_ms", "p99"),
+        median(r.ttft_ms),
+        p99(r.ttft_ms),
+        median(r.tpot_ms),
+        p99(r.tpot_ms),
+        median(r.e2e_ms),
+        p99(r.e2e_ms),
     );
 }
 

@@ -275,9 +275,8 @@ fn scrape(c: &mut Criterion) {
     });
     g.bench_function("hdr_export", |b| {
         b.iter(|| {
-            inferscope::stats::hdr::export(black_box(&snap))
-                .to_string()
-                .len()
+            serde_json::to_string(&inferscope::stats::hdr::export(black_box(&snap)))
+                .map_or(0, |s| s.len())
         })
     });
     g.finish();
@@ -294,7 +293,7 @@ fn scrape(c: &mut Criterion) {
         "scrape bytes: text {}, protobuf+native {}, hdr export {}",
         size(false),
         size(true),
-        inferscope::stats::hdr::export(&snap).to_string().len()
+        serde_json::to_string(&inferscope::stats::hdr::export(&snap)).map_or(0, |s| s.len())
     );
 }
 

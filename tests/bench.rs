@@ -40,30 +40,28 @@ async fn closed_loop_measures_every_request_and_brackets_the_gateway() {
     );
     let (samples, wall) = loadgen::run(&o).await;
     let r = loadgen::summarize(&samples, wall, &o.slo);
+    assert_eq!((r.requests, r.failed), (24, 0));
     assert_eq!(
-        (r["requests"].as_u64(), r["failed"].as_u64()),
-        (Some(24), Some(0))
-    );
-    assert_eq!(
-        r["goodput"].as_f64().unwrap(),
-        r["request_throughput"].as_f64().unwrap(),
+        r.goodput,
+        Some(r.request_throughput),
         "loose SLOs: all good"
     );
     let tokens: u64 = samples.iter().map(|s| s.output_tokens).sum();
     assert_eq!(tokens, 24 * 8, "output tokens from usage");
     let (_, stats) = admin_get(gw.admin_addr, "/stats").await;
-    let stats: serde_json::Value = serde_json::from_str(&stats).unwrap();
-    let gw_ttft = stats["rollups"]["all"]["cumulative"]["ttft"]["p50"]
-        .as_f64()
-        .unwrap();
-    let client_ttft = r["ttft_ms"]["median"].as_f64().unwrap();
+    // The live document reads back into its type.
+    let stats: inferscope::stats::StatsDoc = serde_json::from_str(&stats).unwrap();
+    let all = &stats.rollups.all;
+    assert_eq!(all.cumulative.requests, 24);
+    let gw_ttft = all.cumulative.ttft.unwrap().p50;
+    let client_ttft = r.ttft_ms.unwrap().median;
     // The client's clock starts before the gateway's and stops after it: never below (1% slack
     // for the histogram's precision and the different medians of 24 samples).
     assert!(
         client_ttft >= gw_ttft * 0.99 && client_ttft >= 20.0,
         "client {client_ttft} vs gateway {gw_ttft}"
     );
-    let text = loadgen::render(&r, Some(&stats));
+    let text = loadgen::render(&r, Some(all));
     assert!(
         text.contains("| TTFT |") && text.contains("gateway p50"),
         "{text}"
@@ -104,11 +102,7 @@ async fn http2_connections_multiplex_many_streams_through_the_gateway() {
     o.http2_connections = Some(3);
     let (samples, wall) = loadgen::run(&o).await;
     let r = loadgen::summarize(&samples, wall, &o.slo);
-    assert_eq!(
-        (r["successful"].as_u64(), r["failed"].as_u64()),
-        (Some(300), Some(0)),
-        "{r}"
-    );
+    assert_eq!((r.successful, r.failed), (300, 0), "{r:?}");
     assert!(samples.iter().all(|s| s.complete && s.output_tokens == 8));
     let log = stop_and_read_log(gw, &dir).await;
     assert_eq!(log.len(), 300);
@@ -132,10 +126,7 @@ async fn warmup_requests_are_sent_but_left_out_of_the_report() {
     o.warmup = 4;
     let (samples, wall) = loadgen::run(&o).await;
     let r = loadgen::summarize(&samples, wall, &o.slo);
-    assert_eq!(
-        (r["requests"].as_u64(), r["failed"].as_u64()),
-        (Some(6), Some(0))
-    );
+    assert_eq!((r.requests, r.failed), (6, 0));
     let log = stop_and_read_log(gw, &dir).await;
     assert_eq!(log.len(), 10, "4 warm-up requests reached the gateway too");
 }

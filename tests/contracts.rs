@@ -155,7 +155,7 @@ fn cli_output_shapes() {
     }];
     let report = inferscope::loadgen::summarize(&samples, std::time::Duration::from_secs(1), &[]);
     let mut keys = BTreeSet::new();
-    key_paths(&report, "", &mut keys);
+    key_paths(&serde_json::to_value(&report).unwrap(), "", &mut keys);
     lines.extend(keys.into_iter().map(|k| format!("bench json: {k}")));
     golden("cli-output.txt", &lines);
 }

@@ -289,26 +289,39 @@ async fn handle_page(
         "/stats" if query_has(&req, "format", "hdr") => {
             // Compressing every histogram takes milliseconds: off the worker threads.
             let snap = state.recorder.stats.snapshot();
-            let doc =
-                tokio::task::spawn_blocking(move || crate::stats::hdr::export(&snap).to_string())
-                    .await
-                    .unwrap_or_default();
+            let doc = tokio::task::spawn_blocking(move || {
+                serde_json::to_string(&crate::stats::hdr::export(&snap)).unwrap_or_default()
+            })
+            .await
+            .unwrap_or_default();
             reply(StatusCode::OK, "application/json", doc)
         }
         "/stats" => {
-            let snap = state.recorder.stats.snapshot();
-            let mut v = snap.to_json();
-            if let serde_json::Value::Object(m) = &mut v {
-                m.insert("in_flight".into(), state.metering.in_flight().into());
-                m.insert(
-                    "access_log_dropped".into(),
-                    state.recorder.log.dropped().into(),
-                );
-                m.insert("backends".into(), backend_json(&router, &snap));
-                m.insert("keys".into(), keys_json(&state.limiter));
-                m.insert("instrument".into(), instrument_json(&state));
+            /// `/stats`: the statistics document, and beside it the gateway's own state.
+            #[derive(serde::Serialize)]
+            struct Doc {
+                #[serde(flatten)]
+                stats: crate::stats::StatsDoc,
+                in_flight: i64,
+                access_log_dropped: u64,
+                backends: serde_json::Value,
+                keys: serde_json::Value,
+                instrument: serde_json::Value,
             }
-            reply(StatusCode::OK, "application/json", v.to_string())
+            let snap = state.recorder.stats.snapshot();
+            let doc = Doc {
+                stats: snap.doc(),
+                in_flight: state.metering.in_flight(),
+                access_log_dropped: state.recorder.log.dropped(),
+                backends: backend_json(&router, &snap),
+                keys: keys_json(&state.limiter),
+                instrument: instrument_json(&state),
+            };
+            reply(
+                StatusCode::OK,
+                "application/json",
+                serde_json::to_string(&doc).unwrap_or_default(),
+            )
         }
         "/metrics" => {
             // Prometheus with native histograms enabled asks for protobuf: the same series,
@@ -465,9 +478,7 @@ fn backend_json(router: &Router, snap: &crate::stats::Snapshot) -> serde_json::V
             let roofline = b
                 .roofline
                 .as_ref()
-                .map_or(serde_json::Value::Null, |(m, peak)| {
-                    crate::stats::roofline::assess(m, *peak, measured(snap, b))
-                });
+                .map(|(m, peak)| crate::stats::roofline::assess(m, *peak, measured(snap, b)));
             serde_json::json!({
                 "backend": s.name.as_ref(),
                 "available": s.available,
@@ -609,7 +620,8 @@ fn backend_metrics(router: &Router, w: &mut Writer) {
 
 /// Each backend's place on its roofline (`model:` and `gpu:` set), for `/metrics`.
 fn roofline_metrics(router: &Router, snap: &crate::stats::Snapshot, w: &mut Writer) {
-    let rows: Vec<(Labels, serde_json::Value)> = router
+    use crate::stats::roofline::Assessment;
+    let rows: Vec<(Labels, Assessment)> = router
         .backends()
         .iter()
         .filter_map(|b| {
@@ -623,39 +635,31 @@ fn roofline_metrics(router: &Router, snap: &crate::stats::Snapshot, w: &mut Writ
     if rows.is_empty() {
         return;
     }
-    let series: [(&str, &str, &str); 4] = [
+    type Get = fn(&Assessment) -> Option<f64>;
+    let series: [(&str, &str, Get); 4] = [
         (
             "inferscope_backend_decode_bandwidth_bytes_per_second",
             "Decode bandwidth achieved by the backend: (weights + KV cache read per step) / TPOT.",
-            "/decode/achieved_gb_s",
+            |a| a.decode.as_ref().map(|d| d.achieved_gb_s * 1e9),
         ),
         (
             "inferscope_backend_mbu_ratio",
             "Model-bandwidth utilisation of the backend's decode: achieved / peak HBM bandwidth.",
-            "/decode/mbu",
+            |a| a.decode.as_ref().map(|d| d.mbu),
         ),
         (
             "inferscope_backend_prefill_mfu_ratio",
             "Model-FLOPs utilisation of the backend's prefill (a lower bound when timed by TTFT).",
-            "/prefill/mfu",
+            |a| a.prefill.as_ref().map(|p| p.mfu),
         ),
         (
             "inferscope_backend_prefill_flops_per_second",
             "Prefill compute achieved by the backend: 2 x parameters x prompt tokens / prefill time.",
-            "/prefill/achieved_tflops",
+            |a| a.prefill.as_ref().map(|p| p.achieved_tflops * 1e12),
         ),
     ];
-    for (name, help, path) in series {
-        let scale = if path.ends_with("_gb_s") {
-            1e9
-        } else if path.ends_with("_tflops") {
-            1e12
-        } else {
-            1.0
-        };
-        let values = rows
-            .iter()
-            .filter_map(|(l, v)| Some((l, v.pointer(path)?.as_f64()? * scale)));
+    for (name, help, get) in series {
+        let values = rows.iter().filter_map(|(l, a)| Some((l, get(a)?)));
         w.series(name, "gauge", help, values);
     }
 }
@@ -1077,7 +1081,11 @@ async fn quality(state: &AdminState, req: Request<hyper::body::Incoming>) -> Res
         Ok(()) => reply(
             StatusCode::OK,
             "application/json",
-            serde_json::json!({"route": name.as_ref(), "experiment": x.name.as_ref()}).to_string(),
+            serde_json::to_string(&crate::experiment::quality::Filed {
+                route: name.to_string(),
+                experiment: x.name.to_string(),
+            })
+            .unwrap_or_default(),
         ),
         Err(e @ QualityError::Full(_)) => json_error(StatusCode::CONFLICT, &e.to_string()),
         Err(e) => json_error(StatusCode::BAD_REQUEST, &e.to_string()),

@@ -214,9 +214,7 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
             };
             let (samples, wall) = loadgen::run(&o).await;
             let mut report = loadgen::summarize(&samples, wall, &o.slo);
-            if let serde_json::Value::Object(m) = &mut report {
-                m.insert("rate".into(), (*r).into());
-            }
+            report.rate = Some(*r);
             rows.push(report);
         }
         print!("{}", loadgen::render_sweep(&rows));
@@ -234,30 +232,20 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
     }
     let gateway = match &compare_gateway {
         // Compared with the gateway's figures for the same population.
-        Some(admin) => Some(population(
-            fetch_stats(admin).await?,
-            taken.then_some(purpose.as_str()),
-        )),
+        Some(admin) => population(fetch_stats(admin).await?, taken.then_some(purpose.as_str())),
         None => None,
     };
     print!("{}", loadgen::render(&report, gateway.as_ref()));
     if let Some((model, peak)) = &roof {
         let v = crate::stats::roofline::assess(model, *peak, bench_measured(&report));
-        for part in ["decode", "prefill"] {
-            if let Some(w) = v[part]["words"].as_str() {
-                println!("roofline: {w}");
-            }
+        for w in v.words() {
+            println!("roofline: {w}");
         }
-        if let serde_json::Value::Object(m) = &mut report {
-            m.insert("roofline".into(), v);
-        }
+        report.roofline = Some(v);
     }
     if let Some(path) = out {
-        let mut doc = report.clone();
-        if let (Some(g), serde_json::Value::Object(m)) = (&gateway, &mut doc) {
-            m.insert("gateway".into(), g["rollups"]["all"].clone());
-        }
-        std::fs::write(&path, serde_json::to_string_pretty(&doc)?)
+        report.gateway = gateway;
+        std::fs::write(&path, serde_json::to_string_pretty(&report)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
@@ -266,22 +254,17 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
 /// What a bench run says for the roofline: its median TPOT and TTFT, mean tokens, and as the
 /// batch the mean number of its requests in flight (Little's law: throughput × mean E2E; the
 /// engine's batch when this run is its only load).
-fn bench_measured(r: &serde_json::Value) -> crate::stats::roofline::Measured {
-    let ms = |k: &str, q: &str| r[k][q].as_f64().map(|v| v / 1e3);
-    let ok = r["successful"].as_f64().filter(|n| *n > 0.0);
-    let secs = r["duration_s"].as_f64();
-    let per_request = |k: &str| Some(r[k].as_f64()? * secs? / ok?);
-    let output = per_request("output_token_throughput");
-    let input = per_request("total_token_throughput")
+fn bench_measured(r: &crate::loadgen::BenchReport) -> crate::stats::roofline::Measured {
+    let ok = (r.successful > 0).then_some(r.successful as f64);
+    let per_request = |throughput: f64| Some(throughput * r.duration_s / ok?);
+    let output = per_request(r.output_token_throughput);
+    let input = per_request(r.total_token_throughput)
         .zip(output)
         .map(|(t, o)| t - o);
-    let in_flight = r["request_throughput"]
-        .as_f64()
-        .zip(ms("e2e_ms", "mean"))
-        .map(|(x, e2e)| x * e2e);
+    let in_flight = r.e2e_ms.map(|e2e| r.request_throughput * e2e.mean / 1e3);
     crate::stats::roofline::Measured {
-        tpot_s: ms("tpot_ms", "median"),
-        ttft_s: ms("ttft_ms", "median"),
+        tpot_s: r.tpot_ms.map(|d| d.median / 1e3),
+        ttft_s: r.ttft_ms.map(|d| d.median / 1e3),
         prompt_tokens: input.filter(|n| *n > 0.0),
         output_tokens: output,
         batch: in_flight.filter(|b| *b > 0.0),
@@ -289,22 +272,20 @@ fn bench_measured(r: &serde_json::Value) -> crate::stats::roofline::Measured {
     }
 }
 
-/// A `/stats` document whose overall rollup is `purpose`'s (the rollups are of live traffic;
-/// requests a benchmark declared are counted under their purpose).
-fn population(mut stats: serde_json::Value, purpose: Option<&str>) -> serde_json::Value {
-    let Some(p) = purpose else {
-        return stats;
-    };
-    let own = stats["rollups"]["purpose"]
-        .as_array()
-        .and_then(|l| l.iter().find(|g| g["purpose"] == p))
-        .cloned()
-        .unwrap_or(serde_json::Value::Null);
-    stats["rollups"]["all"] = own;
-    stats
+/// The gateway's overall figures for the population a benchmark sent: live traffic's, or the
+/// rollup of the purpose it declared (requests a benchmark declared are counted under it).
+fn population(
+    stats: crate::stats::StatsDoc,
+    purpose: Option<&str>,
+) -> Option<crate::stats::Periods> {
+    match purpose {
+        None => Some(stats.rollups.all),
+        Some(p) => stats.rollups.of_purpose(p).map(|row| row.periods.clone()),
+    }
 }
 
 /// `GET {admin}/stats`.
-async fn fetch_stats(admin: &str) -> anyhow::Result<serde_json::Value> {
-    fetch_json(admin, "/stats", None, None).await
+async fn fetch_stats(admin: &str) -> anyhow::Result<crate::stats::StatsDoc> {
+    let doc = fetch_json(admin, "/stats", None, None).await?;
+    serde_json::from_value(doc).context("GET /stats: not the statistics document")
 }

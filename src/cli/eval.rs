@@ -141,9 +141,11 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
             )
             .await
             .context("--report-to")?;
+            let filed: crate::experiment::quality::Filed =
+                serde_json::from_value(answer).context("--report-to: the gateway's answer")?;
             eprintln!(
-                "posted to {admin}: experiment {} on route {}",
-                answer["experiment"], answer["route"]
+                "posted to {admin}: experiment {:?} on route {:?}",
+                filed.experiment, filed.route
             );
         }
         anyhow::Ok(())

@@ -153,7 +153,7 @@ fn with_rooflines(
                 .filter_map(|l| serde_json::from_str::<crate::accesslog::LogLine>(l).ok()),
         );
     }
-    let mut found = serde_json::Map::new();
+    let mut found = std::collections::BTreeMap::new();
     let mut out = String::new();
     for b in &cfg.backends {
         let (Some(model), Some(peak)) = (b.model, b.gpu.as_ref().and_then(roofline::Peak::of))
@@ -165,19 +165,9 @@ fn with_rooflines(
             continue;
         }
         let v = roofline::assess(&model, peak, m);
-        out.push_str(&format!(
-            "
-roofline of {} ({n} requests):
-",
-            b.name
-        ));
-        for part in ["decode", "prefill"] {
-            if let Some(w) = v[part]["words"].as_str() {
-                out.push_str(&format!(
-                    "  {w}
-"
-                ));
-            }
+        out.push_str(&format!("\nroofline of {} ({n} requests):\n", b.name));
+        for w in v.words() {
+            out.push_str(&format!("  {w}\n"));
         }
         found.insert(b.name.clone(), v);
     }
@@ -186,7 +176,7 @@ roofline of {} ({n} requests):
     }
     let mut doc: serde_json::Value = serde_json::from_str(&report)?;
     if let serde_json::Value::Object(m) = &mut doc {
-        m.insert("roofline".into(), found.into());
+        m.insert("roofline".into(), serde_json::to_value(found)?);
     }
     Ok(serde_json::to_string_pretty(&doc)? + "\n")
 }

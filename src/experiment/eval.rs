@@ -29,7 +29,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::fmt::Write;
 use std::path::Path;
@@ -724,10 +724,7 @@ async fn ask(
             )
             .await
             .ok()?;
-        return v
-            .pointer("/choices/0/text")
-            .and_then(Value::as_str)
-            .map(str::to_owned);
+        return first_choice(v).and_then(|c| c.text);
     }
     let body = json!({"model": t.model, "stream": false, "max_tokens": item.max_tokens(),
         "temperature": 0, "messages": [{"role": "user", "content": item.prompt()}]});
@@ -735,9 +732,36 @@ async fn ask(
         .post_retrying(client, variant, CHAT_PATH, &body, false)
         .await
         .ok()?;
-    v.pointer("/choices/0/message/content")
-        .and_then(Value::as_str)
-        .map(str::to_owned)
+    first_choice(v)
+        .and_then(|c| c.message)
+        .and_then(|m| m.content)
+}
+
+/// The first choice of an OpenAI-style answer (completions: `text`; chat: `message.content`).
+fn first_choice(answer: Value) -> Option<Choice> {
+    #[derive(Deserialize)]
+    struct Answer {
+        choices: Vec<Choice>,
+    }
+    serde_json::from_value::<Answer>(answer)
+        .ok()?
+        .choices
+        .into_iter()
+        .next()
+}
+
+#[derive(Deserialize)]
+struct Choice {
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default)]
+    message: Option<ChatMessage>,
+}
+
+#[derive(Deserialize)]
+struct ChatMessage {
+    #[serde(default)]
+    content: Option<String>,
 }
 
 /// An item's identity in `--out` files: its question and answer (so a changed dataset is asked
@@ -748,21 +772,35 @@ fn item_id(item: &EvalItem) -> String {
     format!("{h:016x}")
 }
 
+/// One line of an `--out` file: one item asked of one variant.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OutLine {
+    /// The variant asked.
+    pub variant: String,
+    /// The item's position in the dataset.
+    pub index: usize,
+    /// The item's identity (a hash of its question and answer).
+    pub id: String,
+    /// Its category, where the dataset has them.
+    pub category: Option<String>,
+    /// Answered right.
+    pub correct: bool,
+    /// No answer came (after retries): asked again on the next run.
+    pub failed: bool,
+    /// The answer, its first 2,000 characters.
+    pub reply: Option<String>,
+    /// Why a code answer failed, where it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+}
+
 /// What an `--out` file already holds: (variant, index) → (id, correct), for answered items.
 fn done_items(path: &Path) -> std::collections::HashMap<(String, usize), (String, bool)> {
     let text = crate::util::fs::read_to_string(path, crate::util::fs::DATA_CAP).unwrap_or_default();
     text.lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| v["failed"] == false)
-        .filter_map(|v| {
-            Some((
-                (
-                    v["variant"].as_str()?.to_owned(),
-                    v["index"].as_u64()? as usize,
-                ),
-                (v["id"].as_str()?.to_owned(), v["correct"].as_bool()?),
-            ))
-        })
+        .filter_map(|l| serde_json::from_str::<OutLine>(l).ok())
+        .filter(|l| !l.failed)
+        .map(|l| ((l.variant, l.index), (l.id, l.correct)))
         .collect()
 }
 
@@ -867,15 +905,20 @@ pub async fn run(o: &EvalOptions, items: &[EvalItem]) -> Vec<Score> {
                         progress.done.fetch_add(1, Relaxed);
                     }
                     if let Some(f) = &out {
-                        let reply: Option<String> = reply.map(|r| r.chars().take(2000).collect());
-                        let mut line = json!({"variant": variant, "index": i, "id": ids[i],
-                            "category": item.category, "correct": r.0, "failed": r.1,
-                            "reply": reply});
-                        if let Some(why) = why {
-                            line["why"] = why.into();
-                        }
+                        let line = OutLine {
+                            variant: variant.to_string(),
+                            index: i,
+                            id: ids[i].clone(),
+                            category: item.category.clone(),
+                            correct: r.0,
+                            failed: r.1,
+                            reply: reply.map(|r| r.chars().take(2000).collect()),
+                            why,
+                        };
                         use std::io::Write as _;
-                        let _ = writeln!(f.lock(), "{line}");
+                        if let Ok(line) = serde_json::to_string(&line) {
+                            let _ = writeln!(f.lock(), "{line}");
+                        }
                     }
                 }
             }));
@@ -922,7 +965,8 @@ pub const CHAT_PATH: &str = "/v1/chat/completions";
 
 /// The report as JSON, as `eval --json` prints it and `--report-to` posts it
 /// (`quality::QualityResult`'s shape): each variant's accuracy, interval and categories, and each
-/// variant's difference from the control (paired interval, McNemar).
+/// variant's difference from the control (paired interval, McNemar). Not yet a type of its own
+/// (it carries more than `QualityResult`): the quality gate's rework of the eval report types it.
 pub fn summary_json(scores: &[Score], suite: &str, model: &str) -> Value {
     let interval = |lo: f64, hi: f64| (lo.is_finite() && hi.is_finite()).then_some([lo, hi]);
     let variants: Vec<Value> = scores

@@ -19,6 +19,7 @@
 //! tokens placed by their `text_offset`; the report says which, and why.
 
 use super::eval::{HttpClient, NoReply};
+use serde::Deserialize;
 use serde_json::{json, Value};
 use std::fmt::Write;
 use std::sync::Arc;
@@ -166,11 +167,34 @@ pub fn score_answer(
     prompt_len: usize,
     score_from: usize,
 ) -> Option<WindowScore> {
-    let lp = answer.pointer("/choices/0/logprobs")?;
-    let values = lp.get("token_logprobs")?.as_array()?;
-    let offsets = lp.get("text_offset").and_then(Value::as_array);
+    /// The parts of a completions answer scoring reads: the first choice's log-probabilities.
+    #[derive(serde::Deserialize)]
+    struct Answer {
+        choices: Vec<Choice>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Choice {
+        logprobs: Option<Logprobs>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Logprobs {
+        /// One per token; the first token's is `null` (nothing precedes it).
+        token_logprobs: Vec<Option<f64>>,
+        #[serde(default)]
+        text_offset: Option<Vec<u64>>,
+    }
+    let lp = Answer::deserialize(answer)
+        .ok()?
+        .choices
+        .into_iter()
+        .next()?
+        .logprobs?;
+    let values = lp.token_logprobs;
+    let offsets = lp.text_offset;
     let by_position = *unit == Unit::Tokens;
-    if values.len() < 2 || (!by_position && offsets.is_none_or(|o| o.len() != values.len())) {
+    if values.len() < 2
+        || (!by_position && offsets.as_ref().is_none_or(|o| o.len() != values.len()))
+    {
         return None;
     }
     let mut s = WindowScore {
@@ -178,8 +202,8 @@ pub fn score_answer(
         tokens: 0,
     };
     for (i, v) in values.iter().enumerate() {
-        let at = match offsets.filter(|_| !by_position) {
-            Some(o) => o.get(i)?.as_u64()? as usize,
+        let at = match offsets.as_ref().filter(|_| !by_position) {
+            Some(o) => *o.get(i)? as usize,
             None => i,
         };
         if at >= prompt_len {
@@ -188,7 +212,7 @@ pub fn score_answer(
         if i == 0 || at < score_from {
             continue;
         }
-        s.nll -= v.as_f64()?;
+        s.nll -= (*v)?;
         s.tokens += 1;
     }
     Some(s)
@@ -249,11 +273,14 @@ async fn tokenize(
                 ),
                 e => format!("{variant} has no /tokenize ({e:?})"),
             })?;
-        let ids: Vec<u64> = v
-            .get("tokens")
-            .and_then(Value::as_array)
-            .and_then(|a| a.iter().map(Value::as_u64).collect())
-            .ok_or_else(|| format!("{variant}'s /tokenize gave no token ids"))?;
+        /// vLLM's `/tokenize` answer: the token ids.
+        #[derive(serde::Deserialize)]
+        struct Tokenized {
+            tokens: Vec<u64>,
+        }
+        let ids = Tokenized::deserialize(&v)
+            .map_err(|_| format!("{variant}'s /tokenize gave no token ids"))?
+            .tokens;
         match &first {
             Some(f) if *f != ids => {
                 return Err(format!(

@@ -83,6 +83,15 @@ pub struct QualityResult {
     pub unit: Option<String>,
 }
 
+/// The answer to a result posted to admin `POST /experiments/quality`: where it was filed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Filed {
+    /// The route the result was filed under.
+    pub route: String,
+    /// Its experiment.
+    pub experiment: String,
+}
+
 /// Why a posted result was refused.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum QualityError {

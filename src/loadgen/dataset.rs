@@ -2,8 +2,6 @@
 //! conversation), a JSONL file of `{"prompt": …}` objects or plain strings, or synthetic prompts of
 //! a given length.
 
-use serde_json::Value;
-
 /// A prompt file that cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum PromptsError {
@@ -30,30 +28,47 @@ pub enum PromptsError {
 pub fn load_prompts(text: &str) -> Result<Vec<String>, PromptsError> {
     let trimmed = text.trim_start();
     let prompts: Vec<String> = if trimmed.starts_with('[') {
-        let v: Value = serde_json::from_str(trimmed).map_err(PromptsError::ShareGpt)?;
-        v.as_array()
-            .into_iter()
-            .flatten()
+        /// A ShareGPT conversation: its turns, the first human one the prompt.
+        #[derive(serde::Deserialize)]
+        struct Conversation {
+            #[serde(default)]
+            conversations: Vec<Turn>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Turn {
+            #[serde(default)]
+            from: String,
+            #[serde(default)]
+            value: Option<String>,
+        }
+        let all: Vec<Conversation> =
+            serde_json::from_str(trimmed).map_err(PromptsError::ShareGpt)?;
+        all.into_iter()
             .filter_map(|c| {
-                c["conversations"]
-                    .as_array()?
-                    .iter()
-                    .find(|t| matches!(t["from"].as_str(), Some("human" | "user")))
-                    .and_then(|t| t["value"].as_str())
-                    .map(str::to_owned)
+                c.conversations
+                    .into_iter()
+                    .find(|t| matches!(t.from.as_str(), "human" | "user"))
+                    .and_then(|t| t.value)
             })
             .collect()
     } else {
         text.lines()
             .enumerate()
             .filter(|(_, l)| !l.trim().is_empty())
-            .map(|(i, l)| match serde_json::from_str::<Value>(l) {
-                Ok(Value::String(s)) => Ok(s),
-                Ok(v) => v["prompt"]
-                    .as_str()
-                    .map(str::to_owned)
-                    .ok_or(PromptsError::NoPrompt(i + 1)),
-                Err(error) => Err(PromptsError::Line { line: i + 1, error }),
+            .map(|(i, l)| {
+                /// A JSONL line: a string, or an object with a `prompt`.
+                #[derive(serde::Deserialize)]
+                #[serde(untagged)]
+                enum Line {
+                    Text(String),
+                    Object { prompt: Option<String> },
+                    Other(serde::de::IgnoredAny),
+                }
+                match serde_json::from_str::<Line>(l) {
+                    Ok(Line::Text(s) | Line::Object { prompt: Some(s) }) => Ok(s),
+                    Ok(_) => Err(PromptsError::NoPrompt(i + 1)),
+                    Err(error) => Err(PromptsError::Line { line: i + 1, error }),
+                }
             })
             .collect::<Result<_, _>>()?
     };

@@ -19,7 +19,8 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use parking_lot::Mutex;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -160,8 +161,8 @@ async fn one(
 ) -> Sample {
     let mut body = json!({"model": o.model, "stream": o.stream, "max_tokens": o.max_tokens,
         "messages": [{"role": "user", "content": prompt}]});
-    if o.stream {
-        body["stream_options"] = json!({"include_usage": true});
+    if let (true, Some(m)) = (o.stream, body.as_object_mut()) {
+        m.insert("stream_options".into(), json!({"include_usage": true}));
     }
     let mut req = http::Request::post(format!(
         "{}/v1/chat/completions",
@@ -356,24 +357,82 @@ pub async fn run(o: &BenchOptions) -> (Vec<Sample>, Duration) {
     (v, wall)
 }
 
-fn dist(v: &mut [f64]) -> Value {
-    if v.is_empty() {
-        return Value::Null;
-    }
-    v.sort_unstable_by(f64::total_cmp);
-    let r = |x: f64| (x * 1000.0).round() / 1000.0;
-    // Percentiles by the gateway's one rule, so client-side and `/stats` numbers compare.
-    let q = |p: f64| quantile::of_sorted_ms(v, p);
-    json!({
-        "mean": r(v.iter().sum::<f64>() / v.len() as f64),
-        "median": q(0.5),
-        "p90": q(0.9),
-        "p99": q(0.99),
-    })
+/// A distribution of one client-side metric, milliseconds (percentiles by the gateway's one
+/// rule, so client-side and `/stats` numbers compare).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Dist {
+    /// Mean, three decimals.
+    pub mean: f64,
+    /// Median.
+    pub median: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 99th percentile.
+    pub p99: f64,
 }
 
-/// The report (vLLM `bench serve` style, the gateway's definitions) as JSON.
-pub fn summarize(samples: &[Sample], wall: Duration, slo: &[(String, Duration)]) -> Value {
+impl Dist {
+    /// Of `v` (sorted in place), `None` when empty.
+    fn of(v: &mut [f64]) -> Option<Self> {
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_unstable_by(f64::total_cmp);
+        let q = |p: f64| quantile::of_sorted_ms(v, p);
+        Some(Self {
+            mean: (v.iter().sum::<f64>() / v.len() as f64 * 1000.0).round() / 1000.0,
+            median: q(0.5)?,
+            p90: q(0.9)?,
+            p99: q(0.99)?,
+        })
+    }
+}
+
+/// A benchmark run's report (vLLM `bench serve`'s names, the gateway's definitions): what
+/// `inferscope bench` prints and writes with `--out`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BenchReport {
+    /// Wall time of the run, seconds.
+    pub duration_s: f64,
+    /// Requests sent (after warm-up).
+    pub requests: usize,
+    /// Of those, answered in full.
+    pub successful: usize,
+    /// The rest.
+    pub failed: usize,
+    /// Successful requests per second.
+    pub request_throughput: f64,
+    /// Output tokens per second.
+    pub output_token_throughput: f64,
+    /// Prompt and output tokens per second.
+    pub total_token_throughput: f64,
+    /// Requests per second that met every `--slo` (`None`: no SLO given).
+    pub goodput: Option<f64>,
+    /// The SLOs, as `metric<=Nms`.
+    pub slo: Vec<String>,
+    /// Time to first token.
+    pub ttft_ms: Option<Dist>,
+    /// Time to first chunk.
+    pub ttfc_ms: Option<Dist>,
+    /// Time per output token.
+    pub tpot_ms: Option<Dist>,
+    /// Inter-token latency (every gap).
+    pub itl_ms: Option<Dist>,
+    /// End to end.
+    pub e2e_ms: Option<Dist>,
+    /// `--sweep`: the rate this row was offered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<f64>,
+    /// `--gpu`: where the run sits on the roofline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roofline: Option<crate::stats::roofline::Assessment>,
+    /// `--compare-gateway`: the gateway's overall figures for the same requests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<crate::stats::Periods>,
+}
+
+/// The report (vLLM `bench serve` style, the gateway's definitions).
+pub fn summarize(samples: &[Sample], wall: Duration, slo: &[(String, Duration)]) -> BenchReport {
     let secs = wall.as_secs_f64().max(1e-9);
     let ok: Vec<&Sample> = samples.iter().filter(|s| s.ok()).collect();
     let out: u64 = ok.iter().map(|s| s.output_tokens).sum();
@@ -382,47 +441,59 @@ pub fn summarize(samples: &[Sample], wall: Duration, slo: &[(String, Duration)])
         |f: &dyn Fn(&Sample) -> Option<f64>| ok.iter().filter_map(|s| f(s)).collect::<Vec<f64>>();
     let mut itl: Vec<f64> = ok.iter().flat_map(|s| s.itl.iter().copied()).collect();
     let good = samples.iter().filter(|s| s.meets(slo)).count();
-    json!({
-        "duration_s": secs,
-        "requests": samples.len(),
-        "successful": ok.len(),
-        "failed": samples.len() - ok.len(),
-        "request_throughput": ok.len() as f64 / secs,
-        "output_token_throughput": out as f64 / secs,
-        "total_token_throughput": (out + inp) as f64 / secs,
-        "goodput": if slo.is_empty() { Value::Null } else { json!(good as f64 / secs) },
-        "slo": slo.iter().map(|(k, d)| format!("{k}<={}ms", d.as_millis())).collect::<Vec<_>>(),
-        "ttft_ms": dist(&mut collect(&|s| s.ttft)),
-        "ttfc_ms": dist(&mut collect(&|s| s.ttfc)),
-        "tpot_ms": dist(&mut collect(&|s| s.tpot)),
-        "itl_ms": dist(&mut itl),
-        "e2e_ms": dist(&mut collect(&|s| Some(s.e2e))),
-    })
+    BenchReport {
+        duration_s: secs,
+        requests: samples.len(),
+        successful: ok.len(),
+        failed: samples.len() - ok.len(),
+        request_throughput: ok.len() as f64 / secs,
+        output_token_throughput: out as f64 / secs,
+        total_token_throughput: (out + inp) as f64 / secs,
+        goodput: (!slo.is_empty()).then(|| good as f64 / secs),
+        slo: slo
+            .iter()
+            .map(|(k, d)| format!("{k}<={}ms", d.as_millis()))
+            .collect(),
+        ttft_ms: Dist::of(&mut collect(&|s| s.ttft)),
+        ttfc_ms: Dist::of(&mut collect(&|s| s.ttfc)),
+        tpot_ms: Dist::of(&mut collect(&|s| s.tpot)),
+        itl_ms: Dist::of(&mut itl),
+        e2e_ms: Dist::of(&mut collect(&|s| Some(s.e2e))),
+        rate: None,
+        roofline: None,
+        gateway: None,
+    }
 }
 
-/// The report as a table; with `gateway` (its `/stats` document), side by side.
-pub fn render(r: &Value, gateway: Option<&Value>) -> String {
+/// The report as a table; with `gateway` (the gateway's figures for the same requests), side by
+/// side.
+pub fn render(r: &BenchReport, gateway: Option<&crate::stats::Periods>) -> String {
     let mut out = String::new();
-    let f = |v: &Value| v.as_f64().map_or("-".to_string(), |x| format!("{x:.2}"));
+    let f = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.2}"));
     let _ = writeln!(
         out,
         "requests: {} ({} successful, {} failed) in {} s",
-        r["requests"],
-        r["successful"],
-        r["failed"],
-        f(&r["duration_s"])
+        r.requests,
+        r.successful,
+        r.failed,
+        f(Some(r.duration_s))
     );
     let _ = writeln!(
         out,
         "request throughput: {} req/s; output tokens: {} tok/s; total tokens: {} tok/s",
-        f(&r["request_throughput"]),
-        f(&r["output_token_throughput"]),
-        f(&r["total_token_throughput"])
+        f(Some(r.request_throughput)),
+        f(Some(r.output_token_throughput)),
+        f(Some(r.total_token_throughput))
     );
-    if !r["goodput"].is_null() {
-        let _ = writeln!(out, "goodput ({}): {} req/s", r["slo"], f(&r["goodput"]));
+    if let Some(g) = r.goodput {
+        let _ = writeln!(
+            out,
+            "goodput ({}): {} req/s",
+            serde_json::Value::from(r.slo.clone()),
+            f(Some(g))
+        );
     }
-    let all = gateway.map(|g| &g["rollups"]["all"]["cumulative"]);
+    let all = gateway.map(|g| &g.cumulative);
     let _ = writeln!(
         out,
         "\n| metric (ms) | mean | median | p90 | p99 |{}",
@@ -437,23 +508,23 @@ pub fn render(r: &Value, gateway: Option<&Value>) -> String {
         "|---|---|---|---|---|{}",
         if all.is_some() { "---|---|" } else { "" }
     );
-    for (name, key, gw) in [
-        ("TTFT", "ttft_ms", "ttft"),
-        ("TTFC", "ttfc_ms", "ttfc"),
-        ("TPOT", "tpot_ms", "tpot"),
-        ("ITL", "itl_ms", "itl"),
-        ("E2E", "e2e_ms", "e2e"),
+    for (name, d, gw) in [
+        ("TTFT", r.ttft_ms, "ttft"),
+        ("TTFC", r.ttfc_ms, "ttfc"),
+        ("TPOT", r.tpot_ms, "tpot"),
+        ("ITL", r.itl_ms, "itl"),
+        ("E2E", r.e2e_ms, "e2e"),
     ] {
-        let d = &r[key];
         let mut line = format!(
             "| {name} | {} | {} | {} | {} |",
-            f(&d["mean"]),
-            f(&d["median"]),
-            f(&d["p90"]),
-            f(&d["p99"])
+            f(d.map(|d| d.mean)),
+            f(d.map(|d| d.median)),
+            f(d.map(|d| d.p90)),
+            f(d.map(|d| d.p99))
         );
         if let Some(a) = all {
-            let _ = write!(line, " {} | {} |", f(&a[gw]["p50"]), f(&a[gw]["p99"]));
+            let l = a.latency(gw);
+            let _ = write!(line, " {} | {} |", f(l.map(|l| l.p50)), f(l.map(|l| l.p99)));
         }
         let _ = writeln!(out, "{line}");
     }
@@ -461,23 +532,23 @@ pub fn render(r: &Value, gateway: Option<&Value>) -> String {
 }
 
 /// One row per swept rate.
-pub fn render_sweep(rows: &[Value]) -> String {
-    let f = |v: &Value| v.as_f64().map_or("-".to_string(), |x| format!("{x:.2}"));
+pub fn render_sweep(rows: &[BenchReport]) -> String {
+    let f = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.2}"));
     let mut out = String::from("| rate req/s | achieved req/s | output tok/s | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 | E2E p99 | goodput req/s | failed |\n|---|---|---|---|---|---|---|---|---|---|\n");
     for r in rows {
         let _ = writeln!(
             out,
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            f(&r["rate"]),
-            f(&r["request_throughput"]),
-            f(&r["output_token_throughput"]),
-            f(&r["ttft_ms"]["median"]),
-            f(&r["ttft_ms"]["p99"]),
-            f(&r["tpot_ms"]["median"]),
-            f(&r["tpot_ms"]["p99"]),
-            f(&r["e2e_ms"]["p99"]),
-            f(&r["goodput"]),
-            r["failed"]
+            f(r.rate),
+            f(Some(r.request_throughput)),
+            f(Some(r.output_token_throughput)),
+            f(r.ttft_ms.map(|d| d.median)),
+            f(r.ttft_ms.map(|d| d.p99)),
+            f(r.tpot_ms.map(|d| d.median)),
+            f(r.tpot_ms.map(|d| d.p99)),
+            f(r.e2e_ms.map(|d| d.p99)),
+            f(r.goodput),
+            r.failed
         );
     }
     out

@@ -19,7 +19,7 @@
 
 use crate::accesslog::LogLine;
 use crate::config::{GpuSpec, ModelSpec};
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
 
 /// Peak HBM bandwidth (GB/s) and dense BF16/FP16 tensor throughput (TFLOP/s) of one GPU, from
 /// NVIDIA's datasheets (SXM parts where there are two).
@@ -86,8 +86,99 @@ fn pct(x: f64) -> String {
     }
 }
 
-/// The roofline of one backend as JSON (for `/stats`), with its verdict in words.
-pub fn assess(model: &ModelSpec, peak: Peak, m: Measured) -> Value {
+/// Where one backend sits on its roofline: the peak and model it rests on, decode's bandwidth and
+/// prefill's compute, each with its verdict in words (`/stats`, `bench`, `report`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Assessment {
+    /// The GPUs' peaks.
+    pub peak: PeakView,
+    /// The model's size.
+    pub model: ModelView,
+    /// Decode (`None`: no TPOT measured).
+    pub decode: Option<Decode>,
+    /// Prefill (`None`: no prompt tokens or prefill time measured).
+    pub prefill: Option<Prefill>,
+}
+
+impl Assessment {
+    /// The verdicts in words, decode first.
+    pub fn words(&self) -> impl Iterator<Item = &str> {
+        let d = self.decode.as_ref().map(|d| d.words.as_str());
+        let p = self.prefill.as_ref().map(|p| p.words.as_str());
+        d.into_iter().chain(p)
+    }
+}
+
+/// The peaks, in the units people quote.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PeakView {
+    /// HBM bandwidth, GB/s (all GPUs).
+    pub hbm_gb_s: f64,
+    /// Dense compute, TFLOP/s (all GPUs).
+    pub tflops: f64,
+    /// GPUs.
+    pub gpus: u32,
+}
+
+/// The model as configured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelView {
+    /// Parameters, billions.
+    pub params_b: f64,
+    /// Bytes per parameter (2 for FP16, 1 for INT8).
+    pub bytes_per_param: f64,
+    /// KV-cache bytes per token, where given.
+    pub kv_bytes_per_token: Option<f64>,
+}
+
+/// Decode against HBM bandwidth.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Decode {
+    /// The TPOT it rests on, milliseconds.
+    pub tpot_ms: f64,
+    /// The engine's batch, where known.
+    pub batch: Option<f64>,
+    /// Mean context per sequence, tokens (prompt plus half the output).
+    pub context_tokens: Option<f64>,
+    /// Bytes read per decode step (weights, plus the KV cache where known).
+    pub bytes_per_step: f64,
+    /// Of which the KV cache.
+    pub kv_bytes_per_step: Option<f64>,
+    /// Achieved bandwidth, GB/s.
+    pub achieved_gb_s: f64,
+    /// Model-bandwidth utilisation: achieved over peak.
+    pub mbu: f64,
+    /// FLOPs per byte of a step, where the batch is known.
+    pub arithmetic_intensity: Option<f64>,
+    /// The GPUs' ridge point, FLOP/byte.
+    pub ridge: f64,
+    /// `memory-bound`, `compute-bound`, or `memory-bound at small batches`.
+    pub bound: String,
+    /// The verdict in words.
+    pub words: String,
+}
+
+/// Prefill against peak compute.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Prefill {
+    /// Mean prompt tokens.
+    pub prompt_tokens: f64,
+    /// The prefill time it rests on, seconds.
+    pub seconds: f64,
+    /// `engine` (the engine's own prefill time) or `ttft` (which includes queueing).
+    pub source: String,
+    /// Timed by TTFT: the utilisation is a lower bound.
+    pub lower_bound: bool,
+    /// Achieved compute, TFLOP/s.
+    pub achieved_tflops: f64,
+    /// Model-FLOPs utilisation: achieved over peak.
+    pub mfu: f64,
+    /// The verdict in words.
+    pub words: String,
+}
+
+/// The roofline of one backend, with its verdict in words.
+pub fn assess(model: &ModelSpec, peak: Peak, m: Measured) -> Assessment {
     let p = model.params_b * 1e9;
     let weights = p * model.bytes_per_param;
     let ridge = peak.flops / peak.bytes_per_s;
@@ -128,19 +219,19 @@ pub fn assess(model: &ModelSpec, peak: Peak, m: Measured) -> Value {
         if kv.is_none() {
             words.push_str(" (KV-cache traffic left out: a lower bound)");
         }
-        json!({
-            "tpot_ms": tpot * 1e3,
-            "batch": m.batch,
-            "context_tokens": context,
-            "bytes_per_step": bytes,
-            "kv_bytes_per_step": kv,
-            "achieved_gb_s": achieved / 1e9,
-            "mbu": mbu,
-            "arithmetic_intensity": intensity,
-            "ridge": ridge,
-            "bound": bound,
-            "words": words,
-        })
+        Decode {
+            tpot_ms: tpot * 1e3,
+            batch: m.batch,
+            context_tokens: context,
+            bytes_per_step: bytes,
+            kv_bytes_per_step: kv,
+            achieved_gb_s: achieved / 1e9,
+            mbu,
+            arithmetic_intensity: intensity,
+            ridge,
+            bound: bound.to_string(),
+            words,
+        }
     });
     let prefill = m.prompt_tokens.filter(|n| *n > 0.0).and_then(|n| {
         let (secs, source) = match (m.engine_prefill_s, m.ttft_s) {
@@ -164,30 +255,30 @@ pub fn assess(model: &ModelSpec, peak: Peak, m: Measured) -> Value {
                 " by the engine's count"
             }
         );
-        Some(json!({
-            "prompt_tokens": n,
-            "seconds": secs,
-            "source": source,
-            "lower_bound": lower,
-            "achieved_tflops": flops / 1e12,
-            "mfu": mfu,
-            "words": words,
-        }))
+        Some(Prefill {
+            prompt_tokens: n,
+            seconds: secs,
+            source: source.to_string(),
+            lower_bound: lower,
+            achieved_tflops: flops / 1e12,
+            mfu,
+            words,
+        })
     });
-    json!({
-        "peak": {
-            "hbm_gb_s": peak.bytes_per_s / 1e9,
-            "tflops": peak.flops / 1e12,
-            "gpus": peak.count,
+    Assessment {
+        peak: PeakView {
+            hbm_gb_s: peak.bytes_per_s / 1e9,
+            tflops: peak.flops / 1e12,
+            gpus: peak.count,
         },
-        "model": {
-            "params_b": model.params_b,
-            "bytes_per_param": model.bytes_per_param,
-            "kv_bytes_per_token": model.kv_bytes_per_token,
+        model: ModelView {
+            params_b: model.params_b,
+            bytes_per_param: model.bytes_per_param,
+            kv_bytes_per_token: model.kv_bytes_per_token,
         },
-        "decode": decode,
-        "prefill": prefill,
-    })
+        decode,
+        prefill,
+    }
 }
 
 /// What the roofline of `backend` rests on, read back from access-log lines (`ok` ones): the
@@ -254,23 +345,20 @@ mod tests {
             ..Measured::default()
         };
         let v = assess(&model, h100(), m);
-        let d = &v["decode"];
-        assert!((d["achieved_gb_s"].as_f64().unwrap_or(0.0) - 2000.0).abs() < 1e-6);
-        assert!((d["mbu"].as_f64().unwrap_or(0.0) - 2000.0 / 3350.0).abs() < 1e-9);
+        let d = v.decode.unwrap_or_else(|| panic!("decode"));
+        assert!((d.achieved_gb_s - 2000.0).abs() < 1e-6);
+        assert!((d.mbu - 2000.0 / 3350.0).abs() < 1e-9);
         // 2·P·B / (P·b) = B = 16 FLOP/byte, far below the ridge of 989/3.35 = 295.
-        assert!((d["arithmetic_intensity"].as_f64().unwrap_or(0.0) - 16.0).abs() < 1e-9);
-        assert_eq!(d["bound"], "memory-bound");
-        let w = d["words"].as_str().unwrap_or("");
+        assert!((d.arithmetic_intensity.unwrap_or(0.0) - 16.0).abs() < 1e-9);
+        assert_eq!(d.bound, "memory-bound");
+        let w = &d.words;
         assert!(w.starts_with("decode at 60% of HBM bandwidth"), "{w}");
         assert!(w.contains("KV-cache traffic left out"), "{w}");
         // Prefill: 2 · 8e9 · 1000 FLOPs in 0.1 s = 160 TFLOP/s, at least 16% of 989.
-        let p = &v["prefill"];
-        assert_eq!(p["source"], "ttft");
-        assert!((p["achieved_tflops"].as_f64().unwrap_or(0.0) - 160.0).abs() < 1e-6);
-        assert!(p["words"]
-            .as_str()
-            .unwrap_or("")
-            .starts_with("prefill at at least 16%"));
+        let p = v.prefill.unwrap_or_else(|| panic!("prefill"));
+        assert_eq!(p.source, "ttft");
+        assert!((p.achieved_tflops - 160.0).abs() < 1e-6);
+        assert!(p.words.starts_with("prefill at at least 16%"));
     }
 
     #[test]
@@ -298,13 +386,16 @@ mod tests {
         };
         let v = assess(&fp16, peak, m);
         // 2 GB of weights plus 4 sequences × 1,000 tokens × 100 kB = 0.4 GB.
-        assert_eq!(v["decode"]["bytes_per_step"], 2.4e9);
-        assert_eq!(v["prefill"]["source"], "engine");
+        assert_eq!(v.decode.map(|d| d.bytes_per_step), Some(2.4e9));
+        assert_eq!(v.prefill.map(|p| p.source), Some("engine".into()));
         let int8 = ModelSpec {
             bytes_per_param: 1.0,
             ..fp16
         };
-        assert_eq!(assess(&int8, peak, m)["decode"]["bytes_per_step"], 1.4e9);
+        assert_eq!(
+            assess(&int8, peak, m).decode.map(|d| d.bytes_per_step),
+            Some(1.4e9)
+        );
         assert!(Peak::of(&GpuSpec::default()).is_none());
     }
 }

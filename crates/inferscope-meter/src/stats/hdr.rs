@@ -8,7 +8,8 @@ use super::{GroupKey, Hist, Snapshot, Tally, METRICS};
 use crate::Outcome;
 use base64::Engine;
 use hdrhistogram::serialization::{Deserializer, Serializer, V2DeflateSerializer};
-use serde_json::{json, Map, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -41,92 +42,175 @@ fn encode(h: &hdrhistogram::Histogram<u64>, ser: &mut V2DeflateSerializer) -> Op
     Some(base64::engine::general_purpose::STANDARD.encode(buf))
 }
 
+/// A `/stats?format=hdr` document.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct HdrDoc {
+    /// `inferscope-hdr` (`FORMAT`).
+    pub format: String,
+    /// The format's version (`1`).
+    pub version: u64,
+    /// How the histograms are encoded, in words.
+    #[serde(default)]
+    pub encoding: String,
+    /// Seconds the exporting gateway had been up.
+    #[serde(default)]
+    pub uptime_s: f64,
+    /// One entry per group.
+    #[serde(default)]
+    pub groups: Vec<HdrGroup>,
+}
+
+/// One group of an export: its labels, counters, and each metric's histogram.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct HdrGroup {
+    /// Route name.
+    #[serde(default = "none")]
+    pub route: String,
+    /// Requested model.
+    #[serde(default = "none")]
+    pub model: String,
+    /// Backend name.
+    #[serde(default = "none")]
+    pub backend: String,
+    /// Experiment variant.
+    #[serde(default = "none")]
+    pub variant: String,
+    /// Purpose (exports older than it: live).
+    #[serde(default)]
+    pub purpose: Option<String>,
+    /// Streamed (exports older than it: streamed).
+    #[serde(default = "streamed")]
+    pub stream: bool,
+    /// Requests.
+    #[serde(default)]
+    pub requests: u64,
+    /// Requests by outcome (outcomes seen only).
+    #[serde(default)]
+    pub outcomes: BTreeMap<String, u64>,
+    /// Prompt tokens.
+    #[serde(default)]
+    pub input_tokens: u64,
+    /// Output tokens.
+    #[serde(default)]
+    pub output_tokens: u64,
+    /// Stream events that could not be parsed.
+    #[serde(default)]
+    pub malformed_events: u64,
+    /// Requests judged against the objectives.
+    #[serde(default)]
+    pub slo_evaluated: u64,
+    /// Of those, the ones that met them.
+    #[serde(default)]
+    pub slo_met: u64,
+    /// Each metric's histogram, V2 + deflate, base64 (`METRICS` names; recorded ones only).
+    #[serde(default)]
+    pub histograms: BTreeMap<String, String>,
+    /// Each metric's exact sum, microseconds.
+    #[serde(default)]
+    pub sums_us: BTreeMap<String, u64>,
+}
+
+fn none() -> String {
+    crate::NONE.to_string()
+}
+
+fn streamed() -> bool {
+    true
+}
+
 /// The export of a snapshot's cumulative tallies.
-pub fn export(snap: &Snapshot) -> Value {
+pub fn export(snap: &Snapshot) -> HdrDoc {
     let mut ser = V2DeflateSerializer::new();
-    let groups: Vec<Value> = snap
+    let groups = snap
         .groups
         .iter()
         .map(|(k, t, _)| {
-            let mut hists = Map::new();
-            let mut sums = Map::new();
+            let mut histograms = BTreeMap::new();
+            let mut sums_us = BTreeMap::new();
             for (name, h) in METRICS.iter().zip(&t.hists) {
                 if let Some(enc) = h.histogram().and_then(|h| encode(h, &mut ser)) {
-                    hists.insert((*name).into(), enc.into());
-                    sums.insert((*name).into(), h.sum_us().into());
+                    histograms.insert((*name).to_string(), enc);
+                    sums_us.insert((*name).to_string(), h.sum_us());
                 }
             }
-            let outcomes: Map<String, Value> = Outcome::ALL
-                .iter()
-                .filter(|o| t.outcomes[o.index()] > 0)
-                .map(|o| (o.as_str().into(), t.outcomes[o.index()].into()))
-                .collect();
-            json!({
-                "route": k.route.as_ref(), "model": k.model.as_ref(),
-                "backend": k.backend.as_ref(), "variant": k.variant.as_ref(),
-                "purpose": k.purpose.as_str(), "stream": k.stream,
-                "requests": t.requests, "outcomes": outcomes,
-                "input_tokens": t.input_tokens, "output_tokens": t.output_tokens,
-                "malformed_events": t.malformed_events,
-                "slo_evaluated": t.slo_evaluated, "slo_met": t.slo_met,
-                "histograms": hists, "sums_us": sums,
-            })
+            HdrGroup {
+                route: k.route.to_string(),
+                model: k.model.to_string(),
+                backend: k.backend.to_string(),
+                variant: k.variant.to_string(),
+                purpose: Some(k.purpose.as_str().to_string()),
+                stream: k.stream,
+                requests: t.requests,
+                outcomes: Outcome::ALL
+                    .iter()
+                    .filter(|o| t.outcomes[o.index()] > 0)
+                    .map(|o| (o.as_str().to_string(), t.outcomes[o.index()]))
+                    .collect(),
+                input_tokens: t.input_tokens,
+                output_tokens: t.output_tokens,
+                malformed_events: t.malformed_events,
+                slo_evaluated: t.slo_evaluated,
+                slo_met: t.slo_met,
+                histograms,
+                sums_us,
+            }
         })
         .collect();
-    json!({
-        "format": FORMAT,
-        "version": VERSION,
-        "encoding": "HdrHistogram V2 + deflate, base64; values in microseconds",
-        "uptime_s": snap.uptime,
-        "groups": groups,
-    })
+    HdrDoc {
+        format: FORMAT.to_string(),
+        version: VERSION,
+        encoding: "HdrHistogram V2 + deflate, base64; values in microseconds".to_string(),
+        uptime_s: snap.uptime,
+        groups,
+    }
 }
 
-/// Reads an export back into tallies by group.
+/// Reads an export (as JSON) back into tallies by group.
 pub fn import(doc: &Value) -> Result<Vec<(GroupKey, Tally)>, HdrError> {
-    if doc["format"] != FORMAT {
+    let format = doc.get("format").cloned().unwrap_or(Value::Null);
+    if format != FORMAT {
         return Err(HdrError::NotHdr(format!(
-            "format is {}, not {FORMAT:?}",
-            doc["format"]
+            "format is {format}, not {FORMAT:?}"
         )));
     }
-    if doc["version"].as_u64() != Some(VERSION) {
+    let doc = HdrDoc::deserialize(doc).map_err(|e| HdrError::NotHdr(e.to_string()))?;
+    if doc.version != VERSION {
         return Err(HdrError::NotHdr(format!(
             "version {} (this build reads {VERSION})",
-            doc["version"]
+            doc.version
         )));
     }
     let mut de = Deserializer::new();
     let mut out = Vec::new();
-    for g in doc["groups"].as_array().into_iter().flatten() {
-        let label = |k: &str| -> Arc<str> { g[k].as_str().unwrap_or(crate::NONE).into() };
+    for g in doc.groups {
         let key = GroupKey {
-            route: label("route"),
-            model: label("model"),
-            backend: label("backend"),
-            variant: label("variant"),
-            // Exports written before these were kept: live, and streamed unless said otherwise.
-            purpose: g["purpose"]
-                .as_str()
+            route: g.route.into(),
+            model: g.model.into(),
+            backend: g.backend.into(),
+            variant: g.variant.into(),
+            purpose: g
+                .purpose
+                .as_deref()
                 .and_then(crate::Purpose::parse)
                 .unwrap_or_default(),
-            stream: g["stream"].as_bool().unwrap_or(true),
+            stream: g.stream,
         };
-        let n = |k: &str| g[k].as_u64().unwrap_or(0);
         let mut t = Tally {
-            requests: n("requests"),
-            input_tokens: n("input_tokens"),
-            output_tokens: n("output_tokens"),
-            malformed_events: n("malformed_events"),
-            slo_evaluated: n("slo_evaluated"),
-            slo_met: n("slo_met"),
+            requests: g.requests,
+            input_tokens: g.input_tokens,
+            output_tokens: g.output_tokens,
+            malformed_events: g.malformed_events,
+            slo_evaluated: g.slo_evaluated,
+            slo_met: g.slo_met,
             ..Tally::default()
         };
         for o in Outcome::ALL {
-            t.outcomes[o.index()] = g["outcomes"][o.as_str()].as_u64().unwrap_or(0);
+            t.outcomes[o.index()] = g.outcomes.get(o.as_str()).copied().unwrap_or(0);
         }
         for (i, name) in METRICS.iter().enumerate() {
-            let Some(b64) = g["histograms"][*name].as_str() else {
+            let Some(b64) = g.histograms.get(*name) else {
                 continue;
             };
             let fail = |why: String| HdrError::Histogram {
@@ -143,7 +227,7 @@ pub fn import(doc: &Value) -> Result<Vec<(GroupKey, Tally)>, HdrError> {
             let h: hdrhistogram::Histogram<u64> = de
                 .deserialize(&mut bytes.as_slice())
                 .map_err(|e| fail(format!("{e:?}")))?;
-            t.hists[i] = Hist::from_parts(h, g["sums_us"][*name].as_u64().unwrap_or(0));
+            t.hists[i] = Hist::from_parts(h, g.sums_us.get(*name).copied().unwrap_or(0));
         }
         out.push((key, t));
     }
@@ -204,23 +288,34 @@ pub fn report(
     let merged = merge(parts);
     let groups = rollup(&merged, by);
     if json_out {
-        let list: Vec<Value> = groups
-            .iter()
-            .map(|(name, t)| {
-                let mut v = t.to_json(0.0);
-                if let Value::Object(m) = &mut v {
-                    m.remove("requests_per_s");
-                    m.remove("output_tokens_per_s");
-                    if let Some(Value::Object(g)) = m.get_mut("goodput") {
-                        g.remove("met_per_s");
-                    }
-                    m.insert(by.into(), name.as_ref().into());
-                }
-                v
-            })
-            .collect();
-        let doc = json!({ "by": by, "replicas": docs.len(), "groups": list });
-        return Ok(format!("{doc:#}\n"));
+        /// One merged group: its name under `by` and its counts and percentiles (no rates:
+        /// the replicas' spans differ).
+        #[derive(Serialize)]
+        struct Row<'a> {
+            #[serde(flatten)]
+            name: BTreeMap<&'a str, &'a str>,
+            #[serde(flatten)]
+            stats: super::TallyStats,
+        }
+        #[derive(Serialize)]
+        struct Merged<'a> {
+            by: &'a str,
+            replicas: usize,
+            groups: Vec<Row<'a>>,
+        }
+        let doc = Merged {
+            by,
+            replicas: docs.len(),
+            groups: groups
+                .iter()
+                .map(|(name, t)| Row {
+                    name: BTreeMap::from([(by, name.as_ref())]),
+                    stats: t.stats(None),
+                })
+                .collect(),
+        };
+        let doc = serde_json::to_string_pretty(&doc).unwrap_or_default();
+        return Ok(format!("{doc}\n"));
     }
     let mut out = String::new();
     let _ = writeln!(
@@ -304,7 +399,11 @@ mod tests {
             groups: vec![(key("a"), t, Tally::default())],
         };
         let (a, b) = (tally(1_000, 500), tally(40_000, 700));
-        let (ea, eb) = (export(&snap(a.clone())), export(&snap(b.clone())));
+        let json = |d: HdrDoc| serde_json::to_value(d).unwrap_or_default();
+        let (ea, eb) = (
+            json(export(&snap(a.clone()))),
+            json(export(&snap(b.clone()))),
+        );
         let text = ea.to_string();
         let back = import(&serde_json::from_str(&text).unwrap_or_default()).unwrap_or_default();
         assert_eq!(back[0].1.hists[0].summary_ms(), a.hists[0].summary_ms());
@@ -319,7 +418,7 @@ mod tests {
         assert_eq!(m.hists[0].summary_ms(), truth.hists[0].summary_ms());
         assert_eq!(m.hists[0].sum_seconds(), truth.hists[0].sum_seconds());
         assert!(matches!(
-            import(&json!({"format": "x"})),
+            import(&serde_json::json!({"format": "x"})),
             Err(HdrError::NotHdr(_))
         ));
     }

@@ -2,10 +2,15 @@
 //! sliding window of the last 60 s (six 10-s slots), with rollups built by merging at read time.
 //! `/stats` JSON and Prometheus text are both rendered from these same histograms.
 
+mod doc;
 pub mod hdr;
 mod prometheus;
 mod tally;
 
+pub use doc::{
+    EngineSpanCounts, GoodputStats, GroupStats, LatencyStats, Periods, RollupRow, Rollups,
+    StatsDoc, TallyStats,
+};
 pub use prometheus::{
     native as native_histogram, render as render_prometheus, write as write_prometheus, Scalar,
     DURATION_BOUNDS, LAG_BOUNDS, NATIVE_SCHEMA, TPOT_BOUNDS, TTFT_BOUNDS,
@@ -14,7 +19,6 @@ pub use tally::{Hist, Tally, METRICS};
 
 use crate::{Purpose, RequestRecord};
 use parking_lot::{Mutex, MutexGuard};
-use serde_json::{json, Map, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -192,29 +196,28 @@ impl Snapshot {
     }
 
     /// The admin `/stats` document: groups, then rollups by each label and overall.
-    pub fn to_json(&self) -> Value {
+    pub fn doc(&self) -> StatsDoc {
         let (up, win) = (self.uptime, self.window_seconds());
-        let pair =
-            |c: &Tally, w: &Tally| json!({ "cumulative": c.to_json(up), "window": w.to_json(win) });
-        let groups: Vec<Value> = self
+        let periods = |c: &Tally, w: &Tally| Periods {
+            cumulative: c.stats(Some(up)),
+            window: w.stats(Some(win)),
+        };
+        let groups = self
             .groups
             .iter()
-            .map(|(k, c, w)| {
-                let mut v = pair(c, w);
-                if let Value::Object(m) = &mut v {
-                    m.insert("route".into(), k.route.as_ref().into());
-                    m.insert("model".into(), k.model.as_ref().into());
-                    m.insert("backend".into(), k.backend.as_ref().into());
-                    m.insert("variant".into(), k.variant.as_ref().into());
-                    m.insert("purpose".into(), k.purpose.as_str().into());
-                    m.insert("stream".into(), k.stream.into());
-                }
-                v
+            .map(|(k, c, w)| GroupStats {
+                route: k.route.to_string(),
+                model: k.model.to_string(),
+                backend: k.backend.to_string(),
+                variant: k.variant.to_string(),
+                purpose: k.purpose.as_str().to_string(),
+                stream: k.stream,
+                cumulative: c.stats(Some(up)),
+                window: w.stats(Some(win)),
             })
             .collect();
         // Rollups are of live traffic (`purpose`: each purpose's own).
-        let mut rollups = Map::new();
-        for label in ["route", "model", "backend", "variant", "stream", "purpose"] {
+        let by = |label: &str| -> Vec<RollupRow> {
             let mut by: BTreeMap<&str, (Tally, Tally)> = BTreeMap::new();
             for (k, c, w) in &self.groups {
                 let name = match label {
@@ -230,31 +233,50 @@ impl Snapshot {
                 e.0.merge(c);
                 e.1.merge(w);
             }
-            let list: Vec<Value> = by
-                .iter()
+            by.iter()
                 .map(|(name, (c, w))| {
-                    let mut v = pair(c, w);
-                    if let Value::Object(m) = &mut v {
-                        m.insert(label.into(), (*name).into());
-                    }
-                    v
+                    let mut row = RollupRow {
+                        route: None,
+                        model: None,
+                        backend: None,
+                        variant: None,
+                        stream: None,
+                        purpose: None,
+                        periods: periods(c, w),
+                    };
+                    let slot = match label {
+                        "route" => &mut row.route,
+                        "model" => &mut row.model,
+                        "backend" => &mut row.backend,
+                        "stream" => &mut row.stream,
+                        "purpose" => &mut row.purpose,
+                        _ => &mut row.variant,
+                    };
+                    *slot = Some((*name).to_string());
+                    row
                 })
-                .collect();
-            rollups.insert(label.into(), list.into());
-        }
+                .collect()
+        };
         let (mut c_all, mut w_all) = (Tally::default(), Tally::default());
         for (_, c, w) in self.groups.iter().filter(|g| g.0.purpose == Purpose::Live) {
             c_all.merge(c);
             w_all.merge(w);
         }
-        rollups.insert("all".into(), pair(&c_all, &w_all));
-        json!({
-            "uptime_s": (up * 1000.0).round() / 1000.0,
-            "window_s": WINDOW_SECS,
-            "units": "milliseconds",
-            "groups": groups,
-            "rollups": rollups,
-        })
+        StatsDoc {
+            uptime_s: (up * 1000.0).round() / 1000.0,
+            window_s: WINDOW_SECS,
+            units: "milliseconds".into(),
+            groups,
+            rollups: Rollups {
+                route: by("route"),
+                model: by("model"),
+                backend: by("backend"),
+                variant: by("variant"),
+                stream: by("stream"),
+                purpose: by("purpose"),
+                all: periods(&c_all, &w_all),
+            },
+        }
     }
 }
 
@@ -293,7 +315,7 @@ mod tests {
         let (_, cum, win) = &snap.groups[0];
         assert_eq!((cum.requests, win.requests), (2, 1));
         assert_eq!(win.hists[0].count(), 1);
-        let json = snap.to_json();
+        let json = serde_json::to_value(snap.doc()).unwrap_or_default();
         // HdrHistograms: cumulative at 3 significant digits (0.1%), window slots at 2 (1%).
         let near = |v: &serde_json::Value, want: f64, rel: f64| {
             (v.as_f64().unwrap_or(0.0) - want).abs() <= want * rel
@@ -323,7 +345,7 @@ mod tests {
         stats.record(&record("a", 10));
         stats.record(&record("b", 20));
         stats.record(&record("c", 30)); // third group: over the cap, folded into __other__
-        let json = stats.snapshot().to_json();
+        let json = serde_json::to_value(stats.snapshot().doc()).unwrap_or_default();
         assert_eq!(json["rollups"]["all"]["cumulative"]["requests"], 3);
         let empty = Vec::new();
         let models: Vec<&str> = json["rollups"]["model"]

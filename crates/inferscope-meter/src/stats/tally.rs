@@ -1,10 +1,10 @@
 //! `Tally`: the counters and HdrHistograms (µs, 3 significant digits) of one group over one span
 //! of time, mergeable so rollups and windows are built by adding tallies.
 
+use super::doc::{EngineSpanCounts, GoodputStats, LatencyStats, TallyStats};
 use crate::util::quantile::{self, MAX_US};
 use crate::{Outcome, RequestRecord};
 use hdrhistogram::Histogram;
-use serde_json::{json, Map, Value};
 use std::time::Duration;
 
 /// A histogram created on first use (groups that never stream hold no TTFT histogram), plus the
@@ -95,22 +95,20 @@ impl Hist {
         h.count_between(0, le_us)
     }
 
-    /// `{p50 p90 p95 p99 p999 mean max count}` in milliseconds (null when empty); quantiles by
-    /// the one rule (`stats::quantile`).
-    pub(crate) fn summary_ms(&self) -> Value {
-        let Some(h) = self.h.as_ref().filter(|h| !h.is_empty()) else {
-            return Value::Null;
-        };
+    /// `{p50 p90 p95 p99 p999 mean max count}` in milliseconds (`None` when empty); quantiles
+    /// by the one rule (`stats::quantile`).
+    pub(crate) fn summary_ms(&self) -> Option<LatencyStats> {
+        let h = self.h.as_ref().filter(|h| !h.is_empty())?;
         let ms = quantile::us_to_ms;
-        json!({
-            "p50": ms(h.value_at_quantile(0.50)),
-            "p90": ms(h.value_at_quantile(0.90)),
-            "p95": ms(h.value_at_quantile(0.95)),
-            "p99": ms(h.value_at_quantile(0.99)),
-            "p999": ms(h.value_at_quantile(0.999)),
-            "mean": h.mean().round() / 1000.0,
-            "max": ms(h.max()),
-            "count": h.len(),
+        Some(LatencyStats {
+            p50: ms(h.value_at_quantile(0.50)),
+            p90: ms(h.value_at_quantile(0.90)),
+            p95: ms(h.value_at_quantile(0.95)),
+            p99: ms(h.value_at_quantile(0.99)),
+            p999: ms(h.value_at_quantile(0.999)),
+            mean: h.mean().round() / 1000.0,
+            max: ms(h.max()),
+            count: h.len(),
         })
     }
 }
@@ -244,60 +242,51 @@ impl Tally {
         }
     }
 
-    /// The `/stats` JSON of this tally, with rates over `seconds`.
-    pub fn to_json(&self, seconds: f64) -> Value {
-        let mut m = Map::new();
-        m.insert("requests".into(), self.requests.into());
-        let mut errors = Map::new();
-        let mut outcomes = Map::new();
+    /// The `/stats` figures of this tally, with rates over `seconds` (`None`: no span, no rates).
+    pub fn stats(&self, seconds: Option<f64>) -> TallyStats {
+        let mut t = TallyStats {
+            requests: self.requests,
+            input_tokens: self.input_tokens,
+            output_tokens: self.output_tokens,
+            malformed_events: self.malformed_events,
+            ..TallyStats::default()
+        };
         for o in Outcome::ALL {
             let n = self.outcomes[o.index()];
-            outcomes.insert(o.as_str().into(), n.into());
+            t.outcomes.insert(o.as_str().into(), n);
             if o != Outcome::Ok && n > 0 {
-                errors.insert(o.as_str().into(), n.into());
+                t.errors.insert(o.as_str().into(), n);
             }
         }
-        m.insert("errors".into(), errors.into());
-        m.insert("outcomes".into(), outcomes.into());
-        m.insert("input_tokens".into(), self.input_tokens.into());
-        m.insert("output_tokens".into(), self.output_tokens.into());
-        m.insert("malformed_events".into(), self.malformed_events.into());
         for (name, h) in METRICS.iter().zip(&self.hists) {
-            m.insert((*name).into(), h.summary_ms());
+            if let Some(slot) = t.latency_mut(name) {
+                *slot = h.summary_ms();
+            }
         }
         let rate = |n: u64| {
-            if seconds > 0.0 {
-                ((n as f64 / seconds) * 1000.0).round() / 1000.0
-            } else {
-                0.0
-            }
-        };
-        m.insert("requests_per_s".into(), rate(self.requests).into());
-        m.insert(
-            "output_tokens_per_s".into(),
-            rate(self.output_tokens).into(),
-        );
-        let goodput = if self.slo_evaluated == 0 {
-            Value::Null
-        } else {
-            json!({
-                "evaluated": self.slo_evaluated,
-                "met": self.slo_met,
-                "share": ((self.slo_met as f64 / self.slo_evaluated as f64) * 1e4).round() / 1e4,
-                "met_per_s": rate(self.slo_met),
+            seconds.map(|s| {
+                if s > 0.0 {
+                    ((n as f64 / s) * 1000.0).round() / 1000.0
+                } else {
+                    0.0
+                }
             })
         };
-        m.insert("goodput".into(), goodput);
+        t.requests_per_s = rate(self.requests);
+        t.output_tokens_per_s = rate(self.output_tokens);
+        t.goodput = (self.slo_evaluated > 0).then(|| GoodputStats {
+            evaluated: self.slo_evaluated,
+            met: self.slo_met,
+            share: ((self.slo_met as f64 / self.slo_evaluated as f64) * 1e4).round() / 1e4,
+            met_per_s: rate(self.slo_met),
+        });
         if self.engine_joined + self.engine_missing > 0 {
-            m.insert(
-                "engine_spans".into(),
-                json!({
-                    "joined": self.engine_joined,
-                    "missing": self.engine_missing,
-                    "starved": self.starved,
-                }),
-            );
+            t.engine_spans = Some(EngineSpanCounts {
+                joined: self.engine_joined,
+                missing: self.engine_missing,
+                starved: self.starved,
+            });
         }
-        Value::Object(m)
+        t
     }
 }
