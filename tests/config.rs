@@ -197,22 +197,23 @@ fn validation_errors_point_at_the_offending_line() {
     let e = parse(&text, "gw.yaml").unwrap_err();
     assert!(e.message.contains("unknown field `p99`"), "{e}");
 
-    for (metrics, why) in [
-        ("{ url: metrics }", "neither a path"),
-        ("{ url: null }", "nothing to scrape"),
-        ("{ interval: 0s }", "greater than 0"),
-        ("{ gpu_url: \"ftp://x/metrics\" }", "neither a path"),
+    for (metrics, key, why) in [
+        ("{ url: metrics }", "backends[0].metrics", "neither a path"),
+        ("{ url: null }", "backends[0].metrics", "nothing to scrape"),
+        ("{ interval: 0s }", "backends[0].metrics", "greater than 0"),
+        // Parsed while read: the parser's own line and column, and the key itself.
+        (
+            "{ gpu_url: \"ftp://x/metrics\" }",
+            "backends[0].metrics.gpu_url",
+            "neither a path",
+        ),
     ] {
         let text = BASE.replace(
             "url: \"http://127.0.0.1:1\" }",
             &format!("url: \"http://127.0.0.1:1\", metrics: {metrics} }}"),
         );
         let e = parse(&text, "gw.yaml").unwrap_err();
-        assert_eq!(
-            (e.line, e.key.as_str()),
-            (Some(2), "backends[0].metrics"),
-            "{e}"
-        );
+        assert_eq!((e.line, e.key.as_str()), (Some(2), key), "{e}");
         assert!(e.message.contains(why), "{e}");
     }
 
@@ -222,7 +223,7 @@ fn validation_errors_point_at_the_offending_line() {
             "url: \"http://127.0.0.1:1\", metrics: { gpu_url: nvml } }",
         );
         let e = parse(&text, "gw.yaml").unwrap_err();
-        assert_eq!(e.key.as_str(), "backends[0].metrics", "{e}");
+        assert_eq!(e.key.as_str(), "backends[0].metrics.gpu_url", "{e}");
         assert!(e.message.contains("--features nvml"), "{e}");
     }
     for (extra, key, why) in [
@@ -282,6 +283,51 @@ routes:
         (e.line, e.key.as_str()),
         (Some(7), "routes[0].experiment.variants"),
         "{e}"
+    );
+    // The small languages are read as the YAML is: a wrong value is refused at its own line,
+    // column and key.
+    let one = two_controls.replacen(", control: true }", " }", 1);
+    for (line, text, value, key, why) in [
+        (
+            7,
+            "      sticky_key: \"cookie:uid\"\n",
+            "\"cookie:uid\"",
+            "routes[0].experiment.sticky_key",
+            "use `header:NAME`, `api_key` or `body:user`",
+        ),
+        (
+            7,
+            "      guardrails: { rules: [{ metric: ttft_p98_ms, max: 1 }] }\n",
+            "ttft_p98_ms",
+            "routes[0].experiment.guardrails.rules[0].metric",
+            "use ttft_p99_ms",
+        ),
+    ] {
+        let yaml = one.replace("      variants:\n", &format!("{text}      variants:\n"));
+        let e = parse(&yaml, "gw.yaml").unwrap_err();
+        assert_eq!((e.line, e.key.as_str()), (Some(line), key), "{e}");
+        // The column is the value's own.
+        let at = e
+            .column
+            .map(|c| yaml.lines().nth(line - 1).unwrap()[c - 1..].to_string());
+        assert!(at.as_deref().is_some_and(|v| v.starts_with(value)), "{e}");
+        assert!(e.message.contains(why), "{e}");
+    }
+    let fine = one.replace(
+        "      variants:\n",
+        "      sticky_key: \"header:X-User\"\n      guardrails: { rules: [{ metric: \"feedback:thumbs\", min: 0.5 }] }\n      variants:\n",
+    );
+    let c = parse(&fine, "gw.yaml").unwrap();
+    let x = c.routes[0].experiment.as_ref().unwrap();
+    assert_eq!(
+        x.sticky_key,
+        Some(config::StickyKey::Header(http::HeaderName::from_static(
+            "x-user"
+        )))
+    );
+    assert_eq!(
+        x.guardrails.as_ref().unwrap().rules[0].metric,
+        config::GuardMetric::Feedback("thumbs".into())
     );
 }
 

@@ -3,12 +3,14 @@
 //! only here.
 
 mod duration;
+mod forms;
 mod load;
 mod locate;
 mod schema;
 pub mod telemetry;
 
 pub use duration::{parse as parse_duration, BadDuration};
+pub use forms::{GpuSource, GuardLatency, GuardMetric, StickyKey};
 pub use load::{check_environment, load, parse, sim_profile, ConfigError, ProfileError};
 pub use schema::{
     AcceptConfig, AccessLogConfig, AdminConfig, BackendConfig, BatchConfig, Config,

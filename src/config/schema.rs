@@ -479,7 +479,7 @@ pub struct MetricsConfig {
     pub url: Option<String>,
     /// The GPU exporter's endpoint (absent: none), e.g. `http://gpu-host:9400/metrics`; or
     /// `nvml`: this host's GPUs, read directly (builds with the `nvml` feature).
-    pub gpu_url: Option<String>,
+    pub gpu_url: Option<super::forms::GpuSource>,
     /// Time between scrapes.
     #[serde(with = "super::duration")]
     pub interval: Duration,
@@ -827,7 +827,7 @@ pub struct ExperimentConfig {
     /// `header:NAME`, `api_key` (the client's bearer token) or `body:user` (the JSON body's
     /// `user`): requests with the same key go to the same variant. Without a key: random.
     #[serde(default)]
-    pub sticky_key: Option<String>,
+    pub sticky_key: Option<super::forms::StickyKey>,
     /// Honour the `x-inferscope-variant` request header (forcing a variant, as `inferscope eval`
     /// does). Off by default: any client could then pick its variant. Forced requests are logged
     /// `variant_forced` and kept out of the comparisons (they are not a random draw).
@@ -916,29 +916,15 @@ pub struct GuardRule {
     /// Variant it applies to (absent: every variant but the control).
     #[serde(default)]
     pub variant: Option<String>,
-    /// `ttft_p99_ms`, `tpot_p50_ms`, `e2e_p90_ms` (p50/p90/p95/p99) or `error_rate`.
-    pub metric: String,
+    /// `ttft_p99_ms`, `tpot_p50_ms`, `e2e_p90_ms` (p50/p90/p95/p99), `error_rate` or
+    /// `feedback:NAME`.
+    pub metric: super::forms::GuardMetric,
     /// Upper bound.
     #[serde(default)]
     pub max: Option<f64>,
     /// Lower bound.
     #[serde(default)]
     pub min: Option<f64>,
-}
-
-/// True when `metric` names something the guardrails understand (`feedback:NAME` included).
-pub(super) fn known_guard_metric(metric: &str) -> bool {
-    if metric == "error_rate"
-        || metric
-            .strip_prefix("feedback:")
-            .is_some_and(|n| !n.is_empty())
-    {
-        return true;
-    }
-    let Some((name, q)) = metric.strip_suffix("_ms").and_then(|r| r.rsplit_once("_p")) else {
-        return false;
-    };
-    ["ttft", "tpot", "e2e"].contains(&name) && ["50", "90", "95", "99"].contains(&q)
 }
 
 impl GuardRule {

@@ -4,6 +4,7 @@
 //! trip it again at once. Trips are logged, counted and shown in `/experiments`.
 
 use crate::config::GuardrailsConfig;
+use crate::config::{GuardLatency, GuardMetric};
 use crate::meter::{Outcome, RequestRecord};
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
@@ -166,21 +167,21 @@ impl Guardrails {
                 {
                     continue;
                 }
-                let (value, n) = match rule.metric.strip_prefix("feedback:") {
-                    Some(name) => {
+                let (value, n) = match &rule.metric {
+                    GuardMetric::Feedback(name) => {
                         let vals: Vec<f64> = s
                             .feedback
                             .get(&variant)
                             .into_iter()
                             .flatten()
-                            .filter(|x| x.1 == name)
+                            .filter(|x| x.1 == *name)
                             .map(|x| x.2)
                             .collect();
                         let mean = (!vals.is_empty())
                             .then(|| vals.iter().sum::<f64>() / vals.len() as f64);
                         (mean, vals.len())
                     }
-                    None => match s.windows.get(&variant) {
+                    _ => match s.windows.get(&variant) {
                         Some(w) => (measure(&rule.metric, w), w.len()),
                         None => (None, 0),
                     },
@@ -262,20 +263,20 @@ impl Guardrails {
     }
 }
 
-/// The value of `metric` over a window: `ttft_p99_ms`, `tpot_p50_ms`, `e2e_p90_ms` (any of
-/// p50/p90/p95/p99), or `error_rate`.
-fn measure(metric: &str, w: &VecDeque<Sample>) -> Option<f64> {
-    if metric == "error_rate" {
-        return Some(w.iter().filter(|s| !s.ok).count() as f64 / w.len() as f64);
-    }
-    let rest = metric.strip_suffix("_ms")?;
-    let (name, q) = rest.rsplit_once("_p")?;
-    let q: f64 = q.parse::<f64>().ok()? / 100.0;
-    let values: Vec<f64> = match name {
-        "ttft" => w.iter().filter_map(|s| s.ttft_ms).collect(),
-        "tpot" => w.iter().filter_map(|s| s.tpot_ms).collect(),
-        "e2e" => w.iter().map(|s| s.e2e_ms).collect(),
-        _ => return None,
+/// The value of a latency percentile or the error rate over a window (`None` for a feedback
+/// metric, which is not measured from requests).
+fn measure(metric: &GuardMetric, w: &VecDeque<Sample>) -> Option<f64> {
+    let (of, percentile) = match *metric {
+        GuardMetric::ErrorRate => {
+            return Some(w.iter().filter(|s| !s.ok).count() as f64 / w.len() as f64)
+        }
+        GuardMetric::Latency { of, percentile } => (of, percentile),
+        GuardMetric::Feedback(_) => return None,
     };
-    quantile(values, q)
+    let values: Vec<f64> = match of {
+        GuardLatency::Ttft => w.iter().filter_map(|s| s.ttft_ms).collect(),
+        GuardLatency::Tpot => w.iter().filter_map(|s| s.tpot_ms).collect(),
+        GuardLatency::E2e => w.iter().map(|s| s.e2e_ms).collect(),
+    };
+    quantile(values, f64::from(percentile) / 100.0)
 }

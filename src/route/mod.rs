@@ -25,7 +25,7 @@ pub use backend::{Backend, BackendGuard, BackendStatus, Busy};
 pub use observer::{Observer, TripReporter};
 pub use probe::spawn_probes;
 pub use scrape::spawn_scrapes;
-pub use split::{Split, Sticky};
+pub use split::Split;
 
 use crate::config::{Balancer, Config, RetryConfig, TimeoutsConfig};
 use crate::util::stable_hash;
@@ -413,7 +413,7 @@ impl Router {
                             Arc::new(crate::experiment::Guardrails::new(g.clone(), control))
                         }),
                         split: Split::new(
-                            Sticky::parse(x.sticky_key.as_deref()),
+                            x.sticky_key.clone(),
                             x.variants
                                 .iter()
                                 .map(|v| {

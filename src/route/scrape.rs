@@ -3,6 +3,7 @@
 
 use super::engine::{EngineView, GpuView, Scraped};
 use super::Backend;
+use crate::config::GpuSource;
 use crate::config::{Config, MetricsConfig};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -53,8 +54,8 @@ async fn run(backend: Weak<Backend>, cfg: MetricsConfig) {
             Some(u) => fetch(&b, u, cfg.timeout).await,
             None => None,
         };
-        let gpu = match cfg.gpu_url.as_deref() {
-            Some("nvml") => match tokio::task::spawn_blocking(super::nvml::read).await {
+        let gpu = match &cfg.gpu_url {
+            Some(GpuSource::Nvml) => match tokio::task::spawn_blocking(super::nvml::read).await {
                 Ok(Ok(view)) => Some(view),
                 Ok(Err(why)) => {
                     if !said_no_gpu {
@@ -65,7 +66,7 @@ async fn run(backend: Weak<Backend>, cfg: MetricsConfig) {
                 }
                 Err(_) => None,
             },
-            Some(u) => fetch(&b, u, cfg.timeout).await.map(|t| GpuView::parse(&t)),
+            Some(GpuSource::Url(u)) => fetch(&b, u, cfg.timeout).await.map(|t| GpuView::parse(&t)),
             None => None,
         };
         let ok =
