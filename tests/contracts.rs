@@ -416,3 +416,156 @@ fn metrics_page(text: &str) -> String {
     }
     page
 }
+
+/// The config reference: the JSON Schema the config types give (published for editors), and a
+/// page of every key from it; every key the full example sets is in the schema.
+#[test]
+fn the_config_reference_is_the_schema_of_the_config_types() {
+    let schema = inferscope::config::json_schema();
+    reference(
+        "config.schema.json",
+        &format!("{}\n", serde_json::to_string_pretty(&schema).unwrap()),
+    );
+    let mut rows = Vec::new();
+    schema_rows(&schema, &schema, "", &mut rows);
+    let documented: BTreeSet<String> = rows.iter().map(|r| r.0.clone()).collect();
+    // Every key the full example sets is a documented key (list items as `[]`, a map's entries
+    // as `.NAME`).
+    let wild: Vec<Vec<&str>> = documented
+        .iter()
+        .filter(|k| k.contains(".NAME"))
+        .map(|k| k.split('.').collect())
+        .collect();
+    let is_documented = |k: &str| {
+        let segs: Vec<&str> = k.split('.').collect();
+        documented.contains(k)
+            || wild.iter().any(|w| {
+                w.len() == segs.len() && w.iter().zip(&segs).all(|(a, b)| *a == "NAME" || a == b)
+            })
+    };
+    let text = std::fs::read_to_string(golden_path("full-config.yaml")).unwrap();
+    let yaml: Value = serde_yaml_ng::from_str(&text).unwrap();
+    let mut set = BTreeSet::new();
+    key_paths(&yaml, "", &mut set);
+    let free = ["telemetry.otlp.headers.", "telemetry.resource."];
+    let missing: Vec<&String> = set
+        .iter()
+        .filter(|k| !free.iter().any(|f| k.starts_with(f)))
+        .filter(|k| !is_documented(k))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "keys the full example sets that the schema lacks: {missing:?}"
+    );
+    assert!(rows.len() > 150, "the walk found the keys ({})", rows.len());
+    let mut page = String::from(
+        "# Configuration reference\n\nGenerated from the config types (`UPDATE_GOLDEN=1 cargo test --test contracts`). The same\nfacts as a JSON Schema, for editors' YAML language servers: [`config.schema.json`](config.schema.json)\n(`inferscope check --schema` prints it; put `# yaml-language-server: $schema=PATH` at the top of a\nconfig file). Durations are strings: `250ms`, `1.5s`, `1m 30s`.\n\n| key | type | default | description |\n|---|---|---|---|\n",
+    );
+    for (key, ty, default, description) in &rows {
+        let cell = |s: &str| s.replace('|', "\\|").replace('\n', " ");
+        page.push_str(&format!(
+            "| `{key}` | {} | {} | {} |\n",
+            cell(ty),
+            cell(default),
+            cell(description)
+        ));
+    }
+    reference("config.md", &page);
+}
+
+/// `(key, type, default, description)` for every key under `node`, depth first.
+fn schema_rows(
+    root: &Value,
+    node: &Value,
+    prefix: &str,
+    rows: &mut Vec<(String, String, String, String)>,
+) {
+    let node = resolve(root, node);
+    let Some(props) = node["properties"].as_object() else {
+        return;
+    };
+    for (name, prop) in props {
+        let key = if prefix.is_empty() {
+            name.clone()
+        } else {
+            format!("{prefix}.{name}")
+        };
+        let target = resolve(root, prop);
+        let default = prop
+            .get("default")
+            .map_or(String::new(), |d| format!("`{d}`"));
+        let description = prop
+            .get("description")
+            .or_else(|| target.get("description"))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        rows.push((key.clone(), type_of(root, prop), default, description));
+        if target.get("properties").is_some() {
+            schema_rows(root, &target, &key, rows);
+        } else if let Some(items) = target.get("items") {
+            schema_rows(root, items, &format!("{key}[]"), rows);
+        } else if let Some(values) = target.get("additionalProperties").filter(|v| v.is_object()) {
+            let entry = format!("{key}.NAME");
+            let what = resolve(root, values);
+            let description = what["description"].as_str().unwrap_or("").to_string();
+            rows.push((
+                entry.clone(),
+                type_of(root, values),
+                String::new(),
+                description,
+            ));
+            schema_rows(root, values, &entry, rows);
+        }
+    }
+}
+
+/// `node` with a `$ref` followed, or the one non-null branch of an `anyOf` (an optional key).
+fn resolve(root: &Value, node: &Value) -> Value {
+    if let Some(r) = node["$ref"].as_str() {
+        let name = r.trim_start_matches("#/definitions/");
+        return resolve(root, &root["definitions"][name]);
+    }
+    if let Some([one]) = node["allOf"].as_array().map(Vec::as_slice) {
+        return resolve(root, one);
+    }
+    if let Some(branches) = node["anyOf"].as_array() {
+        let real: Vec<&Value> = branches.iter().filter(|b| b["type"] != "null").collect();
+        if let [one] = real.as_slice() {
+            return resolve(root, one);
+        }
+    }
+    node.clone()
+}
+
+/// A key's type in words: `string`, `integer`, `duration`… or the values an enum takes.
+fn type_of(root: &Value, node: &Value) -> String {
+    let t = resolve(root, node);
+    if let Some(choices) = t["oneOf"].as_array().or(t["enum"].as_array()) {
+        let values: Vec<String> = choices
+            .iter()
+            .filter_map(|c| c["const"].as_str().or(c.as_str()).map(|v| format!("`{v}`")))
+            .collect();
+        if !values.is_empty() {
+            return values.join(", ");
+        }
+    }
+    if let Some(title) = t["title"].as_str() {
+        return title.to_string();
+    }
+    if let Some(p) = t["pattern"].as_str() {
+        return format!("string matching `{p}`");
+    }
+    match &t["type"] {
+        Value::String(s) if s == "array" => format!("list of {}", type_of(root, &t["items"])),
+        Value::String(s) if s == "object" && t.get("properties").is_none() => "map".into(),
+        Value::String(s) => s.clone(),
+        Value::Array(a) => a
+            .iter()
+            .filter_map(Value::as_str)
+            .filter(|s| *s != "null")
+            .collect::<Vec<_>>()
+            .join(" or "),
+        _ => "value".into(),
+    }
+}

@@ -42,16 +42,51 @@ pub fn parse(s: &str) -> Result<Duration, BadDuration> {
     })
 }
 
+/// A duration as the JSON Schema shows it: a string such as `250ms`, `1.5s` or `1m 30s`
+/// (`#[schemars(with = "duration::Text")]`).
+pub(super) struct Text;
+
+impl schemars::JsonSchema for Text {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Duration".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "string",
+            "title": "duration",
+            "description": "A number and a unit (ns, us, ms, s, m, h, d), several added: `250ms`, `1.5s`, `1m 30s`.",
+            "examples": ["250ms", "1.5s", "1m 30s"],
+        })
+    }
+}
+
 /// `#[serde(with = "duration")]` for `Duration` fields.
 pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let s = String::deserialize(d)?;
     parse(&s).map_err(serde::de::Error::custom)
 }
 
+/// Writes a duration as the config reads it (`2s`, `1m 30s`): the defaults in the JSON Schema.
+pub(super) fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(&humantime::format_duration(*d))
+}
+
 /// `#[serde(with = "duration::option")]` for `Option<Duration>` fields.
 pub(super) mod option {
     use serde::{Deserialize, Deserializer};
     use std::time::Duration;
+
+    /// Writes an optional duration as the config reads it.
+    pub(crate) fn serialize<S: serde::Serializer>(
+        d: &Option<Duration>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => super::serialize(d, s),
+            None => s.serialize_none(),
+        }
+    }
 
     /// Deserializes an optional duration.
     pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
@@ -74,6 +109,15 @@ mod tests {
         assert_eq!(parse("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse("1m 30s"), Ok(Duration::from_secs(90)));
         assert_eq!(parse("0s"), Ok(Duration::ZERO));
+        // What `serialize` writes reads back.
+        for d in [
+            Duration::from_millis(1500),
+            Duration::from_secs(90),
+            Duration::ZERO,
+        ] {
+            let written = humantime::format_duration(d).to_string();
+            assert_eq!(parse(&written), Ok(d), "{written}");
+        }
         assert!(parse("5").is_err());
         let e = parse("5 parsecs")
             .err()

@@ -10,11 +10,22 @@ use std::marker::PhantomData;
 /// `Deserialize` through `TryFrom<String>`, refusing inside the string's own visit so that the
 /// YAML parser marks the value's line and column (a `try_from` container attribute would fail
 /// after the string is read, marked at the enclosing mapping).
+/// In the JSON Schema: a string matching `pattern`.
 macro_rules! from_string {
-    ($t:ty) => {
+    ($t:ident, $pattern:literal) => {
         impl<'de> Deserialize<'de> for $t {
             fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
                 d.deserialize_str(Parsed(PhantomData))
+            }
+        }
+
+        impl schemars::JsonSchema for $t {
+            fn schema_name() -> std::borrow::Cow<'static, str> {
+                stringify!($t).into()
+            }
+
+            fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+                schemars::json_schema!({ "type": "string", "pattern": $pattern })
             }
         }
     };
@@ -34,9 +45,15 @@ impl<T: TryFrom<String, Error = String>> Visitor<'_> for Parsed<T> {
     }
 }
 
-from_string!(StickyKey);
-from_string!(GuardMetric);
-from_string!(GpuSource);
+from_string!(
+    StickyKey,
+    "^(header:[!#$%&'*+.^_`|~0-9A-Za-z-]+|api_key|body:user)$"
+);
+from_string!(
+    GuardMetric,
+    "^((ttft|tpot|e2e)_p(50|90|95|99)_ms|error_rate|feedback:.+)$"
+);
+from_string!(GpuSource, "^(nvml|/.*|https?://.+)$");
 
 /// Where an experiment's sticky key comes from (`sticky_key:`): requests with the same key go to
 /// the same variant.

@@ -37,6 +37,16 @@ pub const DEFAULT_YAML: &str = include_str!("../../config/default.yaml");
 /// Name used for the embedded default in errors and logs.
 pub const DEFAULT_NAME: &str = "<embedded default>";
 
+/// The JSON Schema (draft-07, which editors' YAML language servers read) of the config file,
+/// from the config types themselves: their keys, types, defaults and doc comments.
+pub fn json_schema() -> serde_json::Value {
+    let mut schema = schemars::generate::SchemaSettings::draft07()
+        .into_generator()
+        .into_root_schema_for::<Config>();
+    schema.insert("title".into(), "inferscope configuration".into());
+    schema.to_value()
+}
+
 /// The embedded default, parsed.
 pub fn embedded_default() -> Result<Config, ConfigError> {
     parse(DEFAULT_YAML, DEFAULT_NAME)

@@ -3,13 +3,14 @@
 //! (structs whose keys are all optional take `#[serde(default)]` as a whole). Durations are
 //! humantime strings: `250ms`, `1.5s`, `2m`, `1h`, `1m 30s`.
 
+use schemars::JsonSchema;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 /// The whole gateway configuration.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// Data-plane listen address.
@@ -97,7 +98,7 @@ mod defaults {
 }
 
 /// Admin listener.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct AdminConfig {
     /// Admin listen address (`/metrics`, `/stats`, `/healthz`, `/readyz`).
@@ -128,7 +129,7 @@ impl Default for AdminConfig {
 }
 
 /// Client authentication on the data plane.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AuthConfig {
     /// The keys accepted, as `Authorization: Bearer KEY` (OpenAI SDKs) or `x-api-key: KEY`
@@ -146,7 +147,7 @@ pub struct AuthConfig {
 
 /// One client key: a name (what stats, log and spans show) and where its secret comes from —
 /// exactly one of `sha256`, `key_env`, `key_file`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ApiKeyConfig {
     /// Name shown instead of the key.
@@ -163,7 +164,7 @@ pub struct ApiKeyConfig {
 }
 
 /// Rate limits: per key (each key its own bucket) and per route (shared by its clients).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RateLimitsConfig {
     /// Applied to every authenticated key separately (needs `auth`).
@@ -178,7 +179,7 @@ pub struct RateLimitsConfig {
 }
 
 /// A limit: requests per minute and tokens (prompt + output) per minute; either may be absent.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RateLimit {
     /// Requests per minute (bursts up to this many).
@@ -190,7 +191,7 @@ pub struct RateLimit {
 }
 
 /// Access log settings.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AccessLogConfig {
     /// File to append JSON lines to; `-` is standard output.
@@ -205,7 +206,7 @@ pub struct AccessLogConfig {
 
 /// Access-log rotation: the file is renamed to `PATH.1` (older ones shift, `keep` are kept)
 /// before a write would pass `max_bytes`, or once it is `max_age` old.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RotateConfig {
     /// Largest file, bytes.
@@ -213,6 +214,7 @@ pub struct RotateConfig {
     pub max_bytes: Option<u64>,
     /// Oldest file (e.g. `1h`, `1d`).
     #[serde(default, with = "super::duration::option")]
+    #[schemars(with = "Option<super::duration::Text>")]
     pub max_age: Option<Duration>,
     /// Rotated files kept.
     #[serde(default = "defaults::rotate_keep")]
@@ -220,7 +222,7 @@ pub struct RotateConfig {
 }
 
 /// Feedback storage.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FeedbackConfig {
     /// JSONL file feedback is appended to (synced before it is acknowledged).
@@ -228,7 +230,7 @@ pub struct FeedbackConfig {
 }
 
 /// Limits and timeouts of the data plane.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Limits {
     /// Largest JSON request body read from a known inference endpoint (413 above it).
@@ -237,12 +239,15 @@ pub struct Limits {
     pub max_concurrent_requests: usize,
     /// An HTTP/1 request head must arrive within this.
     #[serde(with = "super::duration")]
+    #[schemars(with = "super::duration::Text")]
     pub header_read_timeout: Duration,
     /// Connecting to a backend must succeed within this.
     #[serde(with = "super::duration")]
+    #[schemars(with = "super::duration::Text")]
     pub connect_timeout: Duration,
     /// On SIGTERM/SIGINT, in-flight streams may take this long to finish.
     #[serde(with = "super::duration")]
+    #[schemars(with = "super::duration::Text")]
     pub shutdown_grace: Duration,
     /// Longest SSE/NDJSON line the scanner keeps (longer ones are forwarded, not measured).
     pub max_event_bytes: usize,
@@ -254,6 +259,7 @@ pub struct Limits {
     pub listen_backlog: u32,
     /// A client connection with no request open is closed after this long without a byte.
     #[serde(with = "super::duration")]
+    #[schemars(with = "super::duration::Text")]
     pub client_idle_timeout: Duration,
     /// Most header fields in a request head (431 beyond it).
     pub max_header_count: usize,
@@ -263,6 +269,7 @@ pub struct Limits {
     pub h2_max_streams: u32,
     /// Longest silence while reading a request body that the gateway reads (408 beyond it).
     #[serde(with = "super::duration")]
+    #[schemars(with = "super::duration::Text")]
     pub body_read_timeout: Duration,
     /// Slowest average rate a request body may arrive at, after its first 5 s (408 below it;
     /// 0 turns the check off).
@@ -286,6 +293,7 @@ pub struct Limits {
     /// waking after its deadline) above which the gateway warns that its numbers are suspect (it
     /// waits for a CPU).
     #[serde(with = "super::duration")]
+    #[schemars(with = "super::duration::Text")]
     pub lateness_warning: Duration,
 }
 
@@ -317,7 +325,7 @@ impl Default for Limits {
 }
 
 /// One inference backend: a URL, or a simulator run inside the gateway.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BackendConfig {
     /// Unique name (a label on every metric).
@@ -343,6 +351,7 @@ pub struct BackendConfig {
     /// TLS, where a new connection costs a handshake). A shorter `Keep-Alive: timeout=N` from
     /// the backend wins. `0s`: no connection is reused.
     #[serde(default = "defaults::idle_timeout", with = "super::duration")]
+    #[schemars(with = "super::duration::Text")]
     pub idle_timeout: Duration,
     /// Run a simulated backend in-process instead of `url`.
     #[serde(default)]
@@ -368,6 +377,7 @@ pub struct BackendConfig {
     pub max_queue: usize,
     /// Longest wait in the queue; beyond it: 503 with `Retry-After`.
     #[serde(default = "defaults::queue_timeout", with = "super::duration")]
+    #[schemars(with = "super::duration::Text")]
     pub queue_timeout: Duration,
     /// Active health probe (absent: passive health only).
     #[serde(default)]
@@ -395,7 +405,7 @@ pub struct BackendConfig {
 }
 
 /// `price:` of a backend — one of the two.
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PriceConfig {
     /// A hosted API's list price per million output tokens.
@@ -409,7 +419,7 @@ pub struct PriceConfig {
 pub const GPU_PRESETS: [&str; 5] = ["a100", "h100", "h200", "l4", "l40s"];
 
 /// The model a backend serves, as its roofline needs it.
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSpec {
     /// Parameters, in billions.
@@ -424,7 +434,7 @@ pub struct ModelSpec {
 }
 
 /// A backend's GPUs: a preset (`a100`, `h100`, `h200`, `l4`, `l40s`) and/or numbers, which win.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct GpuSpec {
     /// One of the presets.
@@ -439,22 +449,25 @@ pub struct GpuSpec {
 
 /// `engine_spans:` of a backend: how long a record waits for its engine's span, and when a
 /// request counts as starved in the engine's queue.
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct EngineSpansConfig {
     /// How long a finished request's access-log line and span wait for the engine's span (vLLM
     /// exports in batches every 5 s); past it they are written without (`engine_span:
     /// missing`). Statistics other than the engine's parts never wait.
     #[serde(with = "super::duration")]
+    #[schemars(with = "super::duration::Text")]
     pub wait: Duration,
     /// A request is starved when its engine queue time exceeds this many times the median
     /// queue time of the backend's requests joined within `starved_window` before it…
     pub starved_factor: f64,
     /// …over this window…
     #[serde(with = "super::duration")]
+    #[schemars(with = "super::duration::Text")]
     pub starved_window: Duration,
     /// …and is at least this long (an idle engine's microsecond queues starve nobody).
     #[serde(with = "super::duration")]
+    #[schemars(with = "super::duration::Text")]
     pub starved_min: Duration,
 }
 
@@ -471,7 +484,7 @@ impl Default for EngineSpansConfig {
 
 /// Scraping a backend's Prometheus endpoints: its engine's (vLLM, SGLang, TGI, llama.cpp) and
 /// its GPUs' exporter (NVIDIA DCGM exporter, nvidia_gpu_exporter).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsConfig {
     /// The engine's endpoint: a path under the backend's URL (`/metrics`), an absolute URL, or
@@ -482,13 +495,16 @@ pub struct MetricsConfig {
     pub gpu_url: Option<super::forms::GpuSource>,
     /// Time between scrapes.
     #[serde(with = "super::duration")]
+    #[schemars(with = "super::duration::Text")]
     pub interval: Duration,
     /// A scrape slower than this fails.
     #[serde(with = "super::duration")]
+    #[schemars(with = "super::duration::Text")]
     pub timeout: Duration,
     /// Values older than this are not used (by requests' records and the balancer); absent:
     /// three intervals.
     #[serde(with = "super::duration::option")]
+    #[schemars(with = "Option<super::duration::Text>")]
     pub stale_after: Option<Duration>,
 }
 
@@ -512,7 +528,7 @@ impl MetricsConfig {
 }
 
 /// Which built-in roots verify an upstream's certificate.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum RootsConfig {
     /// Mozilla's roots, bundled in the binary.
@@ -525,7 +541,7 @@ pub enum RootsConfig {
 }
 
 /// TLS towards an upstream (a backend, an OTLP collector).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ClientTlsConfig {
     /// Built-in roots trusted.
@@ -563,7 +579,7 @@ impl ClientTlsConfig {
 }
 
 /// TLS termination on a listener.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ServerTlsConfig {
     /// PEM certificate chain, leaf first.
@@ -580,7 +596,7 @@ pub struct ServerTlsConfig {
 }
 
 /// Whether a client certificate is required.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ClientAuth {
     /// No certificate, no connection.
@@ -603,16 +619,18 @@ impl ServerTlsConfig {
 }
 
 /// Active health probing of a backend.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ProbeConfig {
     /// Path probed with GET (e.g. `/health` for vLLM, `/v1/models`).
     pub path: String,
     /// Time between probes.
     #[serde(with = "super::duration")]
+    #[schemars(with = "super::duration::Text")]
     pub interval: Duration,
     /// A probe slower than this fails.
     #[serde(with = "super::duration")]
+    #[schemars(with = "super::duration::Text")]
     pub timeout: Duration,
     /// Consecutive failures that mark the backend unhealthy.
     pub unhealthy_threshold: u32,
@@ -634,16 +652,18 @@ impl Default for ProbeConfig {
 
 /// Passive outlier ejection: consecutive failures (5xx, connect errors, timeouts) eject the
 /// backend for `base_ejection × 2^(ejections so far)`, capped at `max_ejection`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct OutlierConfig {
     /// Consecutive failures that eject (0 disables ejection).
     pub consecutive_failures: u32,
     /// First ejection's length.
     #[serde(with = "super::duration")]
+    #[schemars(with = "super::duration::Text")]
     pub base_ejection: Duration,
     /// Longest ejection.
     #[serde(with = "super::duration")]
+    #[schemars(with = "super::duration::Text")]
     pub max_ejection: Duration,
 }
 
@@ -658,7 +678,7 @@ impl Default for OutlierConfig {
 }
 
 /// An in-process simulated backend.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SimBackend {
     /// `fp16`, `int8`, or a profile YAML file.
@@ -669,7 +689,7 @@ pub struct SimBackend {
 }
 
 /// A route: which requests, and where they go.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RouteConfig {
     /// Unique name (a label on every metric).
@@ -707,20 +727,24 @@ pub struct RouteConfig {
 /// its outcome is `ok` and each set objective held: TTFT (a response that showed no token before
 /// its end, such as a non-streamed one, is judged by its end), TPOT (none with one token), every
 /// inter-token gap, end to end.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SloConfig {
     /// Time to first token.
     #[serde(default, with = "super::duration::option")]
+    #[schemars(with = "Option<super::duration::Text>")]
     pub ttft: Option<Duration>,
     /// Time per output token after the first.
     #[serde(default, with = "super::duration::option")]
+    #[schemars(with = "Option<super::duration::Text>")]
     pub tpot: Option<Duration>,
     /// Every gap between output events.
     #[serde(default, with = "super::duration::option")]
+    #[schemars(with = "Option<super::duration::Text>")]
     pub itl: Option<Duration>,
     /// End to end.
     #[serde(default, with = "super::duration::option")]
+    #[schemars(with = "Option<super::duration::Text>")]
     pub e2e: Option<Duration>,
 }
 
@@ -736,7 +760,7 @@ impl From<SloConfig> for crate::meter::Slo {
 }
 
 /// Backend choice within a pool.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Balancer {
     /// Each backend in turn.
@@ -758,7 +782,7 @@ pub enum Balancer {
 
 /// Retry policy. Retries happen only before any response byte reached the client, only with a
 /// replayable request body, and never to a backend already tried.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RetryConfig {
     /// Extra attempts after the first (0 disables retries).
@@ -783,18 +807,21 @@ impl Default for RetryConfig {
 }
 
 /// Response timeouts (each may be `0s` to disable).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct TimeoutsConfig {
     /// No response head within this: 504. No first output token within this (from the request's
     /// arrival): the stream is ended, outcome `timeout`.
     #[serde(with = "super::duration")]
+    #[schemars(with = "super::duration::Text")]
     pub first_token: Duration,
     /// No upstream bytes for this long once streaming: the stream is ended, outcome `timeout`.
     #[serde(with = "super::duration")]
+    #[schemars(with = "super::duration::Text")]
     pub idle: Duration,
     /// The whole request must finish within this (0s: no limit).
     #[serde(with = "super::duration")]
+    #[schemars(with = "super::duration::Text")]
     pub total: Duration,
 }
 
@@ -809,7 +836,7 @@ impl Default for TimeoutsConfig {
 }
 
 /// Route matching; every given condition must hold. An empty match accepts everything.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct MatchConfig {
     /// The request body's `model`.
@@ -819,7 +846,7 @@ pub struct MatchConfig {
 }
 
 /// A traffic split between variants.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExperimentConfig {
     /// Experiment name.
@@ -852,7 +879,7 @@ pub struct ExperimentConfig {
 /// `experiment.accept:` — when a variant is good enough. Each limit is judged on its 95%
 /// interval: met when the whole interval is inside, broken when the whole interval is outside,
 /// undecided while the interval straddles it (or the data is missing).
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AcceptConfig {
     /// Largest median TTFT change against the control, in percent (`0`: no slower).
@@ -883,7 +910,7 @@ impl AcceptConfig {
 }
 
 /// Shadow traffic of an experiment.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ShadowConfig {
     /// The variant that receives the copies.
@@ -896,11 +923,12 @@ pub struct ShadowConfig {
 }
 
 /// Guardrails of an experiment.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GuardrailsConfig {
     /// Sliding window the rules are evaluated over.
     #[serde(default = "defaults::guard_window", with = "super::duration")]
+    #[schemars(with = "super::duration::Text")]
     pub window: Duration,
     /// No rule is judged on fewer samples than this in the window.
     #[serde(default = "defaults::guard_samples")]
@@ -910,7 +938,7 @@ pub struct GuardrailsConfig {
 }
 
 /// One SLO: `metric` must stay at most `max` (and/or at least `min`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GuardRule {
     /// Variant it applies to (absent: every variant but the control).
@@ -941,7 +969,7 @@ impl GuardRule {
 }
 
 /// One arm of an experiment.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct VariantConfig {
     /// Variant name (a label on every metric).
@@ -956,7 +984,7 @@ pub struct VariantConfig {
 }
 
 /// `telemetry:` — every key optional; unset ones fall back to `OTEL_*` variables, then defaults.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct TelemetryConfig {
     /// False turns telemetry off even when `OTEL_EXPORTER_OTLP_ENDPOINT` is set.
@@ -980,6 +1008,7 @@ pub struct TelemetryConfig {
     pub batch: BatchConfig,
     /// How often metrics are exported.
     #[serde(with = "super::duration")]
+    #[schemars(with = "super::duration::Text")]
     pub metrics_interval: Duration,
     /// Export metrics too (off for trace-only receivers such as Jaeger and Langfuse).
     pub export_metrics: bool,
@@ -993,7 +1022,7 @@ pub struct TelemetryConfig {
 }
 
 /// How exported histograms aggregate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum HistogramAggregation {
     /// Explicit bucket boundaries (the GenAI conventions' advisory ones).
@@ -1023,7 +1052,7 @@ impl Default for TelemetryConfig {
 }
 
 /// OTLP receiver settings.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct OtlpConfig {
     /// Base endpoint, e.g. `http://127.0.0.1:4317` (gRPC) or `http://127.0.0.1:4318` (HTTP).
@@ -1034,6 +1063,7 @@ pub struct OtlpConfig {
     pub headers: std::collections::BTreeMap<String, String>,
     /// Export timeout.
     #[serde(with = "super::duration::option")]
+    #[schemars(with = "Option<super::duration::Text>")]
     pub timeout: Option<Duration>,
     /// TLS for an `https://` endpoint (absent: the bundled Mozilla roots; the standard
     /// `OTEL_EXPORTER_OTLP_CERTIFICATE`, `_CLIENT_CERTIFICATE` and `_CLIENT_KEY` variables fill in
@@ -1042,7 +1072,7 @@ pub struct OtlpConfig {
 }
 
 /// Which attribute conventions spans follow.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
 pub enum TelemetryFormat {
     /// OpenTelemetry GenAI semantic conventions.
     #[default]
@@ -1054,7 +1084,7 @@ pub enum TelemetryFormat {
 }
 
 /// Span batching.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct BatchConfig {
     /// Finished requests waiting for export; beyond it they are dropped (and counted).
@@ -1063,6 +1093,7 @@ pub struct BatchConfig {
     pub max_batch: usize,
     /// Longest wait before a partial batch is exported.
     #[serde(with = "super::duration")]
+    #[schemars(with = "super::duration::Text")]
     pub interval: Duration,
 }
 
