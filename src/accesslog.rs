@@ -23,6 +23,99 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
+/// One access-log field: its name (nested ones dotted, list items as `[]`), when it is written,
+/// and what it holds. `FIELDS` is the reference page `docs/reference/access-log.md`; the tests
+/// check it names every field the writer writes, and nothing else.
+#[derive(Debug, Clone, Copy)]
+pub struct Field {
+    /// The name, e.g. `itl_ms.p99` or `retries[].status`.
+    pub name: &'static str,
+    /// When it is written (`always`, or the condition).
+    pub when: &'static str,
+    /// What it holds.
+    pub what: &'static str,
+}
+
+const fn f(name: &'static str, when: &'static str, what: &'static str) -> Field {
+    Field { name, when, what }
+}
+
+/// Every field of an access-log line, in the order written.
+pub const FIELDS: &[Field] = &[
+    f("ts", "always", "wall-clock time the request head was accepted, RFC 3339, UTC"),
+    f("request_id", "always", "the gateway's request id (also the `x-inferscope-request-id` response header)"),
+    f("trace_id", "always", "W3C trace id: the client's `traceparent`'s, or a new one"),
+    f("route", "always", "the route that matched (`-` when none did)"),
+    f("model", "always", "the model the client asked for (`-` when none; cut at `limits.max_model_name_bytes`)"),
+    f("backend", "always", "the backend that served the last attempt (`-` when none was chosen)"),
+    f("variant", "always", "the experiment variant (`-` outside an experiment)"),
+    f("method", "always", "the HTTP method"),
+    f("path", "always", "the request path, without the query"),
+    f("protocol", "always", "the client's HTTP version (`HTTP/1.1`, `HTTP/2.0`)"),
+    f("client", "always", "the connection's peer `ip:port` (never a forwarded header); null when unknown"),
+    f("key", "with `auth:`", "the client key's name"),
+    f("status", "always", "the status sent to the client"),
+    f("stream", "always", "the client asked for a streamed response"),
+    f("outcome", "always", "`ok`, `client_error`, `backend_error`, `truncated`, `timeout`, `client_cancelled`, `rejected`, `gateway_error`, `shutdown` or `rate_limited`"),
+    f("ttft_ms", "always (null without a token)", "time to first token: arrival to the write of the first output event"),
+    f("ttfc_ms", "always (null without a chunk)", "time to first chunk: arrival to the write of the first body chunk"),
+    f("tpot_ms", "always (null below two tokens)", "time per output token after the first: (last token − first token) / (tokens − 1)"),
+    f("e2e_ms", "always", "arrival to the write of the response's end"),
+    f("upstream_ttft_ms", "always (null without a token)", "the backend's share of TTFT: from sending the request to the first token's arrival"),
+    f("overhead_ms", "always (null when nothing was sent)", "the gateway's own time: arrival to sending upstream, plus time spent observing frames"),
+    f("clock", "always", "`kernel` (arrival from the kernel's receive stamp) or `user` (the gateway's own clock)"),
+    f("accept_delay_ms", "always (null with `clock: user`)", "from the kernel's stamp of the head to the gateway taking the request"),
+    f("forward_lag_ms", "always (null without frames)", "longest hold of a frame between its arrival from upstream and its hand-off (a lower bound)"),
+    f("handoff_lag_ms", "when the server timed the writes", "longest wait between handing a timed frame on and the connection's next write"),
+    f("itl_ms", "always (null without a gap)", "inter-token latency of this request"),
+    f("itl_ms.p50", "with `itl_ms`", "median gap"),
+    f("itl_ms.p99", "with `itl_ms`", "99th-percentile gap"),
+    f("itl_ms.max", "with `itl_ms`", "longest gap"),
+    f("itl_ms.count", "with `itl_ms`", "gaps, all of them (also beyond those in `itl_us`)"),
+    f("itl_us", "always", "every gap, in order, whole microseconds, up to the first 4,096"),
+    f("input_tokens", "always (null when unknown)", "prompt tokens, by `tokens_source`"),
+    f("output_tokens", "always (null when unknown)", "output tokens, by `tokens_source`"),
+    f("tokens_source", "always (null when no count)", "`usage` (the backend's own count), `events` (the sum of its per-event counts) or `counted` (output events counted)"),
+    f("event_tokens", "always (null without events)", "tokens per output event: `exact`, `derived` or `assumed`"),
+    f("engine_queue_ms", "with a joined engine span", "the engine's queue time"),
+    f("engine_prefill_ms", "with an engine span or the response's timings", "the engine's prefill time"),
+    f("engine_decode_ms", "with an engine span or the response's timings", "the engine's decode time"),
+    f("engine_span", "with `engine_spans:`", "`joined`, or `missing` when none came within its wait"),
+    f("engine_request_id", "with a joined span that names it", "the engine's own request id"),
+    f("engine_ttft_ms", "with a joined span that has it", "the engine's own time to first token"),
+    f("ttft_parts_ms", "with a joined span", "TTFT in parts that add up to it"),
+    f("ttft_parts_ms.gateway", "with `ttft_parts_ms`", "TTFT − upstream TTFT: before the send and the first token's hold"),
+    f("ttft_parts_ms.queue", "with `ttft_parts_ms`", "the engine's queue time"),
+    f("ttft_parts_ms.prefill", "with `ttft_parts_ms`", "the engine's prefill time"),
+    f("ttft_parts_ms.rest", "with `ttft_parts_ms`", "upstream TTFT − queue − prefill: network, HTTP server, tokenizer (negative when the engine's numbers exceed the gateway's)"),
+    f("e2e_parts_ms", "with a joined span", "E2E in parts that add up to it"),
+    f("e2e_parts_ms.gateway", "with `e2e_parts_ms`", "the gateway's overhead"),
+    f("e2e_parts_ms.queue", "with `e2e_parts_ms`", "the engine's queue time"),
+    f("e2e_parts_ms.prefill", "with `e2e_parts_ms`", "the engine's prefill time"),
+    f("e2e_parts_ms.decode", "with `e2e_parts_ms`", "the engine's decode time"),
+    f("e2e_parts_ms.rest", "with `e2e_parts_ms`", "E2E − the others"),
+    f("starved", "with a joined span and enough history", "the request queued far longer than the backend's recent median: starved by others' prefill"),
+    f("backend_running", "with a fresh scrape of the engine's metrics", "requests the engine was running when this one was sent"),
+    f("backend_queue_depth", "with a fresh scrape", "requests waiting in the engine's queue then"),
+    f("backend_kv_cache_usage", "with a fresh scrape", "the engine's KV-cache use then (0–1)"),
+    f("backend_load_age_ms", "with a fresh scrape", "how old that scrape was when the request was sent"),
+    f("finish_reason", "always (null when none)", "why generation stopped: `stop`, `length`, `tool_calls`, `content_filter`, or the backend's own word"),
+    f("response_id", "always (null when none)", "the backend's response id"),
+    f("bytes_in", "always", "request body bytes (read bodies exactly; bodies streamed through by `content-length`)"),
+    f("bytes_out", "always", "response body bytes handed on to the client"),
+    f("malformed_events", "always", "stream events that could not be parsed (forwarded all the same)"),
+    f("error", "always (null on success)", "what went wrong, in a word or a phrase"),
+    f("attempts", "always", "upstream attempts (retries included)"),
+    f("retries", "when an attempt was retried", "each failed attempt before the last"),
+    f("retries[].backend", "with `retries`", "the backend tried"),
+    f("retries[].status", "with `retries`", "its status (null when it gave none)"),
+    f("retries[].error", "with `retries`", "why it failed"),
+    f("purpose", "always", "`live`, `shadow`, `eval` or `bench`"),
+    f("shadow", "on shadow copies", "`true`: a copy the gateway made (logs older than `purpose`)"),
+    f("variant_forced", "when the client forced the variant", "`true`: not a random draw, left out of the comparisons"),
+    f("slo_met", "with the route's `slo:`", "every latency objective held"),
+];
+
 /// An access-log line as its readers (`inferscope report`, the roofline) take it back: the
 /// fields they use, each optional (a line written before a field existed lacks it; fields a
 /// reader does not use are ignored).

@@ -569,3 +569,42 @@ fn type_of(root: &Value, node: &Value) -> String {
         _ => "value".into(),
     }
 }
+
+/// The access-log reference: `accesslog::FIELDS` names every field the writer writes (its
+/// `key!` names) and every field a real log showed, and nothing else.
+#[test]
+fn the_access_log_reference_names_every_field_written() {
+    use inferscope::accesslog::FIELDS;
+    let source =
+        std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/accesslog.rs"))
+            .unwrap();
+    let written: BTreeSet<&str> = source
+        .split("key!(\"")
+        .skip(1)
+        .filter_map(|rest| rest.split('"').next())
+        .collect();
+    let listed: BTreeSet<&str> = FIELDS
+        .iter()
+        .map(|f| f.name.rsplit(['.', ']']).next().unwrap_or(f.name))
+        .collect();
+    assert_eq!(
+        written, listed,
+        "accesslog::FIELDS and the writer's fields differ"
+    );
+    let names: BTreeSet<&str> = FIELDS.iter().map(|f| f.name).collect();
+    assert_eq!(names.len(), FIELDS.len(), "a field is listed twice");
+    let golden = std::fs::read_to_string(golden_path("access-log-fields.txt")).unwrap();
+    for seen in golden.lines() {
+        assert!(
+            names.contains(seen),
+            "`{seen}` is logged and not in accesslog::FIELDS"
+        );
+    }
+    let mut page = String::from(
+        "# Access-log reference\n\nGenerated from the code (`accesslog::FIELDS`; `UPDATE_GOLDEN=1 cargo test --test contracts`).\nOne JSON object per line per request — failed, rejected and cancelled ones too. Times are\nmilliseconds to the microsecond unless the name says otherwise; `null` means not measured.\n\n| field | written | what it holds |\n|---|---|---|\n",
+    );
+    for f in FIELDS {
+        page.push_str(&format!("| `{}` | {} | {} |\n", f.name, f.when, f.what));
+    }
+    reference("access-log.md", &page);
+}
