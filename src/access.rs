@@ -20,6 +20,7 @@
 
 use crate::config::{ApiKeyConfig, AuthConfig, RateLimit, RateLimitsConfig};
 use crate::meter::{RecordSink, RequestRecord};
+use crate::util::prometheus::{Labels, Writer};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
@@ -480,6 +481,62 @@ impl Limiter {
             .iter()
             .map(|(k, v)| (Arc::clone(k), *v))
             .collect()
+    }
+
+    /// Writes the per-key series (requests, refusals, errors, tokens) and the unauthorized
+    /// requests, for `/metrics`.
+    pub fn write_prometheus(&self, w: &mut Writer) {
+        type Get = fn(&KeyCounts) -> u64;
+        let all = self.key_counts();
+        let series: [(&str, &str, Get); 5] = [
+            (
+                "inferscope_key_requests_total",
+                "Requests per client key name (refused ones included).",
+                |c| c.requests,
+            ),
+            (
+                "inferscope_key_rate_limited_total",
+                "Requests per client key name refused by a rate limit.",
+                |c| c.rate_limited,
+            ),
+            (
+                "inferscope_key_errors_total",
+                "Requests per client key name whose outcome was not ok.",
+                |c| c.errors,
+            ),
+            (
+                "inferscope_key_input_tokens_total",
+                "Prompt tokens per client key name.",
+                |c| c.input_tokens,
+            ),
+            (
+                "inferscope_key_output_tokens_total",
+                "Output tokens per client key name.",
+                |c| c.output_tokens,
+            ),
+        ];
+        let labels: Vec<Labels> = all
+            .iter()
+            .map(|(k, _)| Labels::new(&[("key", k)]))
+            .collect();
+        for (name, help, get) in series {
+            w.series(
+                name,
+                "counter",
+                help,
+                labels.iter().zip(all.iter().map(|(_, c)| get(c))),
+            );
+        }
+        w.family(
+            "inferscope_unauthorized_total",
+            "counter",
+            "Data-plane requests refused for a missing or unknown API key.",
+        );
+        w.sample(
+            "inferscope_unauthorized_total",
+            &Labels::new(&[]),
+            self.unauthorized.load(std::sync::atomic::Ordering::Relaxed),
+        );
     }
 }
 

@@ -337,6 +337,43 @@ impl AccessLog {
         }
     }
 
+    /// The writer's counters, for `/metrics`.
+    pub fn scalars(&self) -> [crate::meter::stats::Scalar; 5] {
+        let counter = |name, help, v: u64| crate::meter::stats::Scalar {
+            name,
+            kind: "counter",
+            help,
+            value: v as f64,
+        };
+        [
+            counter(
+                "inferscope_access_log_dropped_total",
+                "Access-log records dropped because the writer queue was full.",
+                self.dropped(),
+            ),
+            counter(
+                "inferscope_access_log_written_total",
+                "Access-log lines that reached the file.",
+                self.written(),
+            ),
+            counter(
+                "inferscope_access_log_write_errors_total",
+                "Access-log writes that failed (the file is cut back to whole lines and the lines retried).",
+                self.write_errors(),
+            ),
+            counter(
+                "inferscope_access_log_lost_total",
+                "Access-log lines given up on after writes kept failing.",
+                self.lost(),
+            ),
+            counter(
+                "inferscope_access_log_rotations_total",
+                "Access-log files rotated (size, age) or reopened (SIGUSR1).",
+                self.rotations(),
+            ),
+        ]
+    }
+
     /// Records dropped because the queue was full.
     pub fn dropped(&self) -> u64 {
         self.counters.dropped.load(Ordering::Relaxed)

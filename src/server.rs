@@ -68,6 +68,35 @@ pub struct ConnCounters {
     pub refused_share: AtomicU64,
 }
 
+impl ConnCounters {
+    /// The data plane's connection series, for `/metrics` (TLS failures apart: the admin
+    /// listener's are added to them there).
+    pub fn scalars(&self) -> impl Iterator<Item = crate::meter::stats::Scalar> {
+        let open = crate::meter::stats::Scalar {
+            name: "inferscope_client_connections",
+            kind: "gauge",
+            help: "Client connections open on the data plane.",
+            value: self.open.load(Ordering::Relaxed) as f64,
+        };
+        let counters = [
+            ("inferscope_client_connections_total", "Client connections accepted on the data plane.", &self.accepted),
+            ("inferscope_client_connections_idle_closed_total", "Client connections closed for silence with no request open (or no first request in time).", &self.closed_idle),
+            ("inferscope_client_connections_stalled_closed_total", "Client connections closed because a response waited 5 idle timeouts for the client to take it (a zero-window h2 stream, a client that stopped reading).", &self.closed_stalled),
+            ("inferscope_client_connections_share_refused_total", "Client connections closed at once: under pressure (limits.overload_at), their address held its fair share.", &self.refused_share),
+            ("inferscope_client_connections_at_capacity_total", "Times accepting paused because max_connections were open.", &self.at_capacity),
+            ("inferscope_accept_errors_total", "accept() failures (e.g. out of file descriptors); each backs off.", &self.accept_errors),
+            ("inferscope_http_refused_total", "Request heads the HTTP layer refused (malformed 400, oversize 431, incomplete 408).", &self.refused),
+        ]
+        .map(|(name, help, v)| crate::meter::stats::Scalar {
+            name,
+            kind: "counter",
+            help,
+            value: v.load(Ordering::Relaxed) as f64,
+        });
+        std::iter::once(open).chain(counters)
+    }
+}
+
 /// Connection-level settings.
 #[derive(Clone)]
 pub struct ServerOptions {

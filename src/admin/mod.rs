@@ -374,31 +374,6 @@ fn metrics_body(state: &AdminState, router: &Router, protobuf: bool) -> (&'stati
             "Requests started and not yet finished.",
             state.metering.in_flight() as f64,
         ),
-        counter(
-            "inferscope_access_log_dropped_total",
-            "Access-log records dropped because the writer queue was full.",
-            rec.log.dropped(),
-        ),
-        counter(
-            "inferscope_access_log_written_total",
-            "Access-log lines that reached the file.",
-            rec.log.written(),
-        ),
-        counter(
-            "inferscope_access_log_write_errors_total",
-            "Access-log writes that failed (the file is cut back to whole lines and the lines retried).",
-            rec.log.write_errors(),
-        ),
-        counter(
-            "inferscope_access_log_lost_total",
-            "Access-log lines given up on after writes kept failing.",
-            rec.log.lost(),
-        ),
-        counter(
-            "inferscope_access_log_rotations_total",
-            "Access-log files rotated (size, age) or reopened (SIGUSR1).",
-            rec.log.rotations(),
-        ),
         gauge(
             "inferscope_ready",
             "1 when the gateway accepts traffic and every route has a backend.",
@@ -425,30 +400,13 @@ fn metrics_body(state: &AdminState, router: &Router, protobuf: bool) -> (&'stati
             state.reloads.tls_failed.load(Relaxed),
         ),
     ];
-    let c = &state.connections;
-    scalars.push(gauge(
-        "inferscope_client_connections",
-        "Client connections open on the data plane.",
-        c.open.load(Relaxed) as f64,
-    ));
-    let connection_counters = [
-        ("inferscope_client_connections_total", "Client connections accepted on the data plane.", &c.accepted),
-        ("inferscope_client_connections_idle_closed_total", "Client connections closed for silence with no request open (or no first request in time).", &c.closed_idle),
-        ("inferscope_client_connections_stalled_closed_total", "Client connections closed because a response waited 5 idle timeouts for the client to take it (a zero-window h2 stream, a client that stopped reading).", &c.closed_stalled),
-        ("inferscope_client_connections_share_refused_total", "Client connections closed at once: under pressure (limits.overload_at), their address held its fair share.", &c.refused_share),
-        ("inferscope_client_connections_at_capacity_total", "Times accepting paused because max_connections were open.", &c.at_capacity),
-        ("inferscope_accept_errors_total", "accept() failures (e.g. out of file descriptors); each backs off.", &c.accept_errors),
-        ("inferscope_http_refused_total", "Request heads the HTTP layer refused (malformed 400, oversize 431, incomplete 408).", &c.refused),
-    ];
-    scalars.extend(
-        connection_counters
-            .into_iter()
-            .map(|(name, help, v)| counter(name, help, v.load(Relaxed))),
-    );
+    scalars.extend(rec.log.scalars());
+    scalars.extend(state.connections.scalars());
     scalars.push(counter(
         "inferscope_tls_handshake_failures_total",
         "TLS handshakes on the data plane or the admin listener that failed or timed out (e.g. no client certificate the CA signed).",
-        c.tls_failures.load(Relaxed) + state.admin_connections.tls_failures.load(Relaxed),
+        state.connections.tls_failures.load(Relaxed)
+            + state.admin_connections.tls_failures.load(Relaxed),
     ));
     if let Some(t) = &rec.telemetry {
         scalars.extend(t.counters.scalars());
@@ -460,11 +418,9 @@ fn metrics_body(state: &AdminState, router: &Router, protobuf: bool) -> (&'stati
     };
     let snap = rec.stats.snapshot();
     write_prometheus(&mut w, &snap, &scalars);
-    backend_metrics(router, &mut w);
-    roofline_metrics(router, &snap, &mut w);
-    key_metrics(&state.limiter, &mut w);
+    router.write_prometheus(&snap, &mut w);
+    state.limiter.write_prometheus(&mut w);
     instrument_metrics(state, &mut w);
-    guardrail_metrics(router, &mut w);
     w.into_body()
 }
 
@@ -475,10 +431,7 @@ fn backend_json(router: &Router, snap: &crate::stats::Snapshot) -> serde_json::V
         .iter()
         .map(|b| {
             let s = b.status();
-            let roofline = b
-                .roofline
-                .as_ref()
-                .map(|(m, peak)| crate::stats::roofline::assess(m, *peak, measured(snap, b)));
+            let roofline = crate::route::roofline(b, snap);
             serde_json::json!({
                 "backend": s.name.as_ref(),
                 "available": s.available,
@@ -497,38 +450,6 @@ fn backend_json(router: &Router, snap: &crate::stats::Snapshot) -> serde_json::V
         })
         .collect();
     list.into()
-}
-
-/// What the roofline of backend `b` rests on: its requests over the window (every group it
-/// served, merged) and its engine's fresh scrape.
-fn measured(
-    snap: &crate::stats::Snapshot,
-    b: &crate::route::Backend,
-) -> crate::stats::roofline::Measured {
-    use crate::meter::Outcome;
-    let mut t = crate::stats::Tally::default();
-    for (k, _, w) in &snap.groups {
-        if *k.backend == *b.name {
-            t.merge(w);
-        }
-    }
-    let median = |name: &str| {
-        let i = crate::stats::METRICS.iter().position(|m| *m == name)?;
-        let h = t.hists[i].histogram().filter(|h| !h.is_empty())?;
-        Some(h.value_at_quantile(0.5) as f64 / 1e6)
-    };
-    let ok = t.outcomes[Outcome::Ok.index()] as f64;
-    let mean = |sum: u64| (ok > 0.0 && sum > 0).then(|| sum as f64 / ok);
-    let engine = b.fresh_scrape();
-    let engine = engine.as_ref().and_then(|s| s.engine.as_ref());
-    crate::stats::roofline::Measured {
-        tpot_s: median("tpot"),
-        ttft_s: median("ttft"),
-        prompt_tokens: mean(t.input_tokens),
-        output_tokens: mean(t.output_tokens),
-        batch: engine.and_then(|e| e.busy_batch.or(e.running)),
-        engine_prefill_s: engine.and_then(|e| e.prefill_seconds),
-    }
 }
 
 /// The backend's own metrics as last scraped (`metrics:`): `null` without a scrape.
@@ -565,208 +486,6 @@ fn scrape_json(s: &crate::route::BackendStatus) -> serde_json::Value {
     })
 }
 
-/// Per-backend health and load gauges, for `/metrics`.
-fn backend_metrics(router: &Router, w: &mut Writer) {
-    use crate::route::BackendStatus;
-    type Get = fn(&BackendStatus) -> f64;
-    let all: Vec<BackendStatus> = router.backends().iter().map(|b| b.status()).collect();
-    let series: [(&str, &str, &str, Get); 6] = [
-        (
-            "inferscope_backend_up",
-            "gauge",
-            "1 when the backend is available (probe healthy, not ejected, not resting after a 429).",
-            |s| f64::from(u8::from(s.available)),
-        ),
-        (
-            "inferscope_backend_ejections_total",
-            "counter",
-            "Passive outlier ejections.",
-            |s| s.ejections_total as f64,
-        ),
-        (
-            "inferscope_backend_rate_limited_total",
-            "counter",
-            "429 answers from the backend (each rests it for its Retry-After).",
-            |s| s.rate_limited_total as f64,
-        ),
-        (
-            "inferscope_backend_in_flight",
-            "gauge",
-            "Requests in flight to the backend.",
-            |s| s.in_flight as f64,
-        ),
-        (
-            "inferscope_backend_queued",
-            "gauge",
-            "Requests waiting in the backend's queue.",
-            |s| s.queued as f64,
-        ),
-        (
-            "inferscope_backend_ttft_ewma_seconds",
-            "gauge",
-            "Moving average of the TTFT measured through the backend.",
-            |s| s.ewma_ttft_ms / 1000.0,
-        ),
-    ];
-    let labels: Vec<Labels> = all
-        .iter()
-        .map(|s| Labels::new(&[("backend", &s.name)]))
-        .collect();
-    for (name, kind, help, get) in series {
-        w.series(name, kind, help, labels.iter().zip(all.iter().map(get)));
-    }
-    scrape_metrics(&all, &labels, w);
-}
-
-/// Each backend's place on its roofline (`model:` and `gpu:` set), for `/metrics`.
-fn roofline_metrics(router: &Router, snap: &crate::stats::Snapshot, w: &mut Writer) {
-    use crate::stats::roofline::Assessment;
-    let rows: Vec<(Labels, Assessment)> = router
-        .backends()
-        .iter()
-        .filter_map(|b| {
-            let (m, peak) = b.roofline.as_ref()?;
-            Some((
-                Labels::new(&[("backend", &b.name)]),
-                crate::stats::roofline::assess(m, *peak, measured(snap, b)),
-            ))
-        })
-        .collect();
-    if rows.is_empty() {
-        return;
-    }
-    type Get = fn(&Assessment) -> Option<f64>;
-    let series: [(&str, &str, Get); 4] = [
-        (
-            "inferscope_backend_decode_bandwidth_bytes_per_second",
-            "Decode bandwidth achieved by the backend: (weights + KV cache read per step) / TPOT.",
-            |a| a.decode.as_ref().map(|d| d.achieved_gb_s * 1e9),
-        ),
-        (
-            "inferscope_backend_mbu_ratio",
-            "Model-bandwidth utilisation of the backend's decode: achieved / peak HBM bandwidth.",
-            |a| a.decode.as_ref().map(|d| d.mbu),
-        ),
-        (
-            "inferscope_backend_prefill_mfu_ratio",
-            "Model-FLOPs utilisation of the backend's prefill (a lower bound when timed by TTFT).",
-            |a| a.prefill.as_ref().map(|p| p.mfu),
-        ),
-        (
-            "inferscope_backend_prefill_flops_per_second",
-            "Prefill compute achieved by the backend: 2 x parameters x prompt tokens / prefill time.",
-            |a| a.prefill.as_ref().map(|p| p.achieved_tflops * 1e12),
-        ),
-    ];
-    for (name, help, get) in series {
-        let values = rows.iter().filter_map(|(l, a)| Some((l, get(a)?)));
-        w.series(name, "gauge", help, values);
-    }
-}
-
-/// The backends' own metrics as last scraped, for `/metrics`: a series only for the backends
-/// whose latest scrape had the value (stale ones included: the age says how old).
-fn scrape_metrics(all: &[crate::route::BackendStatus], labels: &[Labels], w: &mut Writer) {
-    use crate::route::engine::{EngineView, GpuView};
-    type Engine = fn(&EngineView) -> Option<f64>;
-    type Gpu = fn(&GpuView) -> Option<f64>;
-    let scraped = || all.iter().zip(labels);
-    if all.iter().all(|s| s.scrapes == (0, 0)) {
-        return; // no backend scrapes its metrics
-    }
-    w.series(
-        "inferscope_backend_scrapes_total",
-        "counter",
-        "Scrapes of the backend's metrics endpoints where every one answered.",
-        scraped().map(|(s, l)| (l, s.scrapes.0 as f64)),
-    );
-    w.series(
-        "inferscope_backend_scrape_failures_total",
-        "counter",
-        "Scrapes of the backend's metrics endpoints where one did not answer.",
-        scraped().map(|(s, l)| (l, s.scrapes.1 as f64)),
-    );
-    w.series(
-        "inferscope_backend_scrape_age_seconds",
-        "gauge",
-        "Age of the latest scrape of the backend's metrics.",
-        scraped().filter_map(|(s, l)| Some((l, s.scraped.as_ref()?.1.as_secs_f64()))),
-    );
-    let engine: [(&str, &str, Engine); 6] = [
-        (
-            "inferscope_backend_engine_running",
-            "Requests the backend's engine runs (its batch), as last scraped.",
-            |e| e.running,
-        ),
-        (
-            "inferscope_backend_engine_waiting",
-            "Requests waiting in the backend engine's queue, as last scraped.",
-            |e| e.waiting,
-        ),
-        (
-            "inferscope_backend_kv_cache_usage_ratio",
-            "The backend engine's KV-cache use, 0-1, as last scraped.",
-            |e| e.kv_cache_usage,
-        ),
-        (
-            "inferscope_backend_prefix_cache_hit_ratio",
-            "The backend engine's prefix-cache hits over queries over the last minute.",
-            |e| e.prefix_cache_hit_rate,
-        ),
-        (
-            "inferscope_backend_engine_prefill_seconds",
-            "The backend engine's mean prefill time over the last minute.",
-            |e| e.prefill_seconds,
-        ),
-        (
-            "inferscope_backend_engine_queue_seconds",
-            "The backend engine's mean time in its queue over the last minute (vLLM's request_queue_time_seconds).",
-            |e| e.queue_seconds,
-        ),
-    ];
-    for (name, help, get) in engine {
-        let rows = scraped().filter_map(|(s, l)| {
-            let e = s.scraped.as_ref()?.0.engine.as_ref()?;
-            Some((l, get(e)?))
-        });
-        w.series(name, "gauge", help, rows);
-    }
-    let gpu: [(&str, &str, Gpu); 5] = [
-        (
-            "inferscope_backend_gpu_utilization_ratio",
-            "Mean utilisation of the backend's GPUs, 0-1.",
-            |g| g.utilization,
-        ),
-        (
-            "inferscope_backend_gpu_memory_used_bytes",
-            "Memory used on the backend's GPUs.",
-            |g| g.memory_used_bytes,
-        ),
-        (
-            "inferscope_backend_gpu_memory_total_bytes",
-            "Memory of the backend's GPUs.",
-            |g| g.memory_total_bytes,
-        ),
-        (
-            "inferscope_backend_gpu_power_watts",
-            "Power drawn by the backend's GPUs.",
-            |g| g.power_watts,
-        ),
-        (
-            "inferscope_backend_gpu_sm_clock_hertz",
-            "Mean SM clock of the backend's GPUs.",
-            |g| g.sm_clock_hz,
-        ),
-    ];
-    for (name, help, get) in gpu {
-        let rows = scraped().filter_map(|(s, l)| {
-            let g = s.scraped.as_ref()?.0.gpu.as_ref()?;
-            Some((l, get(g)?))
-        });
-        w.series(name, "gauge", help, rows);
-    }
-}
-
 /// The gateway as a measuring instrument: its clock source, how late its timers fire (waiting
 /// for a CPU), wall-clock steps seen, the runtime's load.
 fn instrument_json(state: &AdminState) -> serde_json::Value {
@@ -792,35 +511,15 @@ fn instrument_json(state: &AdminState) -> serde_json::Value {
     })
 }
 
+/// The gateway as an instrument (its heartbeat, clock steps) and the runtime's load.
 fn instrument_metrics(state: &AdminState, w: &mut Writer) {
     let none = Labels::new(&[]);
-    if let Some(h) = state.heartbeat.histogram() {
-        let name = "inferscope_heartbeat_lateness_seconds";
-        w.family(
-            name,
-            "histogram",
-            "How late the gateway got to work that was due (waiting for a CPU): frames handed on after their read's kernel stamp, and the heartbeat timer while no frame flowed. Every latency it reports may be off by as much.",
-        );
-        w.histogram(
-            name,
-            &none,
-            crate::stats::LAG_BOUNDS,
-            |le| h.count_between(0, (le * 1e6) as u64),
-            h.mean() * h.len() as f64 / 1e6,
-            h.len(),
-        );
-    }
+    state.heartbeat.write_prometheus(w);
     let rt = tokio::runtime::Handle::current().metrics();
     let busy: f64 = (0..rt.num_workers())
         .map(|i| rt.worker_total_busy_duration(i).as_secs_f64())
         .sum();
-    let series: [(&str, &str, &str, f64); 5] = [
-        (
-            "inferscope_clock_steps_total",
-            "counter",
-            "Wall-clock steps seen while converting kernel receive stamps (those requests fell back to the gateway's clock).",
-            crate::clock::CLOCK_STEPS.load(std::sync::atomic::Ordering::Relaxed) as f64,
-        ),
+    let series: [(&str, &str, &str, f64); 4] = [
         (
             "inferscope_runtime_workers",
             "gauge",
@@ -872,63 +571,6 @@ fn keys_json(limiter: &crate::access::Limiter) -> serde_json::Value {
         "unauthorized": limiter.unauthorized.load(std::sync::atomic::Ordering::Relaxed),
         "by_key": keys,
     })
-}
-
-fn key_metrics(limiter: &crate::access::Limiter, w: &mut Writer) {
-    use crate::access::KeyCounts;
-    type Get = fn(&KeyCounts) -> u64;
-    let all = limiter.key_counts();
-    let series: [(&str, &str, Get); 5] = [
-        (
-            "inferscope_key_requests_total",
-            "Requests per client key name (refused ones included).",
-            |c| c.requests,
-        ),
-        (
-            "inferscope_key_rate_limited_total",
-            "Requests per client key name refused by a rate limit.",
-            |c| c.rate_limited,
-        ),
-        (
-            "inferscope_key_errors_total",
-            "Requests per client key name whose outcome was not ok.",
-            |c| c.errors,
-        ),
-        (
-            "inferscope_key_input_tokens_total",
-            "Prompt tokens per client key name.",
-            |c| c.input_tokens,
-        ),
-        (
-            "inferscope_key_output_tokens_total",
-            "Output tokens per client key name.",
-            |c| c.output_tokens,
-        ),
-    ];
-    let labels: Vec<Labels> = all
-        .iter()
-        .map(|(k, _)| Labels::new(&[("key", k)]))
-        .collect();
-    for (name, help, get) in series {
-        w.series(
-            name,
-            "counter",
-            help,
-            labels.iter().zip(all.iter().map(|(_, c)| get(c))),
-        );
-    }
-    w.family(
-        "inferscope_unauthorized_total",
-        "counter",
-        "Data-plane requests refused for a missing or unknown API key.",
-    );
-    w.sample(
-        "inferscope_unauthorized_total",
-        &Labels::new(&[]),
-        limiter
-            .unauthorized
-            .load(std::sync::atomic::Ordering::Relaxed),
-    );
 }
 
 /// Every experiment: per-variant summaries and comparisons with the control.
@@ -1135,36 +777,4 @@ async fn reset(state: &AdminState, req: Request<hyper::body::Incoming>) -> Respo
             "no experiment with guardrails on that route",
         ),
     }
-}
-
-/// Guardrail state gauges, for `/metrics`.
-fn guardrail_metrics(router: &Router, w: &mut Writer) {
-    let mut tripped = Vec::new();
-    let mut trips = Vec::new();
-    for r in router.routes() {
-        let crate::route::Target::Experiment(x) = &r.target else {
-            continue;
-        };
-        let Some(g) = &x.guard else { continue };
-        for v in x.split.names() {
-            let labels = Labels::new(&[("route", &r.name), ("variant", v)]);
-            tripped.push((labels, u8::from(g.tripped(v))));
-        }
-        trips.push((Labels::new(&[("route", &r.name)]), g.trips_total()));
-    }
-    if tripped.is_empty() {
-        return;
-    }
-    w.series(
-        "inferscope_guardrail_tripped",
-        "gauge",
-        "1 while the variant is rolled back to the control.",
-        tripped.iter().map(|(l, v)| (l, v)),
-    );
-    w.series(
-        "inferscope_guardrail_trips_total",
-        "counter",
-        "Guardrail trips.",
-        trips.iter().map(|(l, v)| (l, v)),
-    );
 }

@@ -17,6 +17,7 @@ pub mod engine;
 pub mod nvml;
 mod observer;
 mod probe;
+mod prometheus;
 mod scrape;
 mod split;
 
@@ -24,6 +25,7 @@ pub use crate::meter::NONE;
 pub use backend::{Backend, BackendGuard, BackendStatus, Busy};
 pub use observer::{Observer, TripReporter};
 pub use probe::spawn_probes;
+pub use prometheus::roofline;
 pub use scrape::spawn_scrapes;
 pub use split::Split;
 

@@ -563,6 +563,35 @@ impl Heartbeat {
         self.hist.lock().hist.clone()
     }
 
+    /// Writes how late the gateway got to due work (a histogram) and the wall-clock steps
+    /// seen, for `/metrics`.
+    pub fn write_prometheus(&self, w: &mut crate::util::prometheus::Writer) {
+        let none = crate::util::prometheus::Labels::new(&[]);
+        if let Some(h) = self.histogram() {
+            let name = "inferscope_heartbeat_lateness_seconds";
+            w.family(
+                name,
+                "histogram",
+                "How late the gateway got to work that was due (waiting for a CPU): frames handed on after their read's kernel stamp, and the heartbeat timer while no frame flowed. Every latency it reports may be off by as much.",
+            );
+            w.histogram(
+                name,
+                &none,
+                crate::stats::LAG_BOUNDS,
+                |le| h.count_between(0, (le * 1e6) as u64),
+                h.mean() * h.len() as f64 / 1e6,
+                h.len(),
+            );
+        }
+        let steps = "inferscope_clock_steps_total";
+        w.family(
+            steps,
+            "counter",
+            "Wall-clock steps seen while converting kernel receive stamps (those requests fell back to the gateway's clock).",
+        );
+        w.sample(steps, &none, CLOCK_STEPS.load(Ordering::Relaxed) as f64);
+    }
+
     /// Beats so far: (from the timer, from frames).
     pub fn beats(&self) -> (u64, u64) {
         (
