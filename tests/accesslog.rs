@@ -2,7 +2,7 @@
 //! rotation, and for streams cut at the end of the shutdown grace period.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::path::{Path, PathBuf};

@@ -3,7 +3,7 @@
 //! and by `check`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use inferscope::app::{self, Overrides};

@@ -2,7 +2,7 @@
 //! bracket the gateway's own, open- and closed-loop arrivals.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use inferscope::loadgen::{self, Arrivals, BenchOptions};

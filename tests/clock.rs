@@ -4,7 +4,7 @@
 //! user-space clock is the fallback and the record says which was used.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::Value;

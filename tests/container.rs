@@ -5,11 +5,11 @@
 //! compose config, the two simulators from the same image, and Prometheus (the Debian package,
 //! native histograms on, scraping as compose's config does) — work together.
 //!
-//! A second-lane test (`cargo test --test container -- --ignored`): it needs podman and the base
+//! A second-lane test (`cargo test --test it container:: -- --ignored`): it needs podman and the base
 //! image `docker/podman-setup.sh` makes, as `.ci/run` does, and fails without them.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::prom::{query, scalar};
 use common::*;

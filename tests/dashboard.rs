@@ -4,7 +4,7 @@
 //! `/experiments` at the same moment (the load stopped first).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use inferscope::sim::Profile;

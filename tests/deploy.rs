@@ -5,7 +5,7 @@
 //! shutdown timings agree with the gateway's config).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::{program, succeeds};
 use serde_json::Value as Json;

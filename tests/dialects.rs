@@ -3,7 +3,7 @@
 //! measured against its ground truth.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::meter::{measure, Seen};
 use common::*;

@@ -4,7 +4,7 @@
 
 #[path = "../examples/axum_embed.rs"]
 mod axum_embed;
-mod common;
+use crate::common;
 
 use common::*;
 use inferscope::stats::Stats;

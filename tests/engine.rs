@@ -3,7 +3,7 @@
 //! vLLM-named `/metrics` into `/stats`, `/metrics` and each request's access-log line.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use inferscope::route::engine::{EngineView, GpuView};

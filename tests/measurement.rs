@@ -2,7 +2,7 @@
 //! changes what the client receives (except removing the usage chunk it added itself).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use inferscope::sim::{ChunkKind, Profile, Truth};

@@ -4,7 +4,7 @@
 //! tests/lifecycle.rs.)
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::net::SocketAddr;

@@ -3,7 +3,7 @@
 //! `/experiments` and `inferscope report`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::otlp::*;
 use common::*;

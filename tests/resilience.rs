@@ -3,7 +3,7 @@
 //! active probes, and hot reload. Every test also checks requests in = access-log lines out.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use inferscope::sim::{Faults, Profile};

@@ -4,7 +4,7 @@
 //! the bytes.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::Value;

@@ -5,10 +5,10 @@
 //! — and each request's access-log line must agree with what the SDK saw.
 //!
 //! `.ci/run` installs both SDKs into `target/sdk-venv`; elsewhere set `INFERSCOPE_SDK_PYTHON` to a
-//! Python that has them. A second-lane test: `cargo test --test sdk -- --ignored`.
+//! Python that has them. A second-lane test: `cargo test --test it sdk:: -- --ignored`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::Value;

@@ -5,7 +5,7 @@
 //! the clients got (bodies and headers), and every span and metric exported over OTLP.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use inferscope::sim::{self, SimOptions};

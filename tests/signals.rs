@@ -3,7 +3,7 @@
 //! access log and exits 0.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::process::Command;

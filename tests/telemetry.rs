@@ -4,7 +4,7 @@
 //! dead collector that costs the data path nothing.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::otlp::*;
 use common::*;

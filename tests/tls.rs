@@ -4,7 +4,7 @@
 //! and a certificate replaced on disk while the gateway runs.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use bytes::Bytes;
 use common::pki;

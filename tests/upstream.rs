@@ -2,7 +2,7 @@
 //! the gateway and the simulator and reports every connection the gateway opened.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::net::SocketAddr;

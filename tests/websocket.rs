@@ -5,7 +5,7 @@
 //! are answered and logged like any request.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::net::SocketAddr;
