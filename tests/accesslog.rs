@@ -77,7 +77,16 @@ async fn a_full_disk_tears_no_line_and_loses_none_once_space_returns() {
         .await;
         assert_eq!(r.status, 200);
     }
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    let errors = || async {
+        let (_, m) = admin_get(gw.admin_addr, "/metrics").await;
+        metric(&m, "inferscope_access_log_write_errors_total")
+    };
+    until(
+        Duration::from_secs(5),
+        "a write failed on the full disk",
+        || async { errors().await > 0 },
+    )
+    .await;
     let (_, m) = admin_get(gw.admin_addr, "/metrics").await;
     let written = metric(&m, "inferscope_access_log_written_total");
     assert!(written < n, "the disk never filled ({written} written)");
@@ -86,9 +95,16 @@ async fn a_full_disk_tears_no_line_and_loses_none_once_space_returns() {
     assert_eq!(lines_of(&log_path).len() as u64, written);
     // Space comes back: the kept lines follow, none lost.
     std::fs::remove_file(&filler).unwrap();
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    until(
+        Duration::from_secs(5),
+        "every line written once space came back",
+        || async {
+            let (_, m) = admin_get(gw.admin_addr, "/metrics").await;
+            metric(&m, "inferscope_access_log_written_total") == n
+        },
+    )
+    .await;
     let (_, m) = admin_get(gw.admin_addr, "/metrics").await;
-    assert_eq!(metric(&m, "inferscope_access_log_written_total"), n);
     assert_eq!(metric(&m, "inferscope_access_log_lost_total"), 0);
     gw.shutdown();
     assert!(gw.wait().await);
@@ -118,7 +134,15 @@ async fn a_log_that_cannot_be_written_says_so() {
         )
         .await;
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    until(
+        Duration::from_secs(5),
+        "the failed write counted",
+        || async {
+            let (_, m) = admin_get(gw.admin_addr, "/metrics").await;
+            metric(&m, "inferscope_access_log_write_errors_total") >= 1
+        },
+    )
+    .await;
     let (_, m) = admin_get(gw.admin_addr, "/metrics").await;
     assert_eq!(metric(&m, "inferscope_access_log_written_total"), 0);
     assert!(metric(&m, "inferscope_access_log_write_errors_total") >= 1);

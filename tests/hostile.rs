@@ -155,8 +155,15 @@ async fn at_max_connections_new_ones_wait_and_admin_stays_up() {
     for _ in 0..3 {
         hogs.push(TcpStream::connect(gw.data_addr).await.unwrap());
     }
-    // Give the gateway time to accept all three.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    until(
+        Duration::from_secs(5),
+        "the gateway accepted all three",
+        || async {
+            let (_, m) = admin_get(gw.admin_addr, "/metrics").await;
+            metric(&m, "inferscope_client_connections") == 3.0
+        },
+    )
+    .await;
     let addr = gw.data_addr;
     let waiting =
         tokio::spawn(
@@ -199,7 +206,15 @@ async fn a_burst_of_connections_at_capacity_waits_in_the_backlog_not_dropped() {
     }
     let (_sim, gw, dir) = gateway("limits:\n  max_connections: 1\n").await;
     let hog = TcpStream::connect(gw.data_addr).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    until(
+        Duration::from_secs(5),
+        "the gateway accepted the hog",
+        || async {
+            let (_, m) = admin_get(gw.admin_addr, "/metrics").await;
+            metric(&m, "inferscope_client_connections") == 1.0
+        },
+    )
+    .await;
     let addr = gw.data_addr;
     let burst: Vec<_> = (0..BURST)
         .map(|_| {

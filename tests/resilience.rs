@@ -303,7 +303,11 @@ async fn a_flapping_backend_is_ejected_and_recovers() {
 
     // It recovers; after the ejection ends (a configured wall-clock period) it gets traffic again.
     flaky.set_faults(Faults::default());
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    until(Duration::from_secs(5), "the ejection ended", || async {
+        let (_, m) = admin_get(gw.admin_addr, "/metrics").await;
+        m.contains("inferscope_backend_up{backend=\"flaky\"} 1")
+    })
+    .await;
     for _ in 0..4 {
         assert_eq!(
             post(
