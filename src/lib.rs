@@ -11,8 +11,9 @@
 //! | [`dialect`] | what one event of a wire format means (output, tokens, usage, finish, error, the end), in six dialects (the `inferscope-wire` crate) |
 //! | [`meter`] | `MeterLayer` (measure any tower HTTP service), `RecordSink`, `Annotations`, `MeteredBody`, `RequestRecord` (the `inferscope-meter` crate) |
 //! | [`clock`] | kernel receive stamps, the heartbeat (the `inferscope-meter` crate) |
-//! | [`util`] | time formatting, error chains, labels, bounded reads, fair shares; the meter crate's percentile rule, ids, hash, RNG and Prometheus writer |
-//! | [`server`] | accept loop: HTTP/1.1 + h2c, graceful drain |
+//! | [`util`] | time formatting, error chains, labels, bounded reads, fair shares; the meter crate's percentile rule, ids, hash, RNG and Prometheus writer (the `inferscope-server` crate) |
+//! | [`tls`] | rustls both ways (the `inferscope-server` crate) |
+//! | [`server`] | accept loop: HTTP/1.1 + h2c, connection limits, graceful drain (the `inferscope-server` crate) |
 //! | [`sim`] | simulated backend speaking every dialect, with a timing model and ground truth |
 //! | [`config`] | YAML schema, `load()` → `validate()` → `Arc<Config>`, located errors, embedded default |
 //! | [`stats`] | HdrHistograms per group, sliding window, `/stats` JSON, Prometheus series (the `inferscope-meter` crate), the roofline |
@@ -41,12 +42,9 @@ pub mod loadgen;
 pub mod proxy;
 pub mod recorder;
 pub mod route;
-pub mod server;
 pub mod sim;
 pub mod stats;
 pub mod telemetry;
-pub mod tls;
-pub mod util;
 
 // The wire layer, a crate of its own (crates/inferscope-wire), under its module names here.
 pub use inferscope_wire::{dialect, sse};
@@ -54,3 +52,7 @@ pub use inferscope_wire::{dialect, sse};
 // The measuring layer, its record, the clock and the statistics core: crates/inferscope-meter.
 pub use inferscope_meter as meter;
 pub use inferscope_meter::clock;
+
+// Serving and connecting (the accept loop, TLS both ways) and the shared utilities:
+// crates/inferscope-server.
+pub use inferscope_server::{server, tls, util};

@@ -6,12 +6,14 @@
 
 /// A field's key as `Object` takes it: `key!("name")` is `,"name":` (the comma is left out
 /// before the first field), one copy per field.
-macro_rules! key {
+#[macro_export]
+#[doc(hidden)]
+macro_rules! json_key {
     ($name:literal) => {
         concat!(",\"", $name, "\":")
     };
 }
-pub(crate) use key;
+pub use crate::json_key as key;
 
 /// An object being written into `out`; `close` ends it. Keys are spelled by `key!`.
 pub struct Object<'a> {
