@@ -14,7 +14,7 @@
 //! | [`util`] | time formatting, error chains, labels, bounded reads, fair shares; the meter crate's percentile rule, ids, hash, RNG and Prometheus writer (the `inferscope-server` crate) |
 //! | [`tls`] | rustls both ways (the `inferscope-server` crate) |
 //! | [`server`] | accept loop: HTTP/1.1 + h2c, connection limits, graceful drain (the `inferscope-server` crate) |
-//! | [`sim`] | simulated backend speaking every dialect, with a timing model and ground truth |
+//! | [`sim`] | simulated backend speaking every dialect, with a timing model and ground truth (the `inferscope-sim` crate) |
 //! | [`config`] | YAML schema, `load()` → `validate()` → `Arc<Config>`, located errors, embedded default |
 //! | [`stats`] | HdrHistograms per group, sliding window, `/stats` JSON, Prometheus series (the `inferscope-meter` crate), the roofline |
 //! | [`accesslog`] | JSONL writer task behind a bounded queue |
@@ -42,7 +42,6 @@ pub mod loadgen;
 pub mod proxy;
 pub mod recorder;
 pub mod route;
-pub mod sim;
 pub mod stats;
 pub mod telemetry;
 
@@ -56,3 +55,6 @@ pub use inferscope_meter::clock;
 // Serving and connecting (the accept loop, TLS both ways) and the shared utilities:
 // crates/inferscope-server.
 pub use inferscope_server::{server, tls, util};
+
+// The simulated backend: crates/inferscope-sim.
+pub use inferscope_sim as sim;

@@ -7,6 +7,9 @@
 //! `SimHandle`. Faults (refuse, error status, die or stall after K chunks, malformed events, a
 //! slow first token) are injected per `Faults`.
 
+// What is `pub` inside is the crate's API: anything else is `pub(crate)`.
+#![warn(unreachable_pub)]
+
 mod faults;
 mod handler;
 pub mod logprob;
@@ -20,7 +23,11 @@ pub use faults::Faults;
 pub use profile::{InvalidProfile, Profile};
 pub use spans::SpanExport;
 
-use crate::server::{self, ServerOptions};
+// The layers below under the names the modules use.
+use inferscope_server::{server, tls, util};
+use inferscope_wire::dialect;
+
+use crate::server::ServerOptions;
 use parking_lot::Mutex;
 use std::future::Future;
 use std::net::SocketAddr;
