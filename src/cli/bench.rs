@@ -232,7 +232,13 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
     }
     let gateway = match &compare_gateway {
         // Compared with the gateway's figures for the same population.
-        Some(admin) => population(fetch_stats(admin).await?, taken.then_some(purpose.as_str())),
+        Some(admin) => {
+            let own = population(fetch_stats(admin).await?, taken.then_some(purpose.as_str()));
+            if own.is_none() {
+                eprintln!("note: {admin}/stats has no figures for purpose {purpose}: the gateway columns are left out");
+            }
+            own
+        }
         None => None,
     };
     print!("{}", loadgen::render(&report, gateway.as_ref()));

@@ -378,7 +378,10 @@ pub fn report(o: &ReportOptions) -> Result<String, ReportError> {
         );
     }
     if bad > 0 {
-        let _ = writeln!(out, "\n({bad} lines were not JSON and were skipped)");
+        let _ = writeln!(
+            out,
+            "\n({bad} lines were not access-log lines and were skipped)"
+        );
     }
     Ok(out)
 }
