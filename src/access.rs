@@ -547,7 +547,7 @@ impl RecordSink for Limiter {
         }
         let input = rec.input_tokens.unwrap_or(0);
         let output = rec.output_tokens.unwrap_or(0);
-        if let Some(k) = &rec.meta.key {
+        if let Some(k) = &crate::facts::Facts::of(&rec.meta).key {
             let mut counts = self.counts.lock();
             let c = counts.entry(Arc::clone(k)).or_default();
             if rec.outcome != crate::meter::Outcome::Ok {
@@ -556,7 +556,11 @@ impl RecordSink for Limiter {
             c.input_tokens += input;
             c.output_tokens += output;
         }
-        self.charge(rec.meta.key.as_ref(), &rec.meta.route, input + output);
+        self.charge(
+            crate::facts::Facts::of(&rec.meta).key.as_ref(),
+            &rec.meta.route,
+            input + output,
+        );
     }
 }
 

@@ -771,7 +771,8 @@ pub fn write_line(r: &RequestRecord, out: &mut Vec<u8>) {
         }
         None => o.null(key!("client")),
     }
-    if let Some(name) = m.key.as_deref() {
+    let facts = crate::facts::Facts::of(m);
+    if let Some(name) = facts.key.as_deref() {
         o.str(key!("key"), name);
     }
     o.u64(key!("status"), u64::from(r.status));
@@ -851,7 +852,7 @@ pub fn write_line(r: &RequestRecord, out: &mut Vec<u8>) {
         (Some(_), None) => o.str(key!("engine_span"), "missing"),
         (None, _) => {}
     }
-    let load = m.engine;
+    let load = facts.engine;
     for (field, v) in [
         (key!("backend_running"), load.and_then(|e| e.running)),
         (key!("backend_queue_depth"), load.and_then(|e| e.waiting)),
@@ -877,12 +878,12 @@ pub fn write_line(r: &RequestRecord, out: &mut Vec<u8>) {
     o.u64(key!("bytes_out"), r.bytes_out);
     o.u64(key!("malformed_events"), u64::from(r.malformed_events));
     o.opt_str(key!("error"), r.error);
-    let attempts = m.attempts.len() + usize::from(m.t_sent.is_some());
+    let attempts = facts.attempts.len() + usize::from(m.t_sent.is_some());
     o.u64(key!("attempts"), attempts as u64);
-    if !m.attempts.is_empty() {
+    if !facts.attempts.is_empty() {
         let list = o.key(key!("retries"));
         list.push(b'[');
-        for (i, a) in m.attempts.iter().enumerate() {
+        for (i, a) in facts.attempts.iter().enumerate() {
             if i > 0 {
                 list.push(b',');
             }

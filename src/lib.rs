@@ -13,6 +13,7 @@
 //! | [`clock`] | kernel receive stamps, the heartbeat (the `inferscope-meter` crate) |
 //! | [`util`] | time formatting, error chains, labels, bounded reads, fair shares; the meter crate's percentile rule, ids, hash, RNG and Prometheus writer (the `inferscope-server` crate) |
 //! | [`tls`] | rustls both ways (the `inferscope-server` crate) |
+//! | [`facts`] | what the gateway learns about a request as it routes it (backend, retries, key, engine load, shadow pair), carried in the meter's `RequestMeta::extensions` |
 //! | [`server`] | accept loop: HTTP/1.1 + h2c, connection limits, graceful drain (the `inferscope-server` crate) |
 //! | [`sim`] | simulated backend speaking every dialect, with a timing model and ground truth (the `inferscope-sim` crate) |
 //! | [`config`] | YAML schema, `load()` → `validate()` → `Arc<Config>`, located errors, embedded default |
@@ -38,6 +39,7 @@ pub mod app;
 pub mod cli;
 pub mod config;
 pub mod experiment;
+pub mod facts;
 pub mod loadgen;
 pub mod proxy;
 pub mod recorder;

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 /// `inferscope-meter` (whose `stats` and `util` pieces the root's `stats` and `util` re-export).
 const LAYERS: &[&[&str]] = &[
     &["sse", "dialect", "meter", "clock"],
-    &["util"],
+    &["util", "facts"],
     &["tls"],
     &["server"],
     &["sim"],

@@ -14,8 +14,9 @@ use super::service::{Gateway, ProxyBody, VARIANT_HEADER};
 use super::upstream::{UpstreamRequestBody, UpstreamResponseBody};
 use crate::dialect::Endpoint;
 use crate::experiment::shadow::MAX_COMPARED;
+use crate::facts::{Attempt, Facts};
 use crate::meter::{
-    Annotations, Attempt, Deadlines, MeasureOptions, Purpose, RequestMeta, NONE, PURPOSE_HEADER,
+    Annotations, Deadlines, MeasureOptions, Purpose, RequestMeta, NONE, PURPOSE_HEADER,
 };
 use crate::route::{Backend, BackendGuard, Route, Router, Selection, Target};
 use bytes::Bytes;
@@ -146,8 +147,9 @@ impl Ctx {
         let engine = backend.engine_load();
         self.notes.update(|m| {
             m.backend = Arc::clone(&backend.name);
-            m.upstream = Some(backend.info.clone());
-            m.engine = engine;
+            let facts = Facts::of_mut(m);
+            facts.upstream = Some(backend.info.clone());
+            facts.engine = engine;
             m.stream = true;
             m.t_sent = Some(Instant::now());
         });
@@ -221,7 +223,8 @@ impl Ctx {
         if !keys.forward_client_key {
             crate::access::Keys::strip(&mut self.headers);
         }
-        self.notes.update(|m| m.key = Some(Arc::clone(&name)));
+        self.notes
+            .update(|m| Facts::of_mut(m).key = Some(Arc::clone(&name)));
         if let Some(slots) = self.gw.slots.as_ref().filter(|s| s.shares_apply()) {
             // A key's share of the slots among the keys holding any (its own slot is taken
             // already). A key refused for want of room is not known (the refusal comes before
@@ -368,7 +371,8 @@ impl Ctx {
         let Some((permit, pair)) = sh.admit() else {
             return;
         };
-        self.notes.update(|m| m.shadow_pair = Some(pair));
+        self.notes
+            .update(|m| Facts::of_mut(m).shadow_pair = Some(pair));
         self.capture_output = Some(
             self.capture_output
                 .map_or(MAX_COMPARED, |c| c.max(MAX_COMPARED)),
@@ -420,8 +424,9 @@ impl Ctx {
             let engine = backend.engine_load();
             self.notes.update(|m| {
                 m.backend = Arc::clone(&backend.name);
-                m.upstream = Some(backend.info.clone());
-                m.engine = engine;
+                let facts = Facts::of_mut(m);
+                facts.upstream = Some(backend.info.clone());
+                facts.engine = engine;
                 if let Some(spans) = &backend.engine_spans {
                     m.extensions.insert(Arc::clone(spans));
                 }
@@ -485,9 +490,10 @@ impl Ctx {
                     }
                     let span = self.gw.metering.ids().span_id();
                     self.notes.update(|m| {
-                        m.attempts.push(Attempt {
+                        let span_id = m.trace.client_span;
+                        Facts::of_mut(m).attempts.push(Attempt {
                             backend: Arc::clone(&backend.name),
-                            span_id: m.trace.client_span,
+                            span_id,
                             t_sent,
                             t_end: Instant::now(),
                             status: r.as_ref().map(|r| r.status().as_u16()),
@@ -656,7 +662,7 @@ impl ShadowCopy {
         meta.stream = self.stream;
         meta.bytes_in = self.body.len() as u64;
         meta.purpose = crate::meter::Purpose::Shadow;
-        meta.shadow_pair = Some(self.pair);
+        Facts::of_mut(&mut meta).shadow_pair = Some(self.pair);
         if let Some(m) = &self.model {
             meta.model = crate::util::label::bounded(m, gw.limits.max_model_name_bytes).into();
         }
@@ -694,8 +700,9 @@ impl ShadowCopy {
         let engine = backend.engine_load();
         notes.update(|m| {
             m.backend = Arc::clone(&backend.name);
-            m.upstream = Some(backend.info.clone());
-            m.engine = engine;
+            let facts = Facts::of_mut(m);
+            facts.upstream = Some(backend.info.clone());
+            facts.engine = engine;
         });
         let guard = backend.admit().await.map_err(ProxyError::Busy)?;
         let mut headers = self.headers.clone();

@@ -67,7 +67,7 @@ pub struct Backend {
     /// Share for the weighted balancer.
     pub weight: u32,
     /// What records say about it (provider, host, port).
-    pub info: crate::meter::Upstream,
+    pub info: crate::facts::Upstream,
     limiter: Option<Limiter>,
     outlier: OutlierConfig,
     in_flight: AtomicUsize,
@@ -242,7 +242,7 @@ impl Backend {
     }
 
     /// The engine's load as a request sent now finds it (a fresh scrape only).
-    pub fn engine_load(&self) -> Option<crate::meter::EngineLoad> {
+    pub fn engine_load(&self) -> Option<crate::facts::EngineLoad> {
         let s = self.scraped.load();
         super::engine::at_request(s.as_deref()?, Instant::now(), self.stale_after)
     }
@@ -269,7 +269,7 @@ impl Backend {
         outlier: OutlierConfig,
     ) -> Self {
         let provider: Arc<str> = provider.into();
-        let info = crate::meter::Upstream {
+        let info = crate::facts::Upstream {
             provider: Arc::clone(&provider),
             address: base.host().map(Arc::from),
             port: base.port_u16(),

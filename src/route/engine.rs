@@ -254,13 +254,13 @@ pub fn at_request(
     s: &Scraped,
     now: Instant,
     stale_after: Duration,
-) -> Option<crate::meter::EngineLoad> {
+) -> Option<crate::facts::EngineLoad> {
     let age = now.saturating_duration_since(s.at);
     if age > stale_after {
         return None;
     }
     let e = s.engine.as_ref()?;
-    Some(crate::meter::EngineLoad {
+    Some(crate::facts::EngineLoad {
         running: e.running.map(|v| v as f32),
         waiting: e.waiting.map(|v| v as f32),
         kv_cache_usage: e.kv_cache_usage.map(|v| v as f32),

@@ -64,7 +64,7 @@ impl RecordSink for Observer {
         let Some(x) = router.experiment(&m.route) else {
             return;
         };
-        if let (Some(pair), Some(sh)) = (m.shadow_pair, &x.shadow) {
+        if let (Some(pair), Some(sh)) = (crate::facts::Facts::of(m).shadow_pair, &x.shadow) {
             let text = rec
                 .response
                 .output_content

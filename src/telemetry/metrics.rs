@@ -78,7 +78,7 @@ impl Instruments {
         if m.model.as_ref() != NONE {
             attrs.push(KeyValue::new(n::GEN_AI_REQUEST_MODEL, m.model.to_string()));
         }
-        if let Some(b) = &m.upstream {
+        if let Some(b) = &crate::facts::Facts::of(m).upstream {
             attrs.push(KeyValue::new(
                 n::GEN_AI_PROVIDER_NAME,
                 b.provider.to_string(),

@@ -106,7 +106,7 @@ pub(super) fn build(
         KeyValue::new(n::IS_ROUTE, Value::from(Arc::clone(&m.route))),
         KeyValue::new(n::IS_OUTCOME, rec.outcome.as_str()),
     ];
-    if let Some(k) = &m.key {
+    if let Some(k) = &crate::facts::Facts::of(m).key {
         server
             .attributes
             .push(KeyValue::new(n::IS_CLIENT_KEY, Value::from(Arc::clone(k))));
@@ -120,7 +120,7 @@ pub(super) fn build(
     out.push(server);
 
     // One CLIENT span per failed attempt that was retried elsewhere.
-    for at in &m.attempts {
+    for at in &crate::facts::Facts::of(m).attempts {
         let mut failed = span(
             rec,
             at.span_id,
@@ -192,7 +192,7 @@ pub(super) fn build(
             Value::from(Arc::clone(&m.model)),
         ));
     }
-    if let Some(b) = &m.upstream {
+    if let Some(b) = &crate::facts::Facts::of(m).upstream {
         a.push(KeyValue::new(
             n::GEN_AI_PROVIDER_NAME,
             Value::from(Arc::clone(&b.provider)),
@@ -259,7 +259,7 @@ pub(super) fn build(
     if let Some(t) = rec.event_tokens {
         a.push(KeyValue::new(n::IS_EVENT_TOKENS, t.as_str()));
     }
-    if let Some(e) = rec.meta.engine {
+    if let Some(e) = crate::facts::Facts::of(&rec.meta).engine {
         let load = [
             (n::IS_BACKEND_RUNNING, e.running),
             (n::IS_BACKEND_QUEUE_DEPTH, e.waiting),
@@ -366,7 +366,7 @@ fn openinference(rec: &RequestRecord, s: &Settings, a: &mut Vec<KeyValue>) {
             Value::from(Arc::clone(&m.model)),
         ));
     }
-    if let Some(b) = &m.upstream {
+    if let Some(b) = &crate::facts::Facts::of(m).upstream {
         a.push(KeyValue::new(
             n::OI_LLM_PROVIDER,
             Value::from(Arc::clone(&b.provider)),

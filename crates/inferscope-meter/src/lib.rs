@@ -44,8 +44,8 @@ pub use layer::{
 };
 pub use measure::{Deadlines, End, Framing, MeasureOptions, Meter, StripPlan};
 pub use record::{
-    Attempt, Breakdown, EngineJoin, EngineLoad, EngineSpan, EventTokens, Gaps, ItlSample,
-    ItlSummary, Outcome, Purpose, RequestMeta, RequestParams, RequestRecord, ResponseInfo, Slo,
-    TokensSource, Upstream, MAX_ITL_SAMPLES, NONE, PURPOSE_HEADER,
+    Breakdown, EngineJoin, EngineSpan, EventTokens, Gaps, ItlSample, ItlSummary, Outcome, Purpose,
+    RequestMeta, RequestParams, RequestRecord, ResponseInfo, Slo, TokensSource, MAX_ITL_SAMPLES,
+    NONE, PURPOSE_HEADER,
 };
 pub use trace::TraceContext;

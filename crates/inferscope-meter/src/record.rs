@@ -329,34 +329,6 @@ pub struct ResponseInfo {
     pub engine: Option<inferscope_wire::dialect::EngineTimes>,
 }
 
-/// An upstream attempt that failed before any response byte reached the client, and was retried.
-#[derive(Debug, Clone)]
-pub struct Attempt {
-    /// Backend tried.
-    pub backend: Arc<str>,
-    /// Span id the attempt was sent with (its CLIENT span).
-    pub span_id: u64,
-    /// When it was sent.
-    pub t_sent: Instant,
-    /// When it was given up.
-    pub t_end: Instant,
-    /// Status it answered with, if it answered.
-    pub status: Option<u16>,
-    /// Bounded error kind.
-    pub error: &'static str,
-}
-
-/// The upstream server that answered, as telemetry reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Upstream {
-    /// Provider label (`vllm`, `openai`…), for `gen_ai.provider.name`.
-    pub provider: Arc<str>,
-    /// Host of its base URL.
-    pub address: Option<Arc<str>>,
-    /// Port of its base URL.
-    pub port: Option<u16>,
-}
-
 /// Why a request was sent. Only live traffic is what users felt: the rest has its own groups in
 /// `/stats`, its own value in the log and spans, and stays out of the live rollups, rates, served
 /// tokens, goodput and experiment comparisons (a shadow copy has its own arm there, `VARIANT:shadow`).
@@ -434,13 +406,6 @@ pub struct RequestMeta {
     pub trace: TraceContext,
     /// Request parameters telemetry reports.
     pub params: RequestParams,
-    /// The upstream server of the last attempt, once routed.
-    pub upstream: Option<Upstream>,
-    /// Earlier attempts that failed and were retried elsewhere.
-    pub attempts: Vec<Attempt>,
-    /// This request's answer is compared with its shadow copy's (or, for a copy, its
-    /// primary's): the pair's id, shared by both records.
-    pub shadow_pair: Option<u64>,
     /// Why the request was sent: live traffic, or a shadow copy, an eval's or a benchmark's.
     pub purpose: Purpose,
     /// The client forced the experiment's variant (`x-inferscope-variant`): not a random draw
@@ -462,8 +427,6 @@ pub struct RequestMeta {
     pub path: Arc<str>,
     /// The client's address (the connection's peer), when known.
     pub client: Option<std::net::SocketAddr>,
-    /// Name of the client's API key (never the key), when the gateway authenticates clients.
-    pub key: Option<Arc<str>>,
     /// The client asked for a streamed response, or the response was one (SSE, NDJSON).
     pub stream: bool,
     /// Request body bytes (read bodies exactly; streamed-through ones by `content-length`).
@@ -474,10 +437,10 @@ pub struct RequestMeta {
     pub t_hdr: Option<Instant>,
     /// The route's latency objectives, once routed.
     pub slo: Option<crate::Slo>,
-    /// The backend engine's load as its latest fresh scrape had it when the request was sent.
-    pub engine: Option<EngineLoad>,
-    /// What the service inside the layer attaches for its own sinks (the gateway: its backend's
-    /// engine-span settings). The meter carries it to the record and never reads it.
+    /// What the service inside the layer attaches for its own sinks (the gateway: the backend
+    /// that answered, the attempts retried, the client key, the engine's load, the shadow pair,
+    /// the backend's engine-span settings). The meter carries it to the record and never reads
+    /// it.
     pub extensions: http::Extensions,
 }
 
@@ -495,9 +458,6 @@ impl RequestMeta {
             trace_id: Arc::clone(&none),
             trace: TraceContext::default(),
             params: RequestParams::default(),
-            upstream: None,
-            attempts: Vec::new(),
-            shadow_pair: None,
             purpose: Purpose::Live,
             variant_forced: false,
             route: Arc::clone(&none),
@@ -508,13 +468,11 @@ impl RequestMeta {
             version: http::Version::HTTP_11,
             path: Arc::from(path),
             client: None,
-            key: None,
             stream: false,
             bytes_in: 0,
             t_sent: None,
             t_hdr: None,
             slo: None,
-            engine: None,
             extensions: http::Extensions::new(),
         }
     }
@@ -533,20 +491,6 @@ pub struct Slo {
     pub itl: Option<Duration>,
     /// End to end.
     pub e2e: Option<Duration>,
-}
-
-/// A backend engine's load when a request was sent to it, from the latest scrape of its metrics
-/// (`metrics:`) no older than its staleness bound.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct EngineLoad {
-    /// Requests the engine was running (its batch).
-    pub running: Option<f32>,
-    /// Requests waiting in its queue.
-    pub waiting: Option<f32>,
-    /// Its KV-cache use, 0–1.
-    pub kv_cache_usage: Option<f32>,
-    /// Age of the scrape, milliseconds.
-    pub age_ms: u32,
 }
 
 /// Everything measured about one request. Durations are `None` when they do not apply.
