@@ -16,7 +16,7 @@
 //! | [`facts`] | what the gateway learns about a request as it routes it (backend, retries, key, engine load, shadow pair), carried in the meter's `RequestMeta::extensions` |
 //! | [`server`] | accept loop: HTTP/1.1 + h2c, connection limits, graceful drain (the `inferscope-server` crate) |
 //! | [`sim`] | simulated backend speaking every dialect, with a timing model and ground truth (the `inferscope-sim` crate) |
-//! | [`config`] | YAML schema, `load()` → `validate()` → `Arc<Config>`, located errors, embedded default |
+//! | [`config`] | YAML schema, `load()` → `validate()` → `Arc<Config>`, located errors, embedded default (the `inferscope-config` crate) |
 //! | [`stats`] | HdrHistograms per group, sliding window, `/stats` JSON, Prometheus series (the `inferscope-meter` crate), the roofline |
 //! | [`accesslog`] | JSONL writer task behind a bounded queue |
 //! | [`experiment`] | per-variant samples, comparisons, guardrails, shadow agreement, feedback, eval, reports |
@@ -37,7 +37,6 @@ pub mod accesslog;
 pub mod admin;
 pub mod app;
 pub mod cli;
-pub mod config;
 pub mod experiment;
 pub mod facts;
 pub mod loadgen;
@@ -60,3 +59,6 @@ pub use inferscope_server::{server, tls, util};
 
 // The simulated backend: crates/inferscope-sim.
 pub use inferscope_sim as sim;
+
+// The configuration: crates/inferscope-config.
+pub use inferscope_config as config;

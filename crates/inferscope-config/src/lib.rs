@@ -2,6 +2,15 @@
 //! `Arc<Config>`, errors that name file, line and key, and the embedded default. serde_yaml_ng (the maintained fork of serde_yaml) is used
 //! only here.
 
+// What is `pub` inside is the crate's API: anything else is `pub(crate)`.
+#![warn(unreachable_pub)]
+
+// The layers below under the names the modules use.
+use inferscope_meter as meter;
+use inferscope_server::{tls, util};
+use inferscope_sim as sim;
+use inferscope_wire::sse;
+
 mod duration;
 mod forms;
 mod load;
@@ -32,7 +41,7 @@ pub use telemetry::{
 
 /// The embedded default (also shipped as `config/default.yaml`): two in-process simulated
 /// backends, `fp16` and `int8`, behind model `demo`, split 50/50.
-pub const DEFAULT_YAML: &str = include_str!("../../config/default.yaml");
+pub const DEFAULT_YAML: &str = include_str!("../../../config/default.yaml");
 
 /// Name used for the embedded default in errors and logs.
 pub const DEFAULT_NAME: &str = "<embedded default>";

@@ -520,7 +520,7 @@ fn validate_backend(b: &BackendConfig) -> Result<(), (&'static str, String)> {
     }
     if let Some(g) = &b.gpu {
         if let Some(p) = &g.preset {
-            let known = crate::config::GPU_PRESETS;
+            let known = crate::GPU_PRESETS;
             if !known.iter().any(|k| k.eq_ignore_ascii_case(p)) {
                 return Err((
                     "gpu",
