@@ -9,10 +9,10 @@ use std::sync::Arc;
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
     /// Data-plane address (port 0 picks a free port).
-    #[arg(long, default_value = "127.0.0.1:8080")]
+    #[arg(long, default_value_t = config::DEFAULT_LISTEN)]
     listen: SocketAddr,
     /// Admin address: the dashboard (port 0 picks a free port).
-    #[arg(long, default_value = "127.0.0.1:9464")]
+    #[arg(long, default_value_t = config::DEFAULT_ADMIN_LISTEN)]
     admin: SocketAddr,
     /// Background requests per second (Poisson arrivals).
     #[arg(long, default_value_t = 8.0)]

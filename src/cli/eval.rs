@@ -39,7 +39,7 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = 512)]
     stride: usize,
     /// Gateway URL.
-    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    #[arg(long, default_value_t = format!("http://{}", crate::config::DEFAULT_LISTEN))]
     url: String,
     /// Model name to request.
     #[arg(long, default_value = "demo")]

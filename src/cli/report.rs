@@ -35,7 +35,7 @@ pub(crate) struct Args {
     control: Option<String>,
     /// No verdict until both groups have this many samples of a metric (the fixed horizon:
     /// the experiment's `min_samples`, which a log does not carry).
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = crate::config::DEFAULT_MIN_SAMPLES)]
     min_samples: usize,
     /// Print JSON (per group: labels, counts, p50/p90/p99 of every metric; comparisons).
     #[arg(long)]

@@ -35,6 +35,7 @@ pub use schema::{
     OutlierConfig, PriceConfig, ProbeConfig, RetryConfig, ShadowConfig, SloConfig, TimeoutsConfig,
     GPU_PRESETS,
 };
+pub use schema::{DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN, DEFAULT_MIN_SAMPLES};
 pub use telemetry::{
     resolve as resolve_telemetry, Protocol, Settings as TelemetrySettings, SettingsError,
 };

@@ -9,6 +9,21 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// The data plane's address when the config names none (`listen:`).
+pub const DEFAULT_LISTEN: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
+    std::net::Ipv4Addr::LOCALHOST,
+    8080,
+));
+
+/// The admin plane's address when the config names none (`admin.listen:`).
+pub const DEFAULT_ADMIN_LISTEN: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
+    std::net::Ipv4Addr::LOCALHOST,
+    9464,
+));
+
+/// An experiment's fixed horizon when it names none (`min_samples:`), and `report`'s.
+pub const DEFAULT_MIN_SAMPLES: usize = 200;
+
 /// The whole gateway configuration.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -60,7 +75,7 @@ mod defaults {
     }
 
     pub(super) fn listen() -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], 8080))
+        super::DEFAULT_LISTEN
     }
     pub(super) fn log_queue() -> usize {
         65_536
@@ -84,7 +99,7 @@ mod defaults {
         Duration::from_secs(4)
     }
     pub(super) fn min_samples() -> usize {
-        200
+        super::DEFAULT_MIN_SAMPLES
     }
     pub(super) fn shadow_concurrency() -> usize {
         16
@@ -119,7 +134,7 @@ pub struct AdminConfig {
 impl Default for AdminConfig {
     fn default() -> Self {
         Self {
-            listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
+            listen: DEFAULT_ADMIN_LISTEN,
             token_env: None,
             allow_unauthenticated: false,
             tls: None,
