@@ -9,8 +9,8 @@ use std::marker::PhantomData;
 
 /// `Deserialize` through `TryFrom<String>`, refusing inside the string's own visit so that the
 /// YAML parser marks the value's line and column (a `try_from` container attribute would fail
-/// after the string is read, marked at the enclosing mapping).
-/// In the JSON Schema: a string matching `pattern`.
+/// after the string is read, marked at the enclosing mapping). In the JSON Schema: a string
+/// matching `pattern`.
 macro_rules! from_string {
     ($t:ident, $pattern:literal) => {
         impl<'de> Deserialize<'de> for $t {
