@@ -508,13 +508,15 @@ pub fn render(r: &BenchReport, gateway: Option<&crate::stats::Periods>) -> Strin
         "|---|---|---|---|---|{}",
         if all.is_some() { "---|---|" } else { "" }
     );
-    for (name, d, gw) in [
-        ("TTFT", r.ttft_ms, "ttft"),
-        ("TTFC", r.ttfc_ms, "ttfc"),
-        ("TPOT", r.tpot_ms, "tpot"),
-        ("ITL", r.itl_ms, "itl"),
-        ("E2E", r.e2e_ms, "e2e"),
-    ] {
+    type Gateway = fn(&crate::stats::TallyStats) -> Option<crate::stats::LatencyStats>;
+    let rows: [(&str, Option<Dist>, Gateway); 5] = [
+        ("TTFT", r.ttft_ms, |t| t.ttft),
+        ("TTFC", r.ttfc_ms, |t| t.ttfc),
+        ("TPOT", r.tpot_ms, |t| t.tpot),
+        ("ITL", r.itl_ms, |t| t.itl),
+        ("E2E", r.e2e_ms, |t| t.e2e),
+    ];
+    for (name, d, gw) in rows {
         let mut line = format!(
             "| {name} | {} | {} | {} | {} |",
             f(d.map(|d| d.mean)),
@@ -523,7 +525,7 @@ pub fn render(r: &BenchReport, gateway: Option<&crate::stats::Periods>) -> Strin
             f(d.map(|d| d.p99))
         );
         if let Some(a) = all {
-            let l = a.latency(gw);
+            let l = gw(a);
             let _ = write!(line, " {} | {} |", f(l.map(|l| l.p50)), f(l.map(|l| l.p99)));
         }
         let _ = writeln!(out, "{line}");

@@ -162,24 +162,7 @@ pub struct TallyStats {
 }
 
 impl TallyStats {
-    /// One latency metric by its `/stats` name (`METRICS`).
-    pub fn latency(&self, metric: &str) -> Option<&LatencyStats> {
-        match metric {
-            "ttft" => self.ttft.as_ref(),
-            "ttfc" => self.ttfc.as_ref(),
-            "tpot" => self.tpot.as_ref(),
-            "itl" => self.itl.as_ref(),
-            "e2e" => self.e2e.as_ref(),
-            "overhead" => self.overhead.as_ref(),
-            "accept_delay" => self.accept_delay.as_ref(),
-            "forward_lag" => self.forward_lag.as_ref(),
-            "engine_queue" => self.engine_queue.as_ref(),
-            "engine_prefill" => self.engine_prefill.as_ref(),
-            "engine_decode" => self.engine_decode.as_ref(),
-            _ => None,
-        }
-    }
-
+    /// The slot of a latency metric by its `/stats` name (`METRICS`; `None` for another name).
     pub(crate) fn latency_mut(&mut self, metric: &str) -> Option<&mut Option<LatencyStats>> {
         Some(match metric {
             "ttft" => &mut self.ttft,
@@ -245,4 +228,21 @@ pub struct EngineSpanCounts {
     pub missing: u64,
     /// Joined and judged starved (queued behind others' prefill).
     pub starved: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kept_metric_has_its_field() {
+        let mut t = TallyStats::default();
+        for name in crate::stats::METRICS {
+            assert!(
+                t.latency_mut(name).is_some(),
+                "{name} has no field in TallyStats"
+            );
+        }
+        assert!(t.latency_mut("ttft_p99").is_none());
+    }
 }
