@@ -8,7 +8,7 @@
 //! balancer, default 20). Client-side numbers, by the gateway's percentile rule.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
-use inferscope::loadgen::{self, Arrivals, BenchOptions};
+use inferscope::lab::loadgen::{self, Arrivals, BenchOptions};
 use inferscope::sim::{self, Profile, SimOptions};
 use std::time::Duration;
 
@@ -77,7 +77,7 @@ async fn run(balancer: &str, rate: f64, secs: u64) {
         .count();
     let all = log.lines().count().max(1);
     let r = loadgen::summarize(&samples, wall, &[]);
-    use inferscope::loadgen::Dist;
+    use inferscope::lab::loadgen::Dist;
     let median = |d: Option<Dist>| d.map_or(f64::NAN, |d| d.median);
     let p99 = |d: Option<Dist>| d.map_or(f64::NAN, |d| d.p99);
     println!(

@@ -4,7 +4,7 @@
 //! Run: `cargo bench --bench fidelity` (environment: `LEVELS`, default `1,64,512`).
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
-use inferscope::loadgen::{self, Arrivals, BenchOptions};
+use inferscope::lab::loadgen::{self, Arrivals, BenchOptions};
 use inferscope::sim::{self, ChunkKind, Profile, SimOptions};
 use std::collections::HashMap;
 

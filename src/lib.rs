@@ -3,48 +3,32 @@
 //! It proxies OpenAI-compatible traffic to inference backends without buffering, and measures
 //! every request where the bytes are: TTFT, TTFC, TPOT, ITL, E2E, tokens, outcome.
 //!
-//! Module map, lowest layer first (a module uses only lower ones; docs/ARCHITECTURE.md §2):
+//! This package is the command line; the workspace's crates are the layers, and each is
+//! re-exported here under the names the code and the docs use (docs/ARCHITECTURE.md §2):
 //!
-//! | module | owns |
-//! |---|---|
-//! | [`sse`] | incremental zero-copy SSE and NDJSON scanners (the `inferscope-wire` crate) |
-//! | [`dialect`] | what one event of a wire format means (output, tokens, usage, finish, error, the end), in six dialects (the `inferscope-wire` crate) |
-//! | [`meter`] | `MeterLayer` (measure any tower HTTP service), `RecordSink`, `Annotations`, `MeteredBody`, `RequestRecord` (the `inferscope-meter` crate) |
-//! | [`clock`] | kernel receive stamps, the heartbeat (the `inferscope-meter` crate) |
-//! | [`util`] | time formatting, error chains, labels, bounded reads, fair shares; the meter crate's percentile rule, ids, hash, RNG and Prometheus writer (the `inferscope-server` crate) |
-//! | [`tls`] | rustls both ways (the `inferscope-server` crate) |
-//! | [`facts`] | what the gateway learns about a request as it routes it (backend, retries, key, engine load, shadow pair), carried in the meter's `RequestMeta::extensions` |
-//! | [`server`] | accept loop: HTTP/1.1 + h2c, connection limits, graceful drain (the `inferscope-server` crate) |
-//! | [`sim`] | simulated backend speaking every dialect, with a timing model and ground truth (the `inferscope-sim` crate) |
-//! | [`config`] | YAML schema, `load()` → `validate()` → `Arc<Config>`, located errors, embedded default (the `inferscope-config` crate) |
-//! | [`stats`] | HdrHistograms per group, sliding window, `/stats` JSON, Prometheus series (the `inferscope-meter` crate), the roofline |
-//! | [`accesslog`] | JSONL writer task behind a bounded queue |
-//! | [`experiment`] | per-variant samples, comparisons, guardrails, shadow agreement, feedback, eval, reports |
-//! | [`loadgen`] | `inferscope bench`: load generation measured by the same definitions |
-//! | [`telemetry`] | OpenTelemetry spans and metrics over OTLP |
-//! | [`route`] | route matching, pools, balancers, backend health, experiment splits, the routing observer |
-//! | [`recorder`] | the gateway's sinks for finished records |
-//! | [`proxy`] | `ProxyService` and its phases, the in-flight limit, the upstream client, gateway errors |
-//! | [`admin`] | admin HTTP API: `/metrics`, `/stats`, `/experiments`, `/feedback`, `/healthz`, `/readyz` |
-//! | [`app`] | assembles a running gateway from a config and shuts it down in order |
-//! | [`cli`] | the clap command line; thin, calls the entry points above |
+//! | names here | crate | owns |
+//! |---|---|---|
+//! | [`sse`], [`dialect`] | `inferscope-wire` | incremental zero-copy SSE and NDJSON scanners; what one event of a wire format means, in six dialects |
+//! | [`meter`], [`clock`] | `inferscope-meter` | `MeterLayer` (measure any tower HTTP service), its record and sinks; kernel receive stamps, the heartbeat; the statistics core |
+//! | [`util`], [`tls`], [`server`] | `inferscope-server` | time, error chains, labels, bounded reads, fair shares; rustls both ways; the accept loop (HTTP/1.1 + h2c, limits, drain) |
+//! | [`sim`] | `inferscope-sim` | the simulated backend speaking every dialect, with a timing model and ground truth |
+//! | [`config`] | `inferscope-config` | YAML schema, `load()` → `validate()` → `Arc<Config>`, located errors, the JSON Schema, the embedded default |
+//! | [`facts`], [`accesslog`], [`stats`], [`experiment`], [`access`], [`telemetry`], [`route`], [`recorder`], [`proxy`], [`admin`], [`app`] | `inferscope-gateway` | the running gateway: what it learns per request, the access log, the roofline, experiments and verdicts, keys and rate limits, OpenTelemetry, routing, the record sinks, the proxy, the admin API, the assembly |
+//! | [`lab`] | `inferscope-lab` | `bench`'s load generator, eval and its sandbox, perplexity, the offline report |
+//! | [`cli`] | this package | the clap command line: one file per command, each calling the entry points above |
 
 // What is `pub` inside is the crate's API: anything else is `pub(crate)`.
 #![warn(unreachable_pub)]
 
-pub mod access;
-pub mod accesslog;
-pub mod admin;
-pub mod app;
 pub mod cli;
-pub mod experiment;
-pub mod facts;
-pub mod loadgen;
-pub mod proxy;
-pub mod recorder;
-pub mod route;
-pub mod stats;
-pub mod telemetry;
+
+// The gateway: crates/inferscope-gateway, its modules under their names here.
+pub use inferscope_gateway::{
+    access, accesslog, admin, app, experiment, facts, proxy, recorder, route, stats, telemetry,
+};
+
+// The lab tools (bench, eval and its sandbox, perplexity, report): crates/inferscope-lab.
+pub use inferscope_lab as lab;
 
 // The wire layer, a crate of its own (crates/inferscope-wire), under its module names here.
 pub use inferscope_wire::{dialect, sse};

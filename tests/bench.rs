@@ -5,7 +5,7 @@
 use crate::common;
 
 use common::*;
-use inferscope::loadgen::{self, Arrivals, BenchOptions};
+use inferscope::lab::loadgen::{self, Arrivals, BenchOptions};
 use std::time::Duration;
 
 fn options(url: String, arrivals: Arrivals, requests: usize) -> BenchOptions {

@@ -141,7 +141,7 @@ fn cli_output_shapes() {
     let shape = text.replace(&default.display().to_string(), "FILE");
     lines.insert(format!("check: {}", shape.trim_end()));
     // `bench`: the JSON report's keys (`--out`, and the rows of `--sweep`).
-    let samples = [inferscope::loadgen::Sample {
+    let samples = [inferscope::lab::loadgen::Sample {
         status: 200,
         complete: true,
         ttft: Some(10.0),
@@ -153,7 +153,8 @@ fn cli_output_shapes() {
         output_tokens: 2,
         purpose_taken: false,
     }];
-    let report = inferscope::loadgen::summarize(&samples, std::time::Duration::from_secs(1), &[]);
+    let report =
+        inferscope::lab::loadgen::summarize(&samples, std::time::Duration::from_secs(1), &[]);
     let mut keys = BTreeSet::new();
     key_paths(&serde_json::to_value(&report).unwrap(), "", &mut keys);
     lines.extend(keys.into_iter().map(|k| format!("bench json: {k}")));
@@ -575,9 +576,11 @@ fn type_of(root: &Value, node: &Value) -> String {
 #[test]
 fn the_access_log_reference_names_every_field_written() {
     use inferscope::accesslog::FIELDS;
-    let source =
-        std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/accesslog.rs"))
-            .unwrap();
+    let source = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("crates/inferscope-gateway/src/accesslog.rs"),
+    )
+    .unwrap();
     let written: BTreeSet<&str> = source
         .split("key!(\"")
         .skip(1)

@@ -380,16 +380,16 @@ async fn eval_recovers_each_variants_accuracy_within_its_interval() {
     let dir = temp_dir();
     let gw = start_yaml(&yaml(&dir, fp16.addr, int8.addr, 10)).await;
     let text = data_file("eval-arithmetic.jsonl");
-    let items = inferscope::experiment::eval::load_dataset(&text).unwrap();
+    let items = inferscope::lab::eval::load_dataset(&text).unwrap();
     assert_eq!(items.len(), 200);
-    let opts = inferscope::experiment::eval::EvalOptions {
+    let opts = inferscope::lab::eval::EvalOptions {
         target: target(gw.data_addr, 8),
         out: None,
         sandbox: None,
         progress: false,
     };
-    let scores = inferscope::experiment::eval::run(&opts, &items).await;
-    let report = inferscope::experiment::eval::render(&scores);
+    let scores = inferscope::lab::eval::run(&opts, &items).await;
+    let report = inferscope::lab::eval::render(&scores);
     println!("{report}");
     assert_eq!(scores[0].correct, 200, "fp16 is always right");
     let int8_score = &scores[1];
@@ -410,7 +410,7 @@ async fn eval_recovers_each_variants_accuracy_within_its_interval() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eval_reads_mmlu_and_gsm8k_as_released_with_categories_and_mcnemar() {
-    use inferscope::experiment::eval;
+    use inferscope::lab::eval;
     // fp16 is always right; int8 is wrong on 30% of items.
     let (fp16, int8) = quiz_sims(0.0, 0.3).await;
     let dir = temp_dir();
@@ -478,7 +478,7 @@ async fn eval_reads_mmlu_and_gsm8k_as_released_with_categories_and_mcnemar() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eval_retries_transient_failures_and_resumes_from_its_out_file() {
-    use inferscope::experiment::eval;
+    use inferscope::lab::eval;
     // fp16 answers 30% of requests with 503 (transient: asked again, never scored wrong).
     let fp16 = start_sim(
         Profile {
@@ -566,8 +566,8 @@ async fn quiz_sims(
 }
 
 /// The gateway at `gw`, model `demo`, variants fp16 (the control) and int8.
-fn target(gw: SocketAddr, concurrency: usize) -> inferscope::experiment::eval::EvalTarget {
-    inferscope::experiment::eval::EvalTarget {
+fn target(gw: SocketAddr, concurrency: usize) -> inferscope::lab::eval::EvalTarget {
+    inferscope::lab::eval::EvalTarget {
         url: format!("http://{gw}"),
         model: "demo".into(),
         variants: vec!["fp16".into(), "int8".into()],
@@ -581,8 +581,8 @@ fn perplexity_options(
     gw: SocketAddr,
     window: usize,
     stride: usize,
-) -> inferscope::experiment::perplexity::PerplexityOptions {
-    inferscope::experiment::perplexity::PerplexityOptions {
+) -> inferscope::lab::perplexity::PerplexityOptions {
+    inferscope::lab::perplexity::PerplexityOptions {
         target: target(gw, 4),
         window,
         stride,
@@ -591,7 +591,7 @@ fn perplexity_options(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn perplexity_per_variant_recovers_the_backends_shift_with_its_interval() {
-    use inferscope::experiment::perplexity;
+    use inferscope::lab::perplexity;
     // int8 adds 0.1 nats to every token's surprisal: its perplexity is fp16's × e^0.1.
     let fp16 = start_sim(exact(1.0, 1.0), 1).await;
     let int8 = start_sim(
@@ -970,7 +970,7 @@ async fn the_joined_verdict_weighs_latency_and_quality_against_the_accept_limits
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn perplexity_names_what_a_backend_without_prompt_logprobs_lacks() {
-    use inferscope::experiment::perplexity::{self, PerplexityError};
+    use inferscope::lab::perplexity::{self, PerplexityError};
     let fp16 = start_sim(exact(1.0, 1.0), 1).await;
     // A completions answer as hosted APIs give it: no log-probabilities.
     let body = br#"{"id":"c","object":"text_completion","model":"demo","choices":[{"index":0,"text":" x","logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}"#;
@@ -997,7 +997,7 @@ async fn perplexity_names_what_a_backend_without_prompt_logprobs_lacks() {
     // log-probabilities.
     let short = "one two three four five six";
     let only = |variant: &str| perplexity::PerplexityOptions {
-        target: inferscope::experiment::eval::EvalTarget {
+        target: inferscope::lab::eval::EvalTarget {
             variants: vec![variant.into()],
             ..opts.target.clone()
         },

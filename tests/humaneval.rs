@@ -8,8 +8,8 @@
 use crate::common;
 
 use common::*;
-use inferscope::experiment::eval;
-use inferscope::experiment::sandbox::{Sandbox, Verdict};
+use inferscope::lab::eval;
+use inferscope::lab::sandbox::{Sandbox, Verdict};
 use inferscope::sim::Profile;
 use std::time::{Duration, Instant};
 

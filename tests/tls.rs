@@ -561,7 +561,7 @@ async fn an_admin_plane_behind_mtls_serves_only_certified_clients() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_load_generator_speaks_tls_and_sends_a_key() {
-    use inferscope::loadgen::{self, Arrivals, BenchOptions};
+    use inferscope::lab::loadgen::{self, Arrivals, BenchOptions};
     let dir = common::temp_dir();
     let p = pki::make(&dir);
     let sim = common::start_sim(common::exact(2.0, 1.0), 1).await;

@@ -151,7 +151,7 @@ async fn every_content_event_of_long_vllm_streams_is_read() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn perplexity_reads_vllms_prompt_logprobs() {
-    use inferscope::experiment::perplexity;
+    use inferscope::lab::perplexity;
     let url = vllm_url();
     // One real backend as both variants: the same model must score the same text the same.
     let dir = temp_dir();
@@ -162,7 +162,7 @@ async fn perplexity_reads_vllms_prompt_logprobs() {
     let gw = start_yaml(&yaml).await;
     let text = data_file("perplexity-sample.txt");
     let opts = perplexity::PerplexityOptions {
-        target: inferscope::experiment::eval::EvalTarget {
+        target: inferscope::lab::eval::EvalTarget {
             url: format!("http://{}", gw.data_addr),
             model: "tiny-llama".into(),
             variants: vec!["fp16".into(), "int8".into()],
@@ -194,7 +194,7 @@ async fn perplexity_reads_vllms_prompt_logprobs() {
 /// (The tiny model writes no working code: what is checked is the path, not the score.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn humaneval_completions_from_vllm_are_run_in_the_sandbox() {
-    use inferscope::experiment::eval;
+    use inferscope::lab::eval;
     let url = vllm_url();
     let dir = temp_dir();
     let yaml = format!(
@@ -218,9 +218,7 @@ async fn humaneval_completions_from_vllm_are_run_in_the_sandbox() {
         },
         out: Some(dir.join("items.jsonl")),
         sandbox: Some(std::sync::Arc::new(
-            inferscope::experiment::sandbox::Sandbox::detect()
-                .await
-                .unwrap(),
+            inferscope::lab::sandbox::Sandbox::detect().await.unwrap(),
         )),
         progress: false,
     };

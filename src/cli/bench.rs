@@ -129,7 +129,7 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         tflops,
         gpus,
     } = args;
-    use crate::loadgen::{self, Arrivals, BenchOptions};
+    use crate::lab::loadgen::{self, Arrivals, BenchOptions};
     let roof = match params_b {
         None => None,
         Some(params_b) => {
@@ -260,7 +260,7 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
 /// What a bench run says for the roofline: its median TPOT and TTFT, mean tokens, and as the
 /// batch the mean number of its requests in flight (Little's law: throughput × mean E2E; the
 /// engine's batch when this run is its only load).
-fn bench_measured(r: &crate::loadgen::BenchReport) -> crate::stats::roofline::Measured {
+fn bench_measured(r: &crate::lab::loadgen::BenchReport) -> crate::stats::roofline::Measured {
     let ok = (r.successful > 0).then_some(r.successful as f64);
     let per_request = |throughput: f64| Some(throughput * r.duration_s / ok?);
     let output = per_request(r.output_token_throughput);

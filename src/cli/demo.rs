@@ -56,7 +56,7 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
 /// The demo's traffic: the load generator in one-minute rounds, forever; no user key, so each
 /// request is assigned a variant at random.
 async fn demo_load(url: String, rate: f64) {
-    use crate::loadgen::{self, Arrivals, BenchOptions};
+    use crate::lab::loadgen::{self, Arrivals, BenchOptions};
     let Ok(connector) = crate::tls::Connector::for_url(&url, None, &[b"http/1.1"]) else {
         return;
     };

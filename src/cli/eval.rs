@@ -150,7 +150,7 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         }
         anyhow::Ok(())
     };
-    let target = crate::experiment::eval::EvalTarget {
+    let target = crate::lab::eval::EvalTarget {
         connector: crate::tls::Connector::for_url(&url, ca_file, &[b"http/1.1"])
             .context("--ca-file")?,
         url,
@@ -168,25 +168,25 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
             "--window and --stride must be above 0"
         );
         anyhow::ensure!(stride <= window, "--stride must not exceed --window");
-        let opts = crate::experiment::perplexity::PerplexityOptions {
+        let opts = crate::lab::perplexity::PerplexityOptions {
             target,
             window,
             stride,
         };
-        let results = crate::experiment::perplexity::run(&opts, &text)
+        let results = crate::lab::perplexity::run(&opts, &text)
             .await
             .with_context(|| path.display().to_string())?;
         let suite = suite.unwrap_or_else(|| suite_name(&path));
-        let summary = crate::experiment::perplexity::summary_json(&results, &opts, &suite);
+        let summary = crate::lab::perplexity::summary_json(&results, &opts, &suite);
         if json {
             println!("{summary}");
         } else {
-            print!("{}", crate::experiment::perplexity::render(&results, &opts));
+            print!("{}", crate::lab::perplexity::render(&results, &opts));
         }
         return report(summary).await;
     }
     let path = dataset.context("--dataset is required")?;
-    let mut items = crate::experiment::eval::load_path(&path, shots)?;
+    let mut items = crate::lab::eval::load_path(&path, shots)?;
     items.truncate(limit.unwrap_or(usize::MAX));
     let model = target.model.clone();
     let sandbox = if items.iter().any(|i| i.code.is_some()) {
@@ -195,7 +195,7 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
             "{}: its problems are scored by running the model's code: pass --allow-code-execution to allow it",
             path.display()
         );
-        let sandbox = crate::experiment::sandbox::Sandbox::detect()
+        let sandbox = crate::lab::sandbox::Sandbox::detect()
             .await
             .map_err(anyhow::Error::msg)?;
         eprintln!("running generated code: {}", sandbox.guarantees());
@@ -204,22 +204,22 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         None
     };
     let guarantees = sandbox.as_ref().map(|s| s.guarantees());
-    let opts = crate::experiment::eval::EvalOptions {
+    let opts = crate::lab::eval::EvalOptions {
         target,
         out,
         sandbox,
         progress: true,
     };
-    let scores = crate::experiment::eval::run(&opts, &items).await;
+    let scores = crate::lab::eval::run(&opts, &items).await;
     let suite = suite.unwrap_or_else(|| suite_name(&path));
-    let mut summary = crate::experiment::eval::summary_json(&scores, &suite, &model);
+    let mut summary = crate::lab::eval::summary_json(&scores, &suite, &model);
     if let Some(g) = guarantees {
         summary["sandbox"] = g.into();
     }
     if json {
         println!("{summary}");
     } else {
-        print!("{}", crate::experiment::eval::render(&scores));
+        print!("{}", crate::lab::eval::render(&scores));
     }
     report(summary).await
 }

@@ -88,7 +88,7 @@ pub(crate) fn exec(args: &Args) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let opts = crate::experiment::ReportOptions {
+    let opts = crate::lab::report::ReportOptions {
         files: Vec::new(),
         by: by.clone(),
         purpose: purpose.clone(),
@@ -103,11 +103,11 @@ pub(crate) fn exec(args: &Args) -> ExitCode {
         read_report_sources(&sources, token.as_deref(), ca_file.clone()).and_then(|read| {
             match read {
                 ReportSources::Logs(files) => {
-                    let opts = crate::experiment::ReportOptions {
+                    let opts = crate::lab::report::ReportOptions {
                         files: files.clone(),
                         ..opts
                     };
-                    let text = crate::experiment::report(&opts).map_err(anyhow::Error::from)?;
+                    let text = crate::lab::report::report(&opts).map_err(anyhow::Error::from)?;
                     match roof_config {
                         Some(c) => with_rooflines(text, &files, c, *json),
                         None => Ok(text),

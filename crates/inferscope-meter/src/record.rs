@@ -73,6 +73,11 @@ impl Outcome {
         }
     }
 
+    /// Parses a logged label (`as_str`'s inverse).
+    pub fn parse(label: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|o| o.as_str() == label)
+    }
+
     /// The stable label used in logs, JSON and metrics.
     pub fn as_str(self) -> &'static str {
         match self {

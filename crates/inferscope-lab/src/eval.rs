@@ -209,7 +209,7 @@ impl EvalTarget {
     ) -> Result<Value, NoReply> {
         let mut req = http::Request::post(format!("{}{path}", self.url.trim_end_matches('/')))
             .header("content-type", "application/json")
-            .header(super::VARIANT_HEADER, variant)
+            .header(crate::experiment::VARIANT_HEADER, variant)
             .header(crate::meter::PURPOSE_HEADER, "eval");
         for (k, v) in &self.headers {
             req = req.header(k.as_str(), v.as_str());
@@ -222,7 +222,7 @@ impl EvalTarget {
         let status = resp.status();
         let served = resp
             .headers()
-            .get(super::VARIANT_HEADER)
+            .get(crate::experiment::VARIANT_HEADER)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
         if status.is_success() && !resp.headers().contains_key(crate::meter::PURPOSE_HEADER) {
@@ -286,7 +286,7 @@ pub struct EvalOptions {
     /// what it does not hold yet.
     pub out: Option<std::path::PathBuf>,
     /// Where code answers run (HumanEval); without it code items count as wrong.
-    pub sandbox: Option<Arc<super::sandbox::Sandbox>>,
+    pub sandbox: Option<Arc<crate::sandbox::Sandbox>>,
     /// Show progress on standard error: a line redrawn in place on a terminal, and each
     /// variant's final count.
     pub progress: bool,
@@ -715,13 +715,7 @@ async fn ask(
         let body = json!({"model": t.model, "stream": false, "max_tokens": item.max_tokens(),
             "temperature": 0, "prompt": item.prompt(), "stop": &CODE_STOP[..4]});
         let v = t
-            .post_retrying(
-                client,
-                variant,
-                super::perplexity::COMPLETIONS_PATH,
-                &body,
-                false,
-            )
+            .post_retrying(client, variant, COMPLETIONS_PATH, &body, false)
             .await
             .ok()?;
         return first_choice(v).and_then(|c| c.text);
@@ -882,14 +876,14 @@ pub async fn run(o: &EvalOptions, items: &[EvalItem]) -> Vec<Score> {
                                     let _slot = cpus.acquire().await;
                                     sb.run(&task.program(code)).await
                                 }
-                                None => super::sandbox::Verdict::Failed(
+                                None => crate::sandbox::Verdict::Failed(
                                     "not run: code execution not allowed".into(),
                                 ),
                             };
                             match verdict {
-                                super::sandbox::Verdict::Passed => (true, None),
-                                super::sandbox::Verdict::Failed(e) => (false, Some(e)),
-                                super::sandbox::Verdict::TimedOut => {
+                                crate::sandbox::Verdict::Passed => (true, None),
+                                crate::sandbox::Verdict::Failed(e) => (false, Some(e)),
+                                crate::sandbox::Verdict::TimedOut => {
                                     (false, Some("timed out".to_owned()))
                                 }
                             }
@@ -959,6 +953,9 @@ pub async fn run(o: &EvalOptions, items: &[EvalItem]) -> Vec<Score> {
     }
     scores
 }
+
+/// Where completions are asked for: code tasks' and perplexity's scored windows.
+pub const COMPLETIONS_PATH: &str = "/v1/completions";
 
 /// Where eval's questions are sent.
 pub const CHAT_PATH: &str = "/v1/chat/completions";

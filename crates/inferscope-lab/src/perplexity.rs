@@ -18,7 +18,7 @@
 //! of a window is scored by its position. Otherwise they are in characters, cut before a space,
 //! tokens placed by their `text_offset`; the report says which, and why.
 
-use super::eval::{HttpClient, NoReply};
+use crate::eval::{HttpClient, NoReply, COMPLETIONS_PATH};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::fmt::Write;
@@ -28,7 +28,7 @@ use std::sync::Arc;
 #[derive(Debug, Clone)]
 pub struct PerplexityOptions {
     /// Whom to ask.
-    pub target: super::eval::EvalTarget,
+    pub target: crate::eval::EvalTarget,
     /// Window length, in tokens (or characters: `Unit`).
     pub window: usize,
     /// Distance between window starts, same unit (at most `window`).
@@ -430,9 +430,6 @@ pub fn paired_difference(a: &Perplexity, b: &Perplexity, iterations: usize) -> (
     let at = |q: f64| diffs[((diffs.len() - 1) as f64 * q).round() as usize];
     (diff, (at(0.025), at(0.975)))
 }
-
-/// Where windows are scored.
-pub const COMPLETIONS_PATH: &str = "/v1/completions";
 
 /// The report as JSON, as `eval --perplexity --json` prints it and `--report-to` posts it
 /// (`quality::QualityResult`'s shape): each variant's perplexity and tokens scored, and each

@@ -2,9 +2,9 @@
 //! TTFT, TPOT, tokens/s, P99, error rate per variant (or backend, model, route), with model,
 //! backend and variant labels — and, given a control, the comparison of each group with it.
 
-use super::{summarize, Arm, Summary};
 use crate::accesslog::LogLine;
-use crate::meter::{Outcome, Purpose};
+use crate::experiment::{summarize, Arm, Summary};
+use crate::meter::Purpose;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 use std::path::PathBuf;
@@ -27,7 +27,7 @@ pub struct ReportOptions {
     /// and the comparisons (the `/experiments` shape).
     pub json: bool,
     /// Eval results (`inferscope eval --json`) joined to the latency comparison, per variant.
-    pub quality: Vec<super::quality::QualityResult>,
+    pub quality: Vec<crate::experiment::quality::QualityResult>,
     /// Limits the joined verdict is judged against (an experiment's `accept:`).
     pub accept: Option<crate::config::AcceptConfig>,
     /// The gateway's backends (`--config`): each group's cost per million output tokens, from
@@ -45,47 +45,6 @@ fn line_purpose(v: &LogLine) -> Purpose {
         Some(p) => Purpose::parse(p).unwrap_or(Purpose::Live),
         None if v.shadow => Purpose::Shadow,
         None => Purpose::Live,
-    }
-}
-
-fn outcome(s: &str) -> Option<Outcome> {
-    Outcome::ALL.iter().copied().find(|o| o.as_str() == s)
-}
-
-impl Arm {
-    /// Adds one access-log line.
-    fn record_line(&mut self, v: &LogLine) {
-        let Some(o) = v.outcome.as_deref().and_then(outcome) else {
-            return;
-        };
-        self.requests += 1;
-        self.outcomes[o.index()] += 1;
-        self.count_slo(v.slo_met);
-        let e2e_s = v.e2e_ms.unwrap_or(0.0) / 1000.0;
-        if let Some(start) = v.ts.as_deref().and_then(crate::util::time::parse_rfc3339) {
-            self.cover(start, e2e_s);
-        }
-        if o != Outcome::Ok {
-            return;
-        }
-        self.output_tokens += v.output_tokens.unwrap_or(0);
-        self.output_seconds += e2e_s;
-        let e2e = if v.stream == Some(false) { 5 } else { 4 };
-        for (i, x) in [
-            (0, v.ttft_ms),
-            (1, v.ttfc_ms),
-            (2, v.tpot_ms),
-            (e2e, v.e2e_ms),
-        ] {
-            if let Some(x) = x {
-                self.samples[i].push(x);
-            }
-        }
-        // Every gap, as `/stats` records them (logs written before `itl_us` existed have only
-        // per-request summaries: their ITL is left out rather than estimated).
-        for &us in &v.itl_us {
-            self.samples[3].push(crate::util::quantile::us_to_ms(us));
-        }
     }
 }
 
@@ -129,10 +88,10 @@ struct JsonReport<'a> {
     by: &'a str,
     groups: Vec<serde_json::Map<String, serde_json::Value>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    verdicts: Option<Vec<super::quality::VerdictRow>>,
+    verdicts: Option<Vec<crate::experiment::quality::VerdictRow>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    quality: Option<&'a [super::quality::QualityResult]>,
-    comparisons: Vec<super::Comparison>,
+    quality: Option<&'a [crate::experiment::quality::QualityResult]>,
+    comparisons: Vec<crate::experiment::Comparison>,
     method: String,
     skipped_lines: u64,
     left_out: BTreeMap<&'static str, u64>,
@@ -238,7 +197,7 @@ pub fn report(o: &ReportOptions) -> Result<String, ReportError> {
             )));
         }
     }
-    let prices: BTreeMap<String, super::quality::VariantPrice> = labels
+    let prices: BTreeMap<String, crate::experiment::quality::VariantPrice> = labels
         .iter()
         .filter_map(|(group, l)| {
             let backends: Option<Vec<&crate::config::BackendConfig>> = l[1]
@@ -247,7 +206,7 @@ pub fn report(o: &ReportOptions) -> Result<String, ReportError> {
                 .collect();
             Some((
                 group.to_string(),
-                super::quality::VariantPrice::of(&backends?)?,
+                crate::experiment::quality::VariantPrice::of(&backends?)?,
             ))
         })
         .collect();
@@ -255,11 +214,11 @@ pub fn report(o: &ReportOptions) -> Result<String, ReportError> {
     let joined = o.by == "variant" && o.control.is_some() && (asked || !prices.is_empty());
     let summary = |control: &str| {
         let mut s = summarize("report", control, &arms, o.min_samples);
-        super::quality::add_costs(&mut s, &prices);
+        crate::experiment::quality::add_costs(&mut s, &prices);
         s
     };
     let verdicts = |summary: &Summary| {
-        super::quality::verdicts(summary, &o.quality, &[], None, o.accept.as_ref())
+        crate::experiment::quality::verdicts(summary, &o.quality, &[], None, o.accept.as_ref())
     };
     // The label columns other than the grouping one (which is the first column already).
     let label_cols: Vec<(usize, &str)> = ["model", "backend", "variant"]

@@ -1,25 +1,21 @@
 //! A/B experiments: per variant, the samples the comparison needs (bounded reservoirs of TTFT,
 //! TPOT, ITL and E2E, outcome counts, tokens), and the comparison of each variant with the control
-//! (`compare`), served at admin `GET /experiments` and by `inferscope report`.
+//! (`compare`), served at admin `GET /experiments` and read by `inferscope report` (the lab crate).
 //!
 //! Shadow traffic is in `shadow`.
 
 pub mod compare;
-pub mod eval;
 mod feedback;
 mod guard;
-pub mod perplexity;
 pub mod quality;
-mod report;
-pub mod sandbox;
 pub mod shadow;
 mod summary;
 
 pub use feedback::{Feedback, FeedbackError, FeedbackMean, FeedbackStats};
 pub use guard::{Guardrails, Trip};
-pub use report::{report, ReportError, ReportOptions};
 pub use summary::{Comparison, GoodputShare, Metric, Percentiles, Summary, VariantSummary};
 
+use crate::accesslog::LogLine;
 use crate::meter::NONE;
 use crate::meter::{Outcome, Purpose, RequestRecord};
 use crate::util::Rng;
@@ -105,7 +101,8 @@ pub struct Arm {
 }
 
 impl Arm {
-    fn new(seed: u64) -> Self {
+    /// An empty arm; `seed` seeds its reservoirs (a replayed log samples the same way each run).
+    pub fn new(seed: u64) -> Self {
         Self {
             requests: 0,
             outcomes: [0; Outcome::ALL.len()],
@@ -171,6 +168,41 @@ impl Arm {
             e2e.push(ms(r.e2e));
         } else {
             e2e_unstreamed.push(ms(r.e2e));
+        }
+    }
+
+    /// Adds one access-log line (`inferscope report` reads the log back into arms).
+    pub fn record_line(&mut self, v: &LogLine) {
+        let Some(o) = v.outcome.as_deref().and_then(Outcome::parse) else {
+            return;
+        };
+        self.requests += 1;
+        self.outcomes[o.index()] += 1;
+        self.count_slo(v.slo_met);
+        let e2e_s = v.e2e_ms.unwrap_or(0.0) / 1000.0;
+        if let Some(start) = v.ts.as_deref().and_then(crate::util::time::parse_rfc3339) {
+            self.cover(start, e2e_s);
+        }
+        if o != Outcome::Ok {
+            return;
+        }
+        self.output_tokens += v.output_tokens.unwrap_or(0);
+        self.output_seconds += e2e_s;
+        let e2e = if v.stream == Some(false) { 5 } else { 4 };
+        for (i, x) in [
+            (0, v.ttft_ms),
+            (1, v.ttfc_ms),
+            (2, v.tpot_ms),
+            (e2e, v.e2e_ms),
+        ] {
+            if let Some(x) = x {
+                self.samples[i].push(x);
+            }
+        }
+        // Every gap, as `/stats` records them (logs written before `itl_us` existed have only
+        // per-request summaries: their ITL is left out rather than estimated).
+        for &us in &v.itl_us {
+            self.samples[3].push(crate::util::quantile::us_to_ms(us));
         }
     }
 
