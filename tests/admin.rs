@@ -187,3 +187,34 @@ async fn pages_answer_only_to_their_own_host_names() {
     }
     gw.shutdown();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_paths_and_methods_get_plain_answers() {
+    let sim = start_sim(exact(1.0, 1.0), 1).await;
+    let gw = start_yaml(&yaml(sim.addr, "")).await;
+    let a = gw.admin_addr;
+    let req = |method: &str, path: &str| {
+        format!("{method} {path} HTTP/1.1\r\nhost: {a}\r\ncontent-type: application/json\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+    };
+    let (code, text) = raw(a, &req("GET", "/nope")).await;
+    assert_eq!(code, 404);
+    assert!(text.contains("try / (the dashboard)"), "{text}");
+    // A page's path with a method it does not take, and a receiver's.
+    for (method, path) in [
+        ("POST", "/stats"),
+        ("PUT", "/feedback"),
+        ("GET", "/v1/traces"),
+    ] {
+        let (code, text) = raw(a, &req(method, path)).await;
+        assert_eq!(code, 405, "{method} {path}");
+        assert!(
+            text.contains("method not allowed"),
+            "{method} {path}: {text}"
+        );
+    }
+    // HEAD is GET without the body.
+    let (code, text) = raw(a, &req("HEAD", "/healthz")).await;
+    assert_eq!(code, 200);
+    assert!(!text.contains("ok\n"), "{text}");
+    gw.shutdown();
+}

@@ -434,8 +434,7 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
     tokio::spawn(
         Arc::clone(&heartbeat).run(move || busy.in_flight() <= 0, stopped(data_rx.clone())),
     );
-    let admin_service =
-        hyper::service::service_fn(move |req| admin::handle(Arc::clone(&admin_state), req));
+    let admin_service = hyper_util::service::TowerToHyperService::new(admin::router(admin_state));
     let admin_opts = ServerOptions {
         header_read_timeout: Some(limits.header_read_timeout),
         idle_timeout: Some(limits.client_idle_timeout),

@@ -4,6 +4,8 @@
 //! (routes can be served and the gateway is not draining), `GET /` (the dashboard: one page
 //! embedded in the binary that polls `/stats`, `/experiments` and `/metrics`), and an OTLP trace
 //! receiver for engines' spans (`POST /v1/traces`, gRPC `TraceService/Export`: `otlp`).
+//!
+//! The routes are an axum [`router`]; `app` serves it with the same accept loop as the data plane.
 
 mod otlp;
 
@@ -11,10 +13,11 @@ use crate::recorder::Recorder;
 use crate::route::Router;
 use crate::stats::{write_prometheus, Scalar};
 use crate::util::prometheus::{Labels, Writer};
+use axum::extract::State;
+use axum::response::IntoResponse as _;
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::{Either, Full};
-use std::convert::Infallible;
+use http_body_util::Full;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -89,7 +92,7 @@ fn same_secret(a: &[u8], b: &[u8]) -> bool {
 /// Probes stay open (kubelets and load balancers carry no token), and so does the dashboard page
 /// (static: a browser cannot send a bearer token when navigating; the page asks for the token
 /// and sends it with every request for data); the rest needs the token.
-fn authorized(state: &AdminState, req: &Request<hyper::body::Incoming>) -> bool {
+fn authorized<B>(state: &AdminState, req: &Request<B>) -> bool {
     let Some(token) = &state.token else {
         return true;
     };
@@ -150,8 +153,8 @@ fn dashboard() -> Response<Full<Bytes>> {
 }
 
 /// Whether the query string has `key=value`.
-fn query_has<B>(req: &Request<B>, key: &str, value: &str) -> bool {
-    req.uri().query().is_some_and(|q| {
+fn query_has(uri: &http::Uri, key: &str, value: &str) -> bool {
+    uri.query().is_some_and(|q| {
         q.split('&')
             .any(|kv| kv.split_once('=') == Some((key, value)))
     })
@@ -176,30 +179,43 @@ fn reply(status: StatusCode, ctype: &'static str, body: impl Into<Bytes>) -> Res
     r
 }
 
-/// An admin answer's body: whole, or a gRPC message with its trailers.
-pub type AdminBody = Either<Full<Bytes>, otlp::GrpcReply>;
-
-/// Answers one admin request.
-pub async fn handle(
-    state: Arc<AdminState>,
-    req: Request<hyper::body::Incoming>,
-) -> Result<Response<AdminBody>, Infallible> {
-    // Exports of spans (from engines, not browsers: protobuf bodies need a CORS preflight).
-    if req.method() == Method::POST && otlp::is_receiver(req.uri().path()) {
-        let r = if authorized(&state, &req) {
-            otlp::receive(&state, req).await
-        } else {
-            otlp::unauthorized(req.uri().path())
-        };
-        return Ok(r.map(Either::Right));
-    }
-    handle_page(state, req).await.map(|r| r.map(Either::Left))
+/// The admin API as an axum `Router`: the pages behind [`guard`] (token, `Host`, JSON for state
+/// changes), the OTLP receivers behind the token alone (engines are not browsers, and a gRPC
+/// client needs its refusal as a gRPC status).
+pub fn router(state: Arc<AdminState>) -> axum::Router {
+    use axum::routing::{get, post};
+    let pages = axum::Router::new()
+        .route("/", get(page))
+        .route("/dashboard", get(page))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/stats", get(stats))
+        .route("/metrics", get(metrics))
+        .route("/experiments", get(experiments))
+        .route("/feedback", post(feedback))
+        .route("/experiments/reset", post(reset))
+        .route("/experiments/quality", post(quality))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&state),
+            guard,
+        ));
+    let receivers = axum::Router::new()
+        .route(crate::telemetry::receive::HTTP_PATH, post(otlp::receive))
+        .route(crate::telemetry::receive::GRPC_PATH, post(otlp::receive))
+        .method_not_allowed_fallback(method_not_allowed);
+    pages.merge(receivers).with_state(state)
 }
 
-async fn handle_page(
-    state: Arc<AdminState>,
-    req: Request<hyper::body::Incoming>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
+/// What every page passes before its handler: the admin token (where one is set), a `Host` that
+/// names this listener (DNS rebinding; machines' paths excepted), and for a state change a JSON
+/// body (which a browser cannot send cross-site without a preflight).
+async fn guard(
+    State(state): State<Arc<AdminState>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
     if !authorized(&state, &req) {
         let mut r = json_error(
             StatusCode::UNAUTHORIZED,
@@ -207,7 +223,7 @@ async fn handle_page(
         );
         r.headers_mut()
             .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        return Ok(r);
+        return r.into_response();
     }
     // Machines (probes, Prometheus) name the listener as they like; the pages a browser can be
     // tricked into reading need a Host that is ours.
@@ -224,13 +240,13 @@ async fn handle_page(
         });
     if let Some(h) = host.filter(|_| !machine) {
         if !host_allowed(&h, state.hosts.0, &state.hosts.1) {
-            return Ok(json_error(
+            return json_error(
                 StatusCode::MISDIRECTED_REQUEST,
                 "this Host is not the admin listener's: add it to admin.allowed_hosts",
-            ));
+            )
+            .into_response();
         }
     }
-    // State changes only from requests a browser cannot forge cross-site without a preflight.
     if req.method() == Method::POST {
         let json = req
             .headers()
@@ -238,116 +254,122 @@ async fn handle_page(
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.trim_start().starts_with("application/json"));
         if !json {
-            return Ok(json_error(
+            return json_error(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "send Content-Type: application/json",
-            ));
+            )
+            .into_response();
         }
     }
-    if req.method() == Method::POST && req.uri().path() == "/feedback" {
-        return Ok(feedback(&state, req).await);
-    }
-    if req.method() == Method::POST && req.uri().path() == "/experiments/reset" {
-        return Ok(reset(&state, req).await);
-    }
-    if req.method() == Method::POST && req.uri().path() == "/experiments/quality" {
-        return Ok(quality(&state, req).await);
-    }
-    if req.method() != Method::GET && req.method() != Method::HEAD {
-        return Ok(reply(
-            StatusCode::METHOD_NOT_ALLOWED,
+    next.run(req).await
+}
+
+async fn page() -> Response<Full<Bytes>> {
+    dashboard()
+}
+
+async fn healthz() -> Response<Full<Bytes>> {
+    reply(StatusCode::OK, "text/plain", "ok\n")
+}
+
+async fn not_found() -> Response<Full<Bytes>> {
+    reply(
+        StatusCode::NOT_FOUND,
+        "text/plain",
+        "not found: try / (the dashboard), /stats, /metrics, /experiments, /healthz, /readyz\n",
+    )
+}
+
+async fn method_not_allowed() -> Response<Full<Bytes>> {
+    reply(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "text/plain",
+        "method not allowed\n",
+    )
+}
+
+async fn readyz(State(state): State<Arc<AdminState>>) -> Response<Full<Bytes>> {
+    if !state.accepting.load(Ordering::Relaxed) {
+        reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "draining\n")
+    } else if !state.routes.load().ready() {
+        reply(
+            StatusCode::SERVICE_UNAVAILABLE,
             "text/plain",
-            "method not allowed\n",
-        ));
+            "a route has no backend\n",
+        )
+    } else {
+        reply(StatusCode::OK, "text/plain", "ready\n")
+    }
+}
+
+async fn experiments(State(state): State<Arc<AdminState>>) -> Response<Full<Bytes>> {
+    // Bootstrap intervals take a moment: off the runtime's worker threads.
+    let router = state.routes.load();
+    let rec = Arc::clone(&state.recorder);
+    let doc = tokio::task::spawn_blocking(move || experiments_json(&router, &rec))
+        .await
+        .unwrap_or_else(|_| "null".to_string());
+    reply(StatusCode::OK, "application/json", doc)
+}
+
+/// `GET /stats`: the statistics document and beside it the gateway's own state; with
+/// `?format=hdr`, every histogram whole (`stats::hdr`).
+async fn stats(State(state): State<Arc<AdminState>>, uri: http::Uri) -> Response<Full<Bytes>> {
+    if query_has(&uri, "format", "hdr") {
+        // Compressing every histogram takes milliseconds: off the worker threads.
+        let snap = state.recorder.stats.snapshot();
+        let doc = tokio::task::spawn_blocking(move || {
+            serde_json::to_string(&crate::stats::hdr::export(&snap)).unwrap_or_default()
+        })
+        .await
+        .unwrap_or_default();
+        return reply(StatusCode::OK, "application/json", doc);
+    }
+    /// `/stats`: the statistics document, and beside it the gateway's own state.
+    #[derive(serde::Serialize)]
+    struct Doc {
+        #[serde(flatten)]
+        stats: crate::stats::StatsDoc,
+        in_flight: i64,
+        access_log_dropped: u64,
+        backends: serde_json::Value,
+        keys: serde_json::Value,
+        instrument: serde_json::Value,
     }
     let router = state.routes.load();
-    let r = match req.uri().path() {
-        "/" | "/dashboard" => dashboard(),
-        "/healthz" => reply(StatusCode::OK, "text/plain", "ok\n"),
-        "/experiments" => {
-            // Bootstrap intervals take a moment: off the runtime's worker threads.
-            let rec = Arc::clone(&state.recorder);
-            let doc = tokio::task::spawn_blocking(move || experiments_json(&router, &rec))
-                .await
-                .unwrap_or_else(|_| "null".to_string());
-            reply(StatusCode::OK, "application/json", doc)
-        }
-        "/readyz" => {
-            let draining = !state.accepting.load(Ordering::Relaxed);
-            if draining {
-                reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "draining\n")
-            } else if !router.ready() {
-                reply(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "text/plain",
-                    "a route has no backend\n",
-                )
-            } else {
-                reply(StatusCode::OK, "text/plain", "ready\n")
-            }
-        }
-        "/stats" if query_has(&req, "format", "hdr") => {
-            // Compressing every histogram takes milliseconds: off the worker threads.
-            let snap = state.recorder.stats.snapshot();
-            let doc = tokio::task::spawn_blocking(move || {
-                serde_json::to_string(&crate::stats::hdr::export(&snap)).unwrap_or_default()
-            })
-            .await
-            .unwrap_or_default();
-            reply(StatusCode::OK, "application/json", doc)
-        }
-        "/stats" => {
-            /// `/stats`: the statistics document, and beside it the gateway's own state.
-            #[derive(serde::Serialize)]
-            struct Doc {
-                #[serde(flatten)]
-                stats: crate::stats::StatsDoc,
-                in_flight: i64,
-                access_log_dropped: u64,
-                backends: serde_json::Value,
-                keys: serde_json::Value,
-                instrument: serde_json::Value,
-            }
-            let snap = state.recorder.stats.snapshot();
-            let doc = Doc {
-                stats: snap.doc(),
-                in_flight: state.metering.in_flight(),
-                access_log_dropped: state.recorder.log.dropped(),
-                backends: backend_json(&router, &snap),
-                keys: keys_json(&state.limiter),
-                instrument: instrument_json(&state),
-            };
-            reply(
-                StatusCode::OK,
-                "application/json",
-                serde_json::to_string(&doc).unwrap_or_default(),
-            )
-        }
-        "/metrics" => {
-            // Prometheus with native histograms enabled asks for protobuf: the same series,
-            // histograms with their native buckets too.
-            let proto = req
-                .headers()
-                .get(header::ACCEPT)
-                .and_then(|v| v.to_str().ok())
-                .is_some_and(crate::util::prometheus::accepts_protobuf);
-            // Milliseconds of CPU with many groups (native histograms most): off the runtime's
-            // worker threads.
-            let st = Arc::clone(&state);
-            let rendered =
-                tokio::task::spawn_blocking(move || metrics_body(&st, &router, proto)).await;
-            match rendered {
-                Ok((ctype, body)) => reply(StatusCode::OK, ctype, body),
-                Err(_) => json_error(StatusCode::INTERNAL_SERVER_ERROR, "rendering failed"),
-            }
-        }
-        _ => reply(
-            StatusCode::NOT_FOUND,
-            "text/plain",
-            "not found: try / (the dashboard), /stats, /metrics, /experiments, /healthz, /readyz\n",
-        ),
+    let snap = state.recorder.stats.snapshot();
+    let doc = Doc {
+        stats: snap.doc(),
+        in_flight: state.metering.in_flight(),
+        access_log_dropped: state.recorder.log.dropped(),
+        backends: backend_json(&router, &snap),
+        keys: keys_json(&state.limiter),
+        instrument: instrument_json(&state),
     };
-    Ok(r)
+    reply(
+        StatusCode::OK,
+        "application/json",
+        serde_json::to_string(&doc).unwrap_or_default(),
+    )
+}
+
+/// `GET /metrics`: Prometheus text, or protobuf with native histograms where the scraper asks.
+async fn metrics(
+    State(state): State<Arc<AdminState>>,
+    headers: http::HeaderMap,
+) -> Response<Full<Bytes>> {
+    let proto = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(crate::util::prometheus::accepts_protobuf);
+    // Milliseconds of CPU with many groups (native histograms most): off the runtime's worker
+    // threads.
+    let router = state.routes.load();
+    let rendered = tokio::task::spawn_blocking(move || metrics_body(&state, &router, proto)).await;
+    match rendered {
+        Ok((ctype, body)) => reply(StatusCode::OK, ctype, body),
+        Err(_) => json_error(StatusCode::INTERNAL_SERVER_ERROR, "rendering failed"),
+    }
 }
 
 /// The whole Prometheus exposition (text, or protobuf with native histograms): the stats series,
@@ -617,8 +639,8 @@ fn experiments_json(router: &Router, rec: &Recorder) -> String {
 
 /// `POST /feedback {request_id, name, value}`.
 async fn feedback(
-    state: &AdminState,
-    req: Request<hyper::body::Incoming>,
+    State(state): State<Arc<AdminState>>,
+    req: axum::extract::Request,
 ) -> Response<Full<Bytes>> {
     use crate::experiment::FeedbackError;
     use http_body_util::BodyExt;
@@ -659,7 +681,10 @@ async fn feedback(
 
 /// `POST /experiments/quality`: an eval's result (`inferscope eval --json`), kept for the route
 /// it names or whose `match` takes its model and path, and joined into `/experiments`' verdicts.
-async fn quality(state: &AdminState, req: Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+async fn quality(
+    State(state): State<Arc<AdminState>>,
+    req: axum::extract::Request,
+) -> Response<Full<Bytes>> {
     use crate::experiment::quality::{QualityError, QualityResult};
     use http_body_util::BodyExt;
     let Ok(body) = http_body_util::Limited::new(req.into_body(), 1024 * 1024)
@@ -735,7 +760,10 @@ async fn quality(state: &AdminState, req: Request<hyper::body::Incoming>) -> Res
 }
 
 /// `POST /experiments/reset {"route": "...", "variant": "..."}` (variant optional: all).
-async fn reset(state: &AdminState, req: Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+async fn reset(
+    State(state): State<Arc<AdminState>>,
+    req: axum::extract::Request,
+) -> Response<Full<Bytes>> {
     use http_body_util::BodyExt;
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]

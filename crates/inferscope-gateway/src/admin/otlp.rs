@@ -6,11 +6,13 @@
 
 use super::AdminState;
 use crate::telemetry::receive::{self, BadExport};
+use axum::extract::State;
 use bytes::{Buf, Bytes};
-use http::{header, HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 /// Largest export accepted (compressed or not), bytes.
@@ -18,7 +20,7 @@ const MAX_EXPORT: usize = 16 << 20;
 
 /// A gRPC answer: one message, then trailers carrying the status.
 #[derive(Debug, Default)]
-pub struct GrpcReply {
+pub(super) struct GrpcReply {
     data: Option<Bytes>,
     trailers: Option<HeaderMap>,
 }
@@ -44,11 +46,6 @@ impl Body for GrpcReply {
     fn size_hint(&self) -> SizeHint {
         SizeHint::with_exact(self.data.as_ref().map_or(0, |d| d.len() as u64))
     }
-}
-
-/// Whether `path` is one of the receiver's.
-pub(super) fn is_receiver(path: &str) -> bool {
-    path == receive::HTTP_PATH || path == receive::GRPC_PATH
 }
 
 /// A gRPC answer with `code` (0: OK) — trailers-only when it is an error.
@@ -114,7 +111,7 @@ fn header_is(h: &HeaderMap, name: impl header::AsHeaderName, value: &str) -> boo
 }
 
 /// The answer to an export without the admin token: a gRPC status for a gRPC client.
-pub(super) fn unauthorized(path: &str) -> Response<GrpcReply> {
+fn unauthorized(path: &str) -> Response<GrpcReply> {
     const MSG: &str = "the admin API needs Authorization: Bearer <admin token> \
                        (OTEL_EXPORTER_OTLP_TRACES_HEADERS=authorization=Bearer%20<token>)";
     if path == receive::GRPC_PATH {
@@ -126,11 +123,14 @@ pub(super) fn unauthorized(path: &str) -> Response<GrpcReply> {
     r
 }
 
-/// Receives one export (authorization already checked).
+/// Receives one export where the admin token allows it.
 pub(super) async fn receive(
-    state: &AdminState,
-    req: Request<hyper::body::Incoming>,
+    State(state): State<Arc<AdminState>>,
+    req: axum::extract::Request,
 ) -> Response<GrpcReply> {
+    if !super::authorized(&state, &req) {
+        return unauthorized(req.uri().path());
+    }
     let is_grpc = req.uri().path() == receive::GRPC_PATH;
     let (parts, body) = req.into_parts();
     let ctype = parts
