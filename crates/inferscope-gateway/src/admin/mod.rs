@@ -179,7 +179,7 @@ fn reply(status: StatusCode, ctype: &'static str, body: impl Into<Bytes>) -> Res
     r
 }
 
-/// The admin API as an axum `Router`: the pages behind [`guard`] (token, `Host`, JSON for state
+/// The admin API as an axum `Router`: the pages behind one guard (token, `Host`, JSON for state
 /// changes), the OTLP receivers behind the token alone (engines are not browsers, and a gRPC
 /// client needs its refusal as a gRPC status).
 pub fn router(state: Arc<AdminState>) -> axum::Router {
