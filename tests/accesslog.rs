@@ -215,10 +215,12 @@ async fn streams_cut_when_the_grace_period_ends_are_logged_as_shutdown() {
         c.send("POST", "/v1/chat/completions", &chat(true, 50, ""), &[])
             .await
     });
-    let t = tokio::time::Instant::now();
-    while slow.active() == 0 && t.elapsed() < Duration::from_secs(5) {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until(Duration::from_secs(5), "the backend streaming", || {
+        let active = slow.active();
+        async move { active > 0 }
+    })
+    .await;
+    // Some tokens on their way (one every 100 ms), none near the end.
     tokio::time::sleep(Duration::from_millis(100)).await;
     gw.shutdown();
     assert!(!gw.wait().await, "the stream could not have finished");

@@ -356,7 +356,13 @@ async fn slow_and_silent_bodies_cannot_hold_every_slot() {
             status
         }));
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let admin = gw.admin_addr;
+    common::until(
+        Duration::from_secs(5),
+        "the four hogs admitted",
+        || async move { common::metric(admin, "inferscope_in_flight_requests").await >= 4.0 },
+    )
+    .await;
     let r = post(addr, "/v1/chat/completions", &chat(false, 2, ""), &[]).await;
     assert_eq!(
         r.status, 503,
@@ -406,7 +412,11 @@ async fn bodies_past_the_global_budget_get_503_with_retry_after() {
     assert_eq!(r.status, 200);
     // A head that only declares a large body holds nothing.
     let _head_only = start_body(addr, 1000, b"").await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let admin = gw.admin_addr;
+    common::until(Duration::from_secs(5), "the head admitted", || async move {
+        common::metric(admin, "inferscope_in_flight_requests").await >= 1.0
+    })
+    .await;
     let r = post(addr, "/v1/chat/completions", &body, &[]).await;
     assert_eq!(r.status, 200);
     // It hangs up without its body: the client's cancellation, not a bad request.

@@ -206,7 +206,13 @@ async fn token_limits_per_route_charge_measured_usage_after_the_response() {
     assert_eq!(r.headers["x-ratelimit-limit-tokens"], "60");
     assert_eq!(r.headers["x-ratelimit-remaining-tokens"], "60");
     // The charge lands when the record is written, right after the body ends.
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let admin = gw.admin_addr;
+    common::until(
+        std::time::Duration::from_secs(5),
+        "the request recorded",
+        || async move { common::recorded(admin).await == 1 },
+    )
+    .await;
     let refused = ask(gw.data_addr, &[]).await;
     assert_eq!(
         refused.status,

@@ -8,7 +8,6 @@ use crate::common;
 
 use common::*;
 use serde_json::Value;
-use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stats_place_each_backend_on_its_roofline() {
@@ -88,7 +87,6 @@ async fn stats_place_each_backend_on_its_roofline() {
     assert!((mbu - gb_s / 3350.0).abs() < 0.05, "{line}");
     assert!(metrics.contains("inferscope_backend_prefill_mfu_ratio{backend=\"int8\"}"));
     drop(gw);
-    tokio::time::sleep(Duration::from_millis(10)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -234,15 +234,11 @@ async fn mtls_admits_certificates_of_the_ca_and_refuses_the_rest() {
     .await
     .unwrap();
     drop(plain);
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let (_, metrics) = common::admin_get(gw.admin_addr, "/metrics").await;
-    let failures: f64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("inferscope_tls_handshake_failures_total "))
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert!(failures >= 2.0, "{failures}");
+    let admin = gw.admin_addr;
+    common::until(Duration::from_secs(5), "two handshake failures counted", || async move {
+        common::metric(admin, "inferscope_tls_handshake_failures_total").await >= 2.0
+    })
+    .await;
     assert_eq!(
         sim.truth().len(),
         1,

@@ -131,7 +131,13 @@ async fn a_client_leaving_mid_stream_closes_the_upstream_connection() {
     assert_eq!(r.status, 200);
     drop(r);
     drop(client);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let admin = gw.admin_addr;
+    until(
+        Duration::from_secs(5),
+        "the abandoned request recorded",
+        || async move { recorded(admin).await == 1 },
+    )
+    .await;
     // The next request cannot reuse the abandoned connection: a new one is opened.
     let r = post(
         gw.data_addr,
@@ -414,7 +420,17 @@ async fn an_answer_before_the_upload_ends_is_relayed_and_its_connection_not_reus
     )
     .await;
     assert_eq!(status, "HTTP/1.1 413 Payload Too Large");
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The backend notes a head just after it answers it.
+    let seen = Arc::clone(&got);
+    until(
+        Duration::from_secs(5),
+        "the backend noted both heads",
+        || {
+            let n = seen.lock().unwrap().len();
+            async move { n == 2 }
+        },
+    )
+    .await;
     let conns: Vec<usize> = got.lock().unwrap().iter().map(|g| g.conn).collect();
     assert_eq!(conns, [0, 1]);
     let _ = stop_and_read_log(gw, &dir).await;

@@ -111,13 +111,20 @@ async fn a_websocket_session_is_relayed_and_logged_when_it_ends() {
     let mut back = vec![0u8; 1000];
     c.read_exact(&mut back).await.unwrap();
     assert_eq!(back, big);
+    // The session lasts a while (its length is logged).
     tokio::time::sleep(Duration::from_millis(300)).await;
     // The client closes; the backend closes in turn; the session ends.
     c.shutdown().await.unwrap();
     let mut rest = Vec::new();
     c.read_to_end(&mut rest).await.unwrap();
     assert!(rest.is_empty());
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let admin = gw.admin_addr;
+    until(
+        Duration::from_secs(5),
+        "the session recorded",
+        || async move { recorded(admin).await == 1 },
+    )
+    .await;
     let log = stop_and_read_log(gw, &dir).await;
     assert_eq!(log.len(), 1, "{log:?}");
     let l = &log[0];

@@ -338,6 +338,18 @@ pub async fn metric(admin: SocketAddr, name: &str) -> f64 {
         .map_or(0.0, |v| v.trim().parse().unwrap())
 }
 
+/// Requests the gateway has recorded (every outcome): the sum of `inferscope_requests_total`.
+/// The recorder counts a record in the statistics after its observers (the rate limiter's
+/// charge, the routing observer) have seen it, so a count that includes a request means those
+/// have too.
+pub async fn recorded(admin: SocketAddr) -> u64 {
+    let (_, text) = admin_get(admin, "/metrics").await;
+    text.lines()
+        .filter(|l| l.starts_with("inferscope_requests_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.trim().parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
 /// Polls `check` every 20 ms until it holds; panics naming `what` after `limit`. (Tests wait on
 /// a condition, never on a sleep.)
 pub async fn until<F, Fut>(limit: Duration, what: &str, mut check: F)
