@@ -278,10 +278,26 @@ routes:
         - { name: p, backends: [a], weight: 1, control: true }
         - { name: q, backends: [a], weight: 1, control: true }
 ";
+    // A cross-field check is located by the parser's marks too: the key, line and column.
     let e = parse(two_controls, "gw.yaml").unwrap_err();
     assert_eq!(
-        (e.line, e.key.as_str()),
-        (Some(7), "routes[0].experiment.variants"),
+        (e.line, e.column, e.key.as_str()),
+        (Some(7), Some(7), "routes[0].experiment.variants"),
+        "{e}"
+    );
+    let unknown = two_controls.replacen(
+        "backends: [a], weight: 1, control: true }\n        - { name: q, backends: [a]",
+        "backends: [a], weight: 1, control: true }\n        - { name: q, backends: [a, zz]",
+        1,
+    );
+    let e = parse(&unknown, "gw.yaml").unwrap_err();
+    assert_eq!(
+        (e.line, e.column, e.key.as_str()),
+        (
+            Some(9),
+            Some(36),
+            "routes[0].experiment.variants[1].backends[1]"
+        ),
         "{e}"
     );
     // The small languages are read as the YAML is: a wrong value is refused at its own line,

@@ -51,7 +51,7 @@ pub fn load(path: &Path) -> Result<Arc<Config>, ConfigError> {
 /// 1-based line and column of byte `index` in `text`, lines ending at `\n` only, as editors and
 /// `sed -n Np` count them. The YAML parser's own line count also breaks at `\r`, U+0085, U+2028
 /// and U+2029 (YAML 1.1 line breaks), which would name a line no editor shows.
-fn line_and_column(text: &str, index: usize) -> (usize, usize) {
+pub(super) fn line_and_column(text: &str, index: usize) -> (usize, usize) {
     let mut end = index.min(text.len());
     while !text.is_char_boundary(end) {
         end -= 1;
@@ -95,12 +95,15 @@ pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
             message,
         }
     })?;
-    validate(&config).map_err(|(path, message)| ConfigError {
-        file: file.to_string(),
-        line: locate(text, &path),
-        column: None,
-        key: super::locate::render(&path),
-        message,
+    validate(&config).map_err(|(path, message)| {
+        let at = locate(text, &path);
+        ConfigError {
+            file: file.to_string(),
+            line: at.map(|(l, _)| l),
+            column: at.map(|(_, c)| c),
+            key: super::locate::render(&path),
+            message,
+        }
     })?;
     Ok(config)
 }
@@ -116,12 +119,15 @@ pub fn check_environment(
 ) -> Result<(), ConfigError> {
     let text =
         crate::util::fs::read_to_string(path, crate::util::fs::CONFIG_CAP).unwrap_or_default();
-    environment(c, &env).map_err(|(keys, message)| ConfigError {
-        file: path.display().to_string(),
-        line: locate(&text, &keys),
-        column: None,
-        key: super::locate::render(&keys),
-        message,
+    environment(c, &env).map_err(|(keys, message)| {
+        let at = locate(&text, &keys);
+        ConfigError {
+            file: path.display().to_string(),
+            line: at.map(|(l, _)| l),
+            column: at.map(|(_, c)| c),
+            key: super::locate::render(&keys),
+            message,
+        }
     })
 }
 
