@@ -56,7 +56,7 @@ enum Cmd {
     Eval(eval::Args),
     /// Validate a config file — and what `serve` would need of this machine: `api_key_env`
     /// variables set, access-log and feedback paths writable, telemetry complete — exit 0, or
-    /// print the error (file:line: key: problem) and exit 2.
+    /// print the error (file:line:column: key: problem) and exit 2.
     Check(check::Args),
 }
 
