@@ -539,12 +539,16 @@ async fn eval_retries_transient_failures_and_resumes_from_its_out_file() {
     );
     assert!(second[0].correct >= first[0].correct);
     assert_eq!(second[1].per_item, first[1].per_item);
-    let summary = eval::summary_json(&second, "quiz", "demo");
-    assert_eq!(summary["variants"][1]["correct"], 30);
-    assert!(
-        summary["comparisons"][0]["mcnemar"]["p"].as_f64().is_some(),
-        "{summary}"
-    );
+    let summary = eval::summary(&second, "quiz", "demo");
+    assert_eq!(summary.variants[1].correct, 30);
+    assert!(summary.comparisons[0].mcnemar.p.is_finite(), "{summary:?}");
+    // What the gateway files reads the same document.
+    let filed = inferscope::experiment::quality::QualityResult::parse(
+        serde_json::to_string(&summary).unwrap().as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(filed.variants[1].n, summary.variants[1].asked as u64);
+    assert_eq!(filed.control, "fp16");
     gw.shutdown();
 }
 

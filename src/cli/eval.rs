@@ -177,13 +177,13 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
             .await
             .with_context(|| path.display().to_string())?;
         let suite = suite.unwrap_or_else(|| suite_name(&path));
-        let summary = crate::lab::perplexity::summary_json(&results, &opts, &suite);
+        let summary = crate::lab::perplexity::summary(&results, &opts, &suite);
         if json {
-            println!("{summary}");
+            println!("{}", serde_json::to_string(&summary)?);
         } else {
             print!("{}", crate::lab::perplexity::render(&results, &opts));
         }
-        return report(summary).await;
+        return report(serde_json::to_value(&summary)?).await;
     }
     let path = dataset.context("--dataset is required")?;
     let mut items = crate::lab::eval::load_path(&path, shots)?;
@@ -212,16 +212,14 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
     };
     let scores = crate::lab::eval::run(&opts, &items).await;
     let suite = suite.unwrap_or_else(|| suite_name(&path));
-    let mut summary = crate::lab::eval::summary_json(&scores, &suite, &model);
-    if let Some(g) = guarantees {
-        summary["sandbox"] = g.into();
-    }
+    let mut summary = crate::lab::eval::summary(&scores, &suite, &model);
+    summary.sandbox = guarantees;
     if json {
-        println!("{summary}");
+        println!("{}", serde_json::to_string(&summary)?);
     } else {
         print!("{}", crate::lab::eval::render(&scores));
     }
-    report(summary).await
+    report(serde_json::to_value(&summary)?).await
 }
 
 /// A suite's default name: the file's (or MMLU directory's) name without its extension.

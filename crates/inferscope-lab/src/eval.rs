@@ -24,6 +24,7 @@
 //! Besides each variant's accuracy and the paired interval of its difference from the control,
 //! the report gives McNemar's exact test on the discordant items and a per-category breakdown.
 
+use crate::experiment::quality::{QualityComparison, QualityKind, QualityVariant};
 use crate::sim::quiz;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -960,41 +961,142 @@ pub const COMPLETIONS_PATH: &str = "/v1/completions";
 /// Where eval's questions are sent.
 pub const CHAT_PATH: &str = "/v1/chat/completions";
 
-/// The report as JSON, as `eval --json` prints it and `--report-to` posts it
-/// (`quality::QualityResult`'s shape): each variant's accuracy, interval and categories, and each
-/// variant's difference from the control (paired interval, McNemar). Not yet a type of its own
-/// (it carries more than `QualityResult`): the quality gate's rework of the eval report types it.
-pub fn summary_json(scores: &[Score], suite: &str, model: &str) -> Value {
+/// The report `eval --json` prints and `--report-to` posts: each variant's accuracy, interval
+/// and categories, and each variant's difference from the control (paired interval, McNemar).
+/// It reads as a `quality::QualityResult` (the fields that has) where the gateway files it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AccuracyReport {
+    /// Always `accuracy`.
+    pub kind: QualityKind,
+    /// The suite (the dataset's name, or `--suite`).
+    pub suite: String,
+    /// The model requested.
+    pub model: String,
+    /// The path the questions were sent to.
+    pub path: String,
+    /// The control: the first variant asked.
+    pub control: Option<String>,
+    /// Per variant, the control first.
+    pub variants: Vec<AccuracyVariant>,
+    /// Every other variant against the control.
+    pub comparisons: Vec<AccuracyComparison>,
+    /// What the sandbox that ran the model's code guaranteed (code tasks only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<String>,
+}
+
+/// One variant's accuracy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AccuracyVariant {
+    /// Variant, accuracy as `value`, its Wilson interval, items asked as `n`.
+    #[serde(flatten)]
+    pub score: QualityVariant,
+    /// The same as `value`.
+    pub accuracy: f64,
+    /// Items answered right.
+    pub correct: usize,
+    /// The same as `n`.
+    pub asked: usize,
+    /// Requests that failed (counted as wrong).
+    pub failed: usize,
+    /// Per category, in first-seen order.
+    pub categories: Vec<CategoryScore>,
+}
+
+/// One category's count.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CategoryScore {
+    /// The category (an MMLU subject, a dataset's `category`).
+    pub category: String,
+    /// Items answered right.
+    pub correct: usize,
+    /// Items asked.
+    pub asked: usize,
+}
+
+/// One variant against the control, paired over the same items.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AccuracyComparison {
+    /// Variant, difference in accuracy, its paired 95% interval.
+    #[serde(flatten)]
+    pub difference: QualityComparison,
+    /// The control it is compared with.
+    pub control: String,
+    /// The exact McNemar test over the items one of the two got right.
+    pub mcnemar: McNemar,
+}
+
+/// An exact McNemar test.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct McNemar {
+    /// Two-sided p-value.
+    pub p: f64,
+    /// Items only the control got right.
+    pub right_only_control: usize,
+    /// Items only the variant got right.
+    pub right_only_variant: usize,
+}
+
+/// The report of `scores` (the control first) on `suite` for `model`.
+pub fn summary(scores: &[Score], suite: &str, model: &str) -> AccuracyReport {
     let interval = |lo: f64, hi: f64| (lo.is_finite() && hi.is_finite()).then_some([lo, hi]);
-    let variants: Vec<Value> = scores
+    let variants = scores
         .iter()
-        .map(|s| {
-            let categories: Vec<Value> = s
+        .map(|s| AccuracyVariant {
+            score: QualityVariant {
+                variant: s.variant.clone(),
+                value: s.accuracy(),
+                ci95: interval(s.ci.0, s.ci.1),
+                n: s.n as u64,
+            },
+            accuracy: s.accuracy(),
+            correct: s.correct,
+            asked: s.n,
+            failed: s.failed,
+            categories: s
                 .per_category
                 .iter()
-                .map(|(c, k, n)| json!({"category": c, "correct": k, "asked": n}))
-                .collect();
-            json!({"variant": s.variant, "value": s.accuracy(), "n": s.n,
-                "accuracy": s.accuracy(), "ci95": interval(s.ci.0, s.ci.1),
-                "correct": s.correct, "asked": s.n, "failed": s.failed, "categories": categories})
+                .map(|(category, correct, asked)| CategoryScore {
+                    category: category.clone(),
+                    correct: *correct,
+                    asked: *asked,
+                })
+                .collect(),
         })
         .collect();
-    let comparisons: Vec<Value> = match scores.split_first() {
+    let comparisons = match scores.split_first() {
         Some((control, rest)) => rest
             .iter()
             .map(|s| {
                 let (d, (lo, hi)) = paired_difference(&control.per_item, &s.per_item);
                 let (a, b, p) = mcnemar_exact(&control.per_item, &s.per_item);
-                json!({"variant": s.variant, "control": control.variant,
-                    "difference": d, "ci95": interval(lo, hi),
-                    "mcnemar": {"p": p, "right_only_control": a, "right_only_variant": b}})
+                AccuracyComparison {
+                    difference: QualityComparison {
+                        variant: s.variant.clone(),
+                        difference: d,
+                        ci95: interval(lo, hi),
+                    },
+                    control: control.variant.clone(),
+                    mcnemar: McNemar {
+                        p,
+                        right_only_control: a,
+                        right_only_variant: b,
+                    },
+                }
             })
             .collect(),
         None => Vec::new(),
     };
-    json!({"kind": "accuracy", "suite": suite, "model": model, "path": CHAT_PATH,
-        "control": scores.first().map(|s| s.variant.as_str()),
-        "variants": variants, "comparisons": comparisons})
+    AccuracyReport {
+        kind: QualityKind::Accuracy,
+        suite: suite.to_owned(),
+        model: model.to_owned(),
+        path: CHAT_PATH.to_owned(),
+        control: scores.first().map(|s| s.variant.clone()),
+        variants,
+        comparisons,
+        sandbox: None,
+    }
 }
 
 /// The report table.

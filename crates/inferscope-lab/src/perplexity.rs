@@ -19,7 +19,8 @@
 //! tokens placed by their `text_offset`; the report says which, and why.
 
 use crate::eval::{HttpClient, NoReply, COMPLETIONS_PATH};
-use serde::Deserialize;
+use crate::experiment::quality::{QualityComparison, QualityKind, QualityVariant};
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::fmt::Write;
 use std::sync::Arc;
@@ -431,21 +432,81 @@ pub fn paired_difference(a: &Perplexity, b: &Perplexity, iterations: usize) -> (
     (diff, (at(0.025), at(0.975)))
 }
 
-/// The report as JSON, as `eval --perplexity --json` prints it and `--report-to` posts it
-/// (`quality::QualityResult`'s shape): each variant's perplexity and tokens scored, and each
-/// variant's paired difference from the control with its 95% interval (none from fewer than `MIN_WINDOWS_FOR_INTERVAL` windows).
-pub fn summary_json(results: &[Perplexity], o: &PerplexityOptions, suite: &str) -> Value {
-    let variants: Vec<Value> = results
+/// The report `eval --perplexity --json` prints and `--report-to` posts: each variant's
+/// perplexity and tokens scored, and each variant's paired difference from the control with its
+/// 95% interval (none from fewer than `MIN_WINDOWS_FOR_INTERVAL` windows). It reads as a
+/// `quality::QualityResult` where the gateway files it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PerplexityReport {
+    /// Always `perplexity`.
+    pub kind: QualityKind,
+    /// The corpus (its file's name, or `--suite`).
+    pub suite: String,
+    /// The model requested.
+    pub model: String,
+    /// The path windows were scored at.
+    pub path: String,
+    /// The control: the first variant scored.
+    pub control: Option<String>,
+    /// What a window is counted in: `tokens`, or characters and why.
+    pub unit: String,
+    /// Window length, in `unit`s.
+    pub window: usize,
+    /// Stride between windows, in `unit`s.
+    pub stride: usize,
+    /// Per variant, the control first.
+    pub variants: Vec<PerplexityVariant>,
+    /// Every other variant against the control.
+    pub comparisons: Vec<PerplexityComparison>,
+}
+
+/// One variant's perplexity.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PerplexityVariant {
+    /// Variant, perplexity as `value` (no interval), tokens scored as `n`.
+    #[serde(flatten)]
+    pub score: QualityVariant,
+    /// Windows scored.
+    pub windows: usize,
+}
+
+/// One variant against the control, paired over the same windows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PerplexityComparison {
+    /// Variant, difference in perplexity, its bootstrap 95% interval.
+    #[serde(flatten)]
+    pub difference: QualityComparison,
+    /// The control it is compared with.
+    pub control: String,
+}
+
+/// The report of `results` (the control first) on `suite`.
+pub fn summary(results: &[Perplexity], o: &PerplexityOptions, suite: &str) -> PerplexityReport {
+    let variants = results
         .iter()
-        .map(|r| json!({"variant": r.variant, "value": r.ppl, "n": r.tokens, "windows": r.windows.len()}))
+        .map(|r| PerplexityVariant {
+            score: QualityVariant {
+                variant: r.variant.clone(),
+                value: r.ppl,
+                ci95: None,
+                n: r.tokens as u64,
+            },
+            windows: r.windows.len(),
+        })
         .collect();
-    let comparisons: Vec<Value> = match results.split_first() {
+    let comparisons = match results.split_first() {
         Some((control, rest)) => rest
             .iter()
             .map(|r| {
                 let (d, (lo, hi)) = paired_difference(control, r, 2000);
-                let ci = (lo.is_finite() && hi.is_finite()).then_some([lo, hi]);
-                json!({"variant": r.variant, "control": control.variant, "difference": d, "ci95": ci})
+                PerplexityComparison {
+                    difference: QualityComparison {
+                        variant: r.variant.clone(),
+                        difference: d,
+                        ci95: (lo.is_finite() && hi.is_finite()).then_some([lo, hi]),
+                    },
+                    control: control.variant.clone(),
+                }
             })
             .collect(),
         None => Vec::new(),
@@ -454,10 +515,18 @@ pub fn summary_json(results: &[Perplexity], o: &PerplexityOptions, suite: &str) 
         Some(Unit::Chars(why)) => format!("characters ({why})"),
         _ => "tokens".to_owned(),
     };
-    json!({"kind": "perplexity", "suite": suite, "model": o.target.model, "path": COMPLETIONS_PATH,
-        "control": results.first().map(|r| r.variant.as_str()), "unit": unit,
-        "window": o.window, "stride": o.stride,
-        "variants": variants, "comparisons": comparisons})
+    PerplexityReport {
+        kind: QualityKind::Perplexity,
+        suite: suite.to_owned(),
+        model: o.target.model.clone(),
+        path: COMPLETIONS_PATH.to_owned(),
+        control: results.first().map(|r| r.variant.clone()),
+        unit,
+        window: o.window,
+        stride: o.stride,
+        variants,
+        comparisons,
+    }
 }
 
 /// The report table (and the unit caveat).
