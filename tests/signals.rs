@@ -185,7 +185,18 @@ async fn a_low_fd_limit_caps_connections_keeps_admin_up_and_does_not_flood_the_l
     for _ in 0..300 {
         silent.push(tokio::net::TcpStream::connect(data).await.unwrap());
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Until the gateway meets the full table: a connection refused at capacity, or an accept
+    // that failed for want of a descriptor.
+    until(
+        Duration::from_secs(10),
+        "the data plane full",
+        || async move {
+            metric(admin, "inferscope_client_connections_at_capacity_total").await
+                + metric(admin, "inferscope_accept_errors_total").await
+                > 0.0
+        },
+    )
+    .await;
     let (status, _) = tokio::time::timeout(Duration::from_secs(3), admin_get(admin, "/healthz"))
         .await
         .expect("/healthz did not answer with the data plane full");

@@ -68,13 +68,20 @@ async fn every_dialect_vllm_speaks_is_measured_and_its_metrics_are_read() {
             String::from_utf8_lossy(&r.body())
         );
     }
-    // A scrape after the requests: the engine's counters moved.
-    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
-    let b = backend_stats(gw.admin_addr, "vllm").await;
-    let e = &b["scrape"]["engine"];
-    for k in ["running", "waiting", "kv_cache_usage", "prefill_seconds"] {
-        assert!(e[k].is_number(), "{k} not read from vLLM's /metrics: {b}");
-    }
+    // A scrape of the engine's /metrics read every series the routing uses.
+    let admin = gw.admin_addr;
+    until(
+        std::time::Duration::from_secs(10),
+        "running, waiting, kv_cache_usage and prefill_seconds read from vLLM's /metrics",
+        || async move {
+            let b = backend_stats(admin, "vllm").await;
+            let e = &b["scrape"]["engine"];
+            ["running", "waiting", "kv_cache_usage", "prefill_seconds"]
+                .iter()
+                .all(|k| e[*k].is_number())
+        },
+    )
+    .await;
     let log = stop_and_read_log(gw, &dir).await;
     assert_eq!(log.len(), cases.len());
     for ((path, _, event_tokens), l) in cases.iter().zip(&log) {
