@@ -19,7 +19,7 @@ pub enum Protocol {
 pub struct Settings {
     /// Base endpoint (gRPC: as is; HTTP: `/v1/traces` and `/v1/metrics` are appended).
     pub endpoint: String,
-    /// Transport.
+    /// How the exporter sends: gRPC or HTTP with protobuf bodies.
     pub protocol: Protocol,
     /// Headers on every export.
     pub headers: BTreeMap<String, String>,

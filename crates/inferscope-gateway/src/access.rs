@@ -39,7 +39,7 @@ pub enum KeyError {
     EnvNotSet {
         /// Key name.
         name: String,
-        /// Variable.
+        /// The environment variable `key_env` names.
         var: String,
     },
     /// `key_file` cannot be read or is empty.
@@ -47,9 +47,9 @@ pub enum KeyError {
     File {
         /// Key name.
         name: String,
-        /// File.
+        /// The path `key_file` names.
         path: String,
-        /// Why.
+        /// Why it could not be used (the I/O error, or "empty").
         reason: String,
     },
     /// `sha256` is not 64 hex digits.

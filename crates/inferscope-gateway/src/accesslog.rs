@@ -140,7 +140,7 @@ pub struct LogLine {
     /// A shadow copy (logs older than `purpose`).
     #[serde(default)]
     pub shadow: bool,
-    /// Streamed.
+    /// Whether the client asked for a stream (`None`: lines written before the field existed).
     pub stream: Option<bool>,
     /// How the request ended.
     pub outcome: Option<String>,

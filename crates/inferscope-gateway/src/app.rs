@@ -71,7 +71,7 @@ pub struct Reloader {
     /// The last rejection's text: the same file rejected again for the same reason (the watcher
     /// saw the edit, then the operator sent SIGHUP) is logged once.
     last_rejection: parking_lot::Mutex<Option<String>>,
-    /// Outcomes.
+    /// Reloads applied and rejected, of the config and of the listener certificates (`/metrics`).
     pub counters: Arc<ReloadCounters>,
     keys: Arc<arc_swap::ArcSwapOption<crate::access::Keys>>,
     limiter: Arc<crate::access::Limiter>,

@@ -321,7 +321,7 @@ impl Progress {
 /// Accuracy of one variant.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Score {
-    /// Variant.
+    /// The variant asked (`x-inferscope-variant`).
     pub variant: String,
     /// Items answered correctly.
     pub correct: usize,

@@ -111,7 +111,7 @@ pub enum Unit {
 /// A variant's perplexity on the text.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Perplexity {
-    /// Variant.
+    /// The variant scored (`x-inferscope-variant`).
     pub variant: String,
     /// What its windows were counted in.
     pub unit: Unit,
@@ -132,7 +132,7 @@ pub enum PerplexityError {
     /// A request failed (status or transport).
     #[error("variant {variant}, window {window}: {why}")]
     Request {
-        /// Variant.
+        /// The variant asked.
         variant: String,
         /// Window index.
         window: usize,
@@ -146,7 +146,7 @@ pub enum PerplexityError {
          hosted APIs that dropped `echo` cannot be scored)"
     )]
     NoLogprobs {
-        /// Variant.
+        /// The variant asked.
         variant: String,
     },
     /// A variant was not the one that answered (not an experiment route, or rolled back).
@@ -154,7 +154,7 @@ pub enum PerplexityError {
     WrongVariant {
         /// Asked for.
         variant: String,
-        /// Served.
+        /// The variant the gateway says served.
         served: String,
     },
 }

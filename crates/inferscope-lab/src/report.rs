@@ -62,7 +62,7 @@ pub enum ReportError {
     Read {
         /// The file.
         path: PathBuf,
-        /// Why.
+        /// The I/O error.
         error: std::io::Error,
     },
     /// The file holds no access-log lines.

@@ -308,9 +308,9 @@ pub struct RequestParams {
     pub operation: Option<&'static str>,
     /// `max_completion_tokens` or `max_tokens`.
     pub max_tokens: Option<u64>,
-    /// `temperature`.
+    /// The request's `temperature`, where it set one.
     pub temperature: Option<f64>,
-    /// `top_p`.
+    /// The request's `top_p`, where it set one.
     pub top_p: Option<f64>,
     /// Input messages in the GenAI conventions' JSON shape, only when content capture is on.
     pub input_content: Option<String>,

@@ -27,7 +27,7 @@ struct Sample {
 /// Why and when a variant was rolled back.
 #[derive(Debug, Clone)]
 pub struct Trip {
-    /// When.
+    /// When the rule tripped.
     pub at: SystemTime,
     /// The rule, as configured.
     pub rule: String,

@@ -81,7 +81,7 @@ impl Reservoir {
 /// One variant's accumulated data.
 #[derive(Debug, Clone)]
 pub struct Arm {
-    /// Requests.
+    /// Requests recorded, every outcome.
     pub requests: u64,
     /// By outcome, indexed by `Outcome::index`.
     pub outcomes: [u64; Outcome::ALL.len()],

@@ -57,7 +57,7 @@ impl Metric {
 /// One latency metric of one variant, in milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Percentiles {
-    /// Median.
+    /// 50th percentile (the one percentile rule, `util::quantile`).
     pub p50: f64,
     /// 90th percentile.
     pub p90: f64,
@@ -99,7 +99,7 @@ pub struct GoodputShare {
 pub struct VariantSummary {
     /// The variant (or, in a report, the group).
     pub variant: String,
-    /// Requests.
+    /// Requests recorded, every outcome.
     pub requests: u64,
     /// Errors over requests.
     pub error_rate: f64,

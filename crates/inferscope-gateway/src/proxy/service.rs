@@ -47,7 +47,7 @@ pub struct Gateway {
     pub routes: Arc<RouterSlot>,
     /// Where records go, ids, in-flight count (shadow copies are measured through it too).
     pub metering: Arc<Metering>,
-    /// Limits.
+    /// Timeouts, body caps and the other request limits of `limits:`.
     pub limits: Limits,
     /// Tracing behaviour.
     pub trace: TraceOptions,

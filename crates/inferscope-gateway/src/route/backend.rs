@@ -132,7 +132,7 @@ pub(super) fn join_root(root: &str, pq: Option<&PathAndQuery>) -> Option<PathAnd
 /// A point-in-time view of a backend, for `/stats` and `/metrics`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BackendStatus {
-    /// Name.
+    /// The backend's `name:` in the config.
     pub name: Arc<str>,
     /// Usable now (probe healthy and not ejected).
     pub available: bool,

@@ -38,7 +38,7 @@ pub struct Peak {
     pub bytes_per_s: f64,
     /// FLOP per second.
     pub flops: f64,
-    /// GPUs.
+    /// How many GPUs the peaks add up (a model split over them: tensor parallel).
     pub count: u32,
 }
 
@@ -116,7 +116,7 @@ pub struct PeakView {
     pub hbm_gb_s: f64,
     /// Dense compute, TFLOP/s (all GPUs).
     pub tflops: f64,
-    /// GPUs.
+    /// GPUs the model is served on.
     pub gpus: u32,
 }
 

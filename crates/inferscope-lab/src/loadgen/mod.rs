@@ -84,15 +84,15 @@ pub struct Sample {
     pub status: u16,
     /// Stream reached its terminal event (or a whole body was parsed).
     pub complete: bool,
-    /// Milliseconds.
+    /// Time to first token, milliseconds (`None`: no token came).
     pub ttft: Option<f64>,
-    /// Milliseconds.
+    /// Time to first chunk, milliseconds (`None`: no chunk came).
     pub ttfc: Option<f64>,
-    /// Milliseconds.
+    /// Time per output token after the first, milliseconds (`None`: fewer than two tokens).
     pub tpot: Option<f64>,
     /// Milliseconds, one per gap between output events.
     pub itl: Vec<f64>,
-    /// Milliseconds.
+    /// End to end, milliseconds: from sending the request to the response's last byte.
     pub e2e: f64,
     /// Prompt tokens (from usage).
     pub input_tokens: u64,
@@ -363,7 +363,7 @@ pub async fn run(o: &BenchOptions) -> (Vec<Sample>, Duration) {
 pub struct Dist {
     /// Mean, three decimals.
     pub mean: f64,
-    /// Median.
+    /// 50th percentile (the one percentile rule, `util::quantile`).
     pub median: f64,
     /// 90th percentile.
     pub p90: f64,

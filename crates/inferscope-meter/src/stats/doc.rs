@@ -185,7 +185,7 @@ impl TallyStats {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct LatencyStats {
-    /// Median.
+    /// 50th percentile (the one percentile rule, `util::quantile`).
     pub p50: f64,
     /// 90th percentile.
     pub p90: f64,
@@ -195,7 +195,7 @@ pub struct LatencyStats {
     pub p99: f64,
     /// 99.9th percentile.
     pub p999: f64,
-    /// Mean.
+    /// Arithmetic mean of the recorded values.
     pub mean: f64,
     /// Largest value.
     pub max: f64,
@@ -222,7 +222,7 @@ pub struct GoodputStats {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct EngineSpanCounts {
-    /// Joined.
+    /// Records an engine span was joined to.
     pub joined: u64,
     /// Waited for and not received.
     pub missing: u64,

@@ -31,7 +31,7 @@ pub enum HdrError {
         group: String,
         /// The metric.
         metric: String,
-        /// Why.
+        /// What is wrong with the histogram (not base64, not deflate, not a V2 histogram).
         why: String,
     },
 }
@@ -83,7 +83,7 @@ pub struct HdrGroup {
     /// Streamed (exports older than it: streamed).
     #[serde(default = "streamed")]
     pub stream: bool,
-    /// Requests.
+    /// Requests recorded in the group, every outcome.
     #[serde(default)]
     pub requests: u64,
     /// Requests by outcome (outcomes seen only).

@@ -70,7 +70,7 @@ pub struct Scalar {
     pub kind: &'static str,
     /// HELP text.
     pub help: &'static str,
-    /// Value.
+    /// The current value (a counter's total, a gauge's level).
     pub value: f64,
 }
 

@@ -223,13 +223,13 @@ impl Endpoint {
 /// Why generation stopped, as the backend reported it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FinishReason {
-    /// `stop`
+    /// `stop`: a natural end or a stop sequence.
     Stop,
-    /// `length`
+    /// `length`: the token limit.
     Length,
-    /// `tool_calls`
+    /// `tool_calls`: the model called a tool.
     ToolCalls,
-    /// `content_filter`
+    /// `content_filter`: the provider's filter cut the output.
     ContentFilter,
     /// Anything else, kept verbatim.
     Other(Box<str>),

@@ -232,7 +232,7 @@ enum Plan {
     None,
     /// Exactly this many bytes.
     Length(u64),
-    /// Chunked.
+    /// `Transfer-Encoding: chunked`: read chunk by chunk until the last one.
     Chunked,
 }
 
