@@ -53,6 +53,7 @@ async fn run(balancer: &str, rate: f64, secs: u64) {
     let o = BenchOptions {
         url: format!("http://{}", gw.data_addr),
         model: "demo".into(),
+        endpoint: Default::default(),
         prompts: loadgen::synthetic_prompts(16, 64, 1),
         arrivals: Arrivals::Poisson(rate),
         requests: (rate * secs as f64 * 2.0) as usize + 10,

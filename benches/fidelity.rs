@@ -46,6 +46,7 @@ async fn level(streams: usize) {
     let o = BenchOptions {
         url: format!("http://{}", gw.data_addr),
         model: "demo".into(),
+        endpoint: Default::default(),
         prompts: loadgen::synthetic_prompts(16, 16, 1),
         arrivals: Arrivals::Concurrency(streams),
         requests,

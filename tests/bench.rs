@@ -12,6 +12,7 @@ fn options(url: String, arrivals: Arrivals, requests: usize) -> BenchOptions {
     BenchOptions {
         url,
         model: "demo".into(),
+        endpoint: Default::default(),
         prompts: loadgen::synthetic_prompts(10, 16, 1),
         arrivals,
         requests,
@@ -199,4 +200,167 @@ async fn a_benchmark_is_counted_apart_where_the_route_takes_its_purpose() {
         let want = if taken { "bench" } else { "live" };
         assert!(log.iter().all(|l| l["purpose"] == want), "{log:?}");
     }
+}
+
+/// `inferscope bench ARGS`, with the OpenAI SDK's variables cleared and then `env` set: its
+/// output, whatever its exit status.
+fn bench_cli(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_inferscope"));
+    cmd.arg("bench")
+        .args(args)
+        .env_remove("OPENAI_BASE_URL")
+        .env_remove("OPENAI_API_KEY");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+/// The `--out` report a run wrote.
+fn report_at(path: &std::path::Path) -> loadgen::BenchReport {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_are_reported_by_reason_and_fail_the_run() {
+    let sim = start_sim(exact(1.0, 1.0), 1).await;
+    let dir = temp_dir();
+    let out = dir.join("dead.json");
+    let (dead, wrong, file) = (
+        format!("http://{DEAD}"),
+        format!("http://{}/no/such/api", sim.addr),
+        out.to_str().unwrap().to_owned(),
+    );
+    let run = tokio::task::spawn_blocking(move || {
+        let a = bench_cli(&["--url", &dead, "--requests", "3", "--out", &file], &[]);
+        let b = bench_cli(&["--url", &wrong, "--requests", "2"], &[]);
+        (a, b)
+    });
+    let (dead_run, wrong_run) = run.await.unwrap();
+    // Nothing listens: each request a connect failure, the error said, the run failed.
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&dead_run.stdout),
+        String::from_utf8_lossy(&dead_run.stderr),
+    );
+    assert_eq!(dead_run.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("no request succeeded: 3 of 3 failed (most: 3 × connect)"),
+        "{stderr}"
+    );
+    assert!(stdout.contains("failed: 3 × connect, e.g. "), "{stdout}");
+    let r = report_at(&out);
+    assert_eq!((r.failed, r.failures.len()), (3, 1), "{r:?}");
+    assert_eq!(r.failures[0].count, 3);
+    match &r.failures[0].example {
+        loadgen::Failure::Connect { error } => assert!(!error.is_empty()),
+        other => panic!("{other:?}"),
+    }
+    // A path the server does not have: the status and what it said.
+    let stdout = String::from_utf8_lossy(&wrong_run.stdout);
+    assert_eq!(wrong_run.status.code(), Some(1));
+    assert!(stdout.contains("failed: 2 × status 404, e.g. "), "{stdout}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_url_and_key_are_read_as_the_openai_sdk_reads_them() {
+    let sim = start_sim(exact(1.0, 1.0), 1).await;
+    let dir = temp_dir();
+    let key = "sk-bench-0123456789abcdef";
+    let digest: String = ring::digest::digest(&ring::digest::SHA256, key.as_bytes())
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let gw = start_gateway(
+        &[("sim", sim.addr)],
+        &dir,
+        &format!("auth:\n  keys:\n    - {{ name: team, sha256: \"{digest}\" }}\n"),
+    )
+    .await;
+    let base = format!("http://{}", gw.data_addr);
+    let v1 = format!("{base}/v1/");
+    let run = tokio::task::spawn_blocking(move || {
+        let args = ["--requests", "2", "--max-tokens", "3"];
+        // The base URL with `/v1` (and a trailing slash), and the key, from the environment.
+        let from_env = bench_cli(&args, &[("OPENAI_BASE_URL", &v1), ("OPENAI_API_KEY", key)]);
+        // Without `/v1`, on the command line; a wrong key.
+        let mut flags = vec!["--url", base.as_str(), "--api-key", "sk-wrong"];
+        flags.extend(args);
+        let wrong_key = bench_cli(&flags, &[]);
+        (from_env, wrong_key)
+    });
+    let (from_env, wrong_key) = run.await.unwrap();
+    assert!(
+        from_env.status.success(),
+        "{}",
+        String::from_utf8_lossy(&from_env.stderr)
+    );
+    assert!(String::from_utf8_lossy(&from_env.stdout).contains("(2 successful, 0 failed)"));
+    assert_eq!(wrong_key.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&wrong_key.stdout).contains("failed: 2 × status 401, e.g. "),
+        "{}",
+        String::from_utf8_lossy(&wrong_key.stdout)
+    );
+    let log = stop_and_read_log(gw, &dir).await;
+    assert_eq!(log.len(), 4);
+    assert!(
+        log.iter().all(|l| l["path"] == "/v1/chat/completions"),
+        "{log:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_endpoint_is_spoken_and_measured() {
+    let sim = start_sim(exact(2.0, 1.0), 1).await;
+    let dir = temp_dir();
+    let gw = start_gateway(&[("sim", sim.addr)], &dir, "").await;
+    let url = format!("http://{}", gw.data_addr);
+    let out = dir.clone();
+    let reports = tokio::task::spawn_blocking(move || {
+        ["chat", "completions", "responses", "messages"].map(|ep| {
+            let file = out.join(format!("{ep}.json"));
+            let args = [
+                "--url",
+                url.as_str(),
+                "--endpoint",
+                ep,
+                "--requests",
+                "3",
+                "--max-tokens",
+                "5",
+                "--out",
+                file.to_str().unwrap(),
+            ];
+            let run = bench_cli(&args, &[]);
+            assert!(
+                run.status.success(),
+                "{ep}: {}",
+                String::from_utf8_lossy(&run.stdout)
+            );
+            (ep, report_at(&file))
+        })
+    })
+    .await
+    .unwrap();
+    for (ep, r) in &reports {
+        assert_eq!((r.successful, r.failed), (3, 0), "{ep}");
+        // Every token read from the endpoint's own events: five each, four gaps between them.
+        assert!(r.ttft_ms.is_some() && r.tpot_ms.is_some(), "{ep}: {r:?}");
+        let tokens = r.output_token_throughput * r.duration_s;
+        assert!((tokens - 15.0).abs() < 1e-6, "{ep}: {tokens}");
+    }
+    let log = stop_and_read_log(gw, &dir).await;
+    let paths: std::collections::BTreeSet<&str> =
+        log.iter().filter_map(|l| l["path"].as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "/v1/chat/completions",
+            "/v1/completions",
+            "/v1/messages",
+            "/v1/responses"
+        ]
+        .into()
+    );
 }

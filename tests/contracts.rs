@@ -152,6 +152,7 @@ fn cli_output_shapes() {
         input_tokens: 3,
         output_tokens: 2,
         purpose_taken: false,
+        failure: None,
     }];
     let report =
         inferscope::lab::loadgen::summarize(&samples, std::time::Duration::from_secs(1), &[]);

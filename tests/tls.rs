@@ -574,6 +574,7 @@ async fn the_load_generator_speaks_tls_and_sends_a_key() {
     let options = |requests, h2, headers: Vec<(String, String)>, connector| BenchOptions {
         url: url.clone(),
         model: "demo".into(),
+        endpoint: Default::default(),
         prompts: loadgen::synthetic_prompts(4, 8, 1),
         arrivals: Arrivals::Concurrency(2),
         requests,

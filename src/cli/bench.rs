@@ -7,9 +7,18 @@ use std::path::PathBuf;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// Gateway (or backend) URL.
-    #[arg(long)]
+    /// Gateway (or backend) base URL, with or without `/v1` as an OpenAI SDK takes it
+    /// (`http://127.0.0.1:8080`, `http://host:8000/v1`).
+    #[arg(long, env = "OPENAI_BASE_URL")]
     url: String,
+    /// API key, sent as `Authorization: Bearer KEY` (`x-api-key` with --endpoint messages)
+    /// unless a --header sets that header.
+    #[arg(long, env = "OPENAI_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// The API spoken: chat (`/v1/chat/completions`), completions (`/v1/completions`),
+    /// responses (`/v1/responses`) or messages (Anthropic `/v1/messages`).
+    #[arg(long, default_value = "chat", value_parser = ["chat", "completions", "responses", "messages"])]
+    endpoint: String,
     /// Model name.
     #[arg(long, default_value = "demo")]
     model: String,
@@ -57,6 +66,10 @@ pub(crate) struct Args {
     /// Write the report as JSON here.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Exit with status 1 when more than this share of the requests failed (0.01: 1%), or when
+    /// none succeeded; the report is printed and written first.
+    #[arg(long, default_value_t = 0.01)]
+    max_error_rate: f64,
     /// Gateway admin URL: print its /stats next to the client's figures.
     #[arg(long)]
     compare_gateway: Option<String>,
@@ -101,6 +114,8 @@ pub(crate) struct Args {
 pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
     let Args {
         url,
+        api_key,
+        endpoint,
         model,
         dataset,
         input_words,
@@ -116,6 +131,7 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         headers,
         purpose,
         out,
+        max_error_rate,
         compare_gateway,
         seed,
         http2_connections,
@@ -175,13 +191,24 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         (Some(r), _) => anyhow::bail!("--rate {r}: must be above 0"),
         (None, c) => Arrivals::Concurrency(c.unwrap_or(1)),
     };
+    let endpoint = loadgen::Endpoint::parse(&endpoint).context("--endpoint")?;
     let mut headers = parse_headers(&headers)?;
+    if let Some(key) = api_key.filter(|k| !k.is_empty()) {
+        let (name, value) = match endpoint {
+            loadgen::Endpoint::Messages => ("x-api-key", key),
+            _ => ("authorization", format!("Bearer {key}")),
+        };
+        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(name)) {
+            headers.push((name.into(), value));
+        }
+    }
     if purpose != "live" {
         headers.push((crate::meter::PURPOSE_HEADER.into(), purpose.clone()));
     }
     let opts = BenchOptions {
         url,
         model,
+        endpoint,
         prompts,
         arrivals,
         requests,
@@ -222,12 +249,14 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
             std::fs::write(&path, serde_json::to_string_pretty(&rows)?)
                 .with_context(|| format!("writing {}", path.display()))?;
         }
-        return Ok(());
+        return judge(&rows, max_error_rate);
     }
     let (samples, wall) = loadgen::run(&opts).await;
     let mut report = loadgen::summarize(&samples, wall, &opts.slo);
     let taken = samples.iter().any(|s| s.purpose_taken);
-    if purpose != "live" && !taken && !samples.is_empty() {
+    // (Said only where a response came back: a failed run has not reached the gateway.)
+    let answered = samples.iter().any(|s| s.failure.is_none());
+    if purpose != "live" && !taken && answered {
         eprintln!("note: the gateway did not take x-inferscope-purpose: {purpose} (the route has no `purpose_header: true`), so these requests count as live traffic in its statistics and experiments");
     }
     let gateway = match &compare_gateway {
@@ -253,6 +282,30 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         report.gateway = gateway;
         std::fs::write(&path, serde_json::to_string_pretty(&report)?)
             .with_context(|| format!("writing {}", path.display()))?;
+    }
+    judge(std::slice::from_ref(&report), max_error_rate)
+}
+
+/// The run's verdict on itself: an error (exit status 1) when no request succeeded or more than
+/// `max_error_rate` of them failed, naming the most frequent reason.
+fn judge(reports: &[crate::lab::loadgen::BenchReport], max_error_rate: f64) -> anyhow::Result<()> {
+    let requests: usize = reports.iter().map(|r| r.requests).sum();
+    let failed: usize = reports.iter().map(|r| r.failed).sum();
+    let top = reports
+        .iter()
+        .flat_map(|r| &r.failures)
+        .max_by_key(|c| c.count)
+        .map(|c| format!(" (most: {} × {})", c.count, c.reason))
+        .unwrap_or_default();
+    if requests > 0 && failed == requests {
+        anyhow::bail!("no request succeeded: {failed} of {requests} failed{top}");
+    }
+    let rate = failed as f64 / requests.max(1) as f64;
+    if rate > max_error_rate {
+        anyhow::bail!(
+            "{failed} of {requests} requests failed ({:.1}%), above --max-error-rate {max_error_rate}{top}",
+            rate * 100.0
+        );
     }
     Ok(())
 }

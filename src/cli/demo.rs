@@ -64,6 +64,7 @@ async fn demo_load(url: String, rate: f64) {
         let opts = BenchOptions {
             url: url.clone(),
             model: "demo".into(),
+            endpoint: Default::default(),
             prompts: loadgen::synthetic_prompts(200, 40, round),
             arrivals: Arrivals::Poisson(rate),
             requests: (rate * 120.0) as usize + 100,

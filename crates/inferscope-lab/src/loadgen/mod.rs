@@ -38,6 +38,89 @@ pub enum Arrivals {
     Concurrency(usize),
 }
 
+/// The API a run speaks (`--endpoint`): the gateway forwards and measures all of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Endpoint {
+    /// OpenAI chat completions, `/v1/chat/completions`.
+    #[default]
+    Chat,
+    /// OpenAI (legacy) completions, `/v1/completions`.
+    Completions,
+    /// The OpenAI Responses API, `/v1/responses`.
+    Responses,
+    /// Anthropic Messages, `/v1/messages`.
+    Messages,
+}
+
+impl Endpoint {
+    /// Parses `chat`, `completions`, `responses` or `messages`.
+    pub fn parse(name: &str) -> Option<Self> {
+        Some(match name {
+            "chat" => Self::Chat,
+            "completions" => Self::Completions,
+            "responses" => Self::Responses,
+            "messages" => Self::Messages,
+            _ => return None,
+        })
+    }
+
+    /// The path under the API root's `/v1`.
+    fn path(self) -> &'static str {
+        match self {
+            Self::Chat => "/chat/completions",
+            Self::Completions => "/completions",
+            Self::Responses => "/responses",
+            Self::Messages => "/messages",
+        }
+    }
+
+    /// How its events (or its whole body) read.
+    fn dialect(self) -> dialect::Dialect {
+        match self {
+            Self::Chat | Self::Completions => dialect::Dialect::OpenAi,
+            Self::Responses => dialect::Dialect::Responses,
+            Self::Messages => dialect::Dialect::Anthropic,
+        }
+    }
+
+    /// One request's body.
+    fn body(self, model: &str, prompt: &str, max_tokens: u32, stream: bool) -> serde_json::Value {
+        let messages = json!([{"role": "user", "content": prompt}]);
+        let mut body = match self {
+            Self::Chat => json!({"model": model, "max_tokens": max_tokens, "messages": messages}),
+            Self::Completions => {
+                json!({"model": model, "max_tokens": max_tokens, "prompt": prompt})
+            }
+            Self::Responses => {
+                json!({"model": model, "max_output_tokens": max_tokens, "input": prompt})
+            }
+            Self::Messages => {
+                json!({"model": model, "max_tokens": max_tokens, "messages": messages})
+            }
+        };
+        if let Some(m) = body.as_object_mut() {
+            m.insert("stream".into(), stream.into());
+            // Usage in the stream: OpenAI's APIs send it only when asked.
+            if stream && matches!(self, Self::Chat | Self::Completions) {
+                m.insert("stream_options".into(), json!({"include_usage": true}));
+            }
+        }
+        body
+    }
+}
+
+/// Where `endpoint`'s requests go for base URL `base`: the URL as an OpenAI SDK takes it, with
+/// or without `/v1` (`http://host:8000`, `http://host:8000/v1`, or an API root under a path such
+/// as `https://proxy/openai/v1`).
+pub fn endpoint_url(base: &str, endpoint: Endpoint) -> String {
+    let base = base.trim_end_matches('/');
+    if base.ends_with("/v1") {
+        format!("{base}{}", endpoint.path())
+    } else {
+        format!("{base}/v1{}", endpoint.path())
+    }
+}
+
 /// A benchmark run.
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
@@ -45,6 +128,8 @@ pub struct BenchOptions {
     pub url: String,
     /// Model name.
     pub model: String,
+    /// The API spoken.
+    pub endpoint: Endpoint,
     /// The prompts (used round-robin).
     pub prompts: Vec<String>,
     /// Arrival process.
@@ -101,6 +186,76 @@ pub struct Sample {
     /// The gateway said back the purpose the request declared (`x-inferscope-purpose`): it
     /// counted the request apart from live traffic.
     pub purpose_taken: bool,
+    /// Why it did not succeed (`None`: it did).
+    pub failure: Option<Failure>,
+}
+
+/// Why a request did not succeed, with what the client saw.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Failure {
+    /// No response: the connection or the request failed.
+    Connect {
+        /// The error and its causes.
+        error: String,
+    },
+    /// A status other than 2xx.
+    Status {
+        /// The status.
+        status: u16,
+        /// The start of the body (at most `FAILURE_BODY` bytes, lossy UTF-8).
+        body: String,
+    },
+    /// The response body failed part way.
+    Cut {
+        /// The error and its causes.
+        error: String,
+    },
+    /// The stream ended without its last event (`[DONE]`, `message_stop`, `response.completed`).
+    Incomplete,
+    /// A whole (non-streamed) body that is not the API's answer.
+    Malformed {
+        /// The start of the body.
+        body: String,
+    },
+}
+
+/// Bytes of a failed response's body kept as its example.
+pub const FAILURE_BODY: usize = 200;
+
+impl Failure {
+    /// What failures are grouped by: the kind, and the status for `Status`.
+    pub fn reason(&self) -> String {
+        match self {
+            Failure::Connect { .. } => "connect".into(),
+            Failure::Status { status, .. } => format!("status {status}"),
+            Failure::Cut { .. } => "stream cut".into(),
+            Failure::Incomplete => "incomplete".into(),
+            Failure::Malformed { .. } => "malformed body".into(),
+        }
+    }
+
+    /// The details of this one.
+    pub fn detail(&self) -> String {
+        match self {
+            Failure::Connect { error } | Failure::Cut { error } => error.clone(),
+            Failure::Status { body, .. } | Failure::Malformed { body } => body.clone(),
+            Failure::Incomplete => "the stream ended without its last event".into(),
+        }
+    }
+}
+
+/// An error and its causes, `: `-joined.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    crate::util::errors::chain(e)
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(": ")
+}
+
+/// The first `FAILURE_BODY` bytes, lossy.
+fn body_head(b: &[u8]) -> String {
+    String::from_utf8_lossy(&b[..b.len().min(FAILURE_BODY)]).into_owned()
 }
 
 impl Sample {
@@ -159,39 +314,75 @@ async fn one(
     o: &BenchOptions,
     prompt: &str,
 ) -> Sample {
-    let mut body = json!({"model": o.model, "stream": o.stream, "max_tokens": o.max_tokens,
-        "messages": [{"role": "user", "content": prompt}]});
-    if let (true, Some(m)) = (o.stream, body.as_object_mut()) {
-        m.insert("stream_options".into(), json!({"include_usage": true}));
+    let body = o.endpoint.body(&o.model, prompt, o.max_tokens, o.stream);
+    let mut req = http::Request::post(endpoint_url(&o.url, o.endpoint))
+        .header("content-type", "application/json");
+    if o.endpoint == Endpoint::Messages {
+        req = req.header("anthropic-version", "2023-06-01");
     }
-    let mut req = http::Request::post(format!(
-        "{}/v1/chat/completions",
-        o.url.trim_end_matches('/')
-    ))
-    .header("content-type", "application/json");
     for (k, v) in &o.headers {
         req = req.header(k.as_str(), v.as_str());
     }
-    let Ok(req) = req.body(Full::new(Bytes::from(body.to_string()))) else {
-        return Sample::default();
+    let mut s = Sample::default();
+    let req = match req.body(Full::new(Bytes::from(body.to_string()))) {
+        Ok(r) => r,
+        Err(e) => {
+            s.failure = Some(Failure::Connect {
+                error: format!("the request could not be made: {}", error_chain(&e)),
+            });
+            return s;
+        }
     };
     let t0 = Instant::now();
     let ms = |t: Instant| t.saturating_duration_since(t0).as_secs_f64() * 1000.0;
-    let mut s = Sample::default();
-    let Ok(resp) = client.request(req).await else {
-        s.e2e = ms(Instant::now());
-        return s;
+    let resp = match client.request(req).await {
+        Ok(r) => r,
+        Err(e) => {
+            s.e2e = ms(Instant::now());
+            s.failure = Some(Failure::Connect {
+                error: error_chain(&e),
+            });
+            return s;
+        }
     };
     s.status = resp.status().as_u16();
     s.purpose_taken = resp.headers().contains_key(crate::meter::PURPOSE_HEADER);
+    let dialect = o.endpoint.dialect();
     let mut body = resp.into_body();
+    if !(200..300).contains(&s.status) {
+        // The start of what it said, for the report.
+        let mut head = Vec::new();
+        while head.len() < FAILURE_BODY {
+            match body.frame().await {
+                Some(Ok(f)) => {
+                    if let Ok(d) = f.into_data() {
+                        head.extend_from_slice(&d);
+                    }
+                }
+                _ => break,
+            }
+        }
+        s.e2e = ms(Instant::now());
+        s.failure = Some(Failure::Status {
+            status: s.status,
+            body: body_head(&head),
+        });
+        return s;
+    }
     let mut scanner = SseScanner::default();
     let (mut first, mut last): (Option<Instant>, Option<Instant>) = (None, None);
     let mut events = 0u64;
     let mut usage_out = None;
     let mut whole = Vec::new();
+    let mut cut = None;
     while let Some(frame) = body.frame().await {
-        let Ok(frame) = frame else { break };
+        let frame = match frame {
+            Ok(f) => f,
+            Err(e) => {
+                cut = Some(error_chain(&e));
+                break;
+            }
+        };
         let Ok(data) = frame.into_data() else {
             continue;
         };
@@ -202,7 +393,7 @@ async fn one(
         }
         scanner.feed(&data, |ev| {
             s.ttfc.get_or_insert(ms(now));
-            let obs = dialect::classify(ev.data);
+            let obs = dialect.classify(ev.data);
             s.complete |= obs.done;
             if let Some(u) = obs.usage {
                 usage_out = u.output.or(usage_out);
@@ -233,12 +424,23 @@ async fn one(
             }
         }
     } else {
-        let obs = dialect::classify(&whole);
-        s.complete = !obs.malformed;
+        let obs = dialect.classify(&whole);
+        s.complete = cut.is_none() && !obs.malformed;
         if let Some(u) = obs.usage {
             s.output_tokens = u.output.unwrap_or(0);
             s.input_tokens = u.input.unwrap_or(0);
         }
+        if cut.is_none() && obs.malformed {
+            s.failure = Some(Failure::Malformed {
+                body: body_head(&whole),
+            });
+        }
+    }
+    if let Some(error) = cut {
+        s.complete = false;
+        s.failure = Some(Failure::Cut { error });
+    } else if !s.complete && s.failure.is_none() {
+        s.failure = Some(Failure::Incomplete);
     }
     s
 }
@@ -357,6 +559,15 @@ pub async fn run(o: &BenchOptions) -> (Vec<Sample>, Duration) {
     (v, wall)
 }
 
+/// `text` on one line (control characters shown as spaces), for a table.
+fn one_line(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect::<String>()
+        .trim()
+        .to_owned()
+}
+
 /// A distribution of one client-side metric, milliseconds (percentiles by the gateway's one
 /// rule, so client-side and `/stats` numbers compare).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -400,6 +611,9 @@ pub struct BenchReport {
     pub successful: usize,
     /// The rest.
     pub failed: usize,
+    /// The failed ones by reason, most frequent first, each with one example.
+    #[serde(default)]
+    pub failures: Vec<FailureCount>,
     /// Successful requests per second.
     pub request_throughput: f64,
     /// Output tokens per second.
@@ -431,6 +645,35 @@ pub struct BenchReport {
     pub gateway: Option<crate::stats::Periods>,
 }
 
+/// Failed requests of one reason.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailureCount {
+    /// `connect`, `status 404`, `stream cut`, `incomplete`, `malformed body`.
+    pub reason: String,
+    /// Requests that failed so.
+    pub count: usize,
+    /// The first of them.
+    pub example: Failure,
+}
+
+/// The failures of `samples` by reason, most frequent first (then by reason).
+fn failure_counts(samples: &[Sample]) -> Vec<FailureCount> {
+    let mut by: Vec<FailureCount> = Vec::new();
+    for f in samples.iter().filter_map(|s| s.failure.as_ref()) {
+        let reason = f.reason();
+        match by.iter_mut().find(|c| c.reason == reason) {
+            Some(c) => c.count += 1,
+            None => by.push(FailureCount {
+                reason,
+                count: 1,
+                example: f.clone(),
+            }),
+        }
+    }
+    by.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.reason.cmp(&b.reason)));
+    by
+}
+
 /// The report (vLLM `bench serve` style, the gateway's definitions).
 pub fn summarize(samples: &[Sample], wall: Duration, slo: &[(String, Duration)]) -> BenchReport {
     let secs = wall.as_secs_f64().max(1e-9);
@@ -446,6 +689,7 @@ pub fn summarize(samples: &[Sample], wall: Duration, slo: &[(String, Duration)])
         requests: samples.len(),
         successful: ok.len(),
         failed: samples.len() - ok.len(),
+        failures: failure_counts(samples),
         request_throughput: ok.len() as f64 / secs,
         output_token_throughput: out as f64 / secs,
         total_token_throughput: (out + inp) as f64 / secs,
@@ -478,6 +722,15 @@ pub fn render(r: &BenchReport, gateway: Option<&crate::stats::Periods>) -> Strin
         r.failed,
         f(Some(r.duration_s))
     );
+    for c in &r.failures {
+        let _ = writeln!(
+            out,
+            "  failed: {} × {}, e.g. {}",
+            c.count,
+            c.reason,
+            one_line(&c.example.detail())
+        );
+    }
     let _ = writeln!(
         out,
         "request throughput: {} req/s; output tokens: {} tok/s; total tokens: {} tok/s",
