@@ -364,3 +364,53 @@ async fn every_endpoint_is_spoken_and_measured() {
         .into()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duration_stops_the_run_and_cuts_what_is_in_flight() {
+    // Each request takes ~0.45 s (20 tokens 20 ms apart after 50 ms): at 1 s two are in flight.
+    let sim = start_sim(exact(50.0, 20.0), 1).await;
+    let url = format!("http://{}", sim.addr);
+    let dir = temp_dir();
+    let file = dir.join("run.json");
+    let out = file.clone();
+    let t0 = std::time::Instant::now();
+    let run = tokio::task::spawn_blocking(move || {
+        bench_cli(
+            &[
+                "--url",
+                &url,
+                "--concurrency",
+                "2",
+                "--requests",
+                "1000",
+                "--max-tokens",
+                "20",
+                "--duration",
+                "1s",
+                "--out",
+                out.to_str().unwrap(),
+            ],
+            &[],
+        )
+    })
+    .await
+    .unwrap();
+    let took = t0.elapsed();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let r = report_at(&file);
+    // It ran for its duration, not until the last request ended (a 20-token stream at most).
+    assert!(r.duration_s >= 1.0 && r.duration_s < 1.3, "{r:?}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    assert!((1..=2).contains(&r.cut_at_end), "{r:?}");
+    assert_eq!(r.failed, 0, "cut requests are not failures: {r:?}");
+    assert!(r.successful >= 2, "{r:?}");
+    assert!(
+        String::from_utf8_lossy(&run.stdout).contains("in flight when --duration ended"),
+        "{}",
+        String::from_utf8_lossy(&run.stdout)
+    );
+}

@@ -43,7 +43,9 @@ pub(crate) struct Args {
     /// Requests to send.
     #[arg(long, default_value_t = 100)]
     requests: usize,
-    /// Stop after this long (e.g. 60s), whichever comes first.
+    /// Stop after this long (e.g. 60s) or --requests, whichever comes first: nothing is sent
+    /// after it, and requests still in flight are cut then and counted apart (`cut_at_end`),
+    /// in none of the figures.
     #[arg(long)]
     duration: Option<String>,
     /// Non-streaming requests.
@@ -297,8 +299,17 @@ fn judge(reports: &[crate::lab::loadgen::BenchReport], max_error_rate: f64) -> a
         .max_by_key(|c| c.count)
         .map(|c| format!(" (most: {} × {})", c.count, c.reason))
         .unwrap_or_default();
-    if requests > 0 && failed == requests {
-        anyhow::bail!("no request succeeded: {failed} of {requests} failed{top}");
+    let successful: usize = reports.iter().map(|r| r.successful).sum();
+    if successful == 0 {
+        let cut: usize = reports.iter().map(|r| r.cut_at_end).sum();
+        anyhow::bail!(
+            "no request succeeded: {failed} of {requests} failed{top}{}",
+            if cut > 0 {
+                format!(", {cut} cut when --duration ended")
+            } else {
+                String::new()
+            }
+        );
     }
     let rate = failed as f64 / requests.max(1) as f64;
     if rate > max_error_rate {

@@ -136,7 +136,8 @@ pub struct BenchOptions {
     pub arrivals: Arrivals,
     /// Stop after this many requests …
     pub requests: usize,
-    /// … or after this long (whichever comes first).
+    /// … or after this long (whichever comes first): nothing is sent after it, and what is
+    /// still in flight is cut then (`Failure::Unfinished` samples, counted apart).
     pub duration: Option<Duration>,
     /// Streamed responses.
     pub stream: bool,
@@ -218,6 +219,9 @@ pub enum Failure {
         /// The start of the body.
         body: String,
     },
+    /// In flight when `--duration` ended: cut, and left out of the figures (neither a success
+    /// nor a failure).
+    Unfinished,
 }
 
 /// Bytes of a failed response's body kept as its example.
@@ -232,6 +236,7 @@ impl Failure {
             Failure::Cut { .. } => "stream cut".into(),
             Failure::Incomplete => "incomplete".into(),
             Failure::Malformed { .. } => "malformed body".into(),
+            Failure::Unfinished => "unfinished".into(),
         }
     }
 
@@ -241,6 +246,7 @@ impl Failure {
             Failure::Connect { error } | Failure::Cut { error } => error.clone(),
             Failure::Status { body, .. } | Failure::Malformed { body } => body.clone(),
             Failure::Incomplete => "the stream ended without its last event".into(),
+            Failure::Unfinished => "in flight when --duration ended".into(),
         }
     }
 }
@@ -487,8 +493,11 @@ pub async fn run(o: &BenchOptions) -> (Vec<Sample>, Duration) {
         let issued = Arc::clone(&issued);
         let o = Arc::clone(&o);
         move || {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return None;
+            }
             let i = issued.fetch_add(1, Ordering::Relaxed);
-            (i < o.requests && deadline.is_none_or(|d| Instant::now() < d)).then_some(i)
+            (i < o.requests).then_some(i)
         }
     };
     let progress = o.progress.then(|| {
@@ -531,12 +540,14 @@ pub async fn run(o: &BenchOptions) -> (Vec<Sample>, Duration) {
         Arrivals::Poisson(rate) | Arrivals::Constant(rate) => {
             let mut rng = crate::util::Rng::new(o.seed);
             let mut at = start;
-            while let Some(i) = more() {
+            loop {
+                // Asked after the wait: nothing leaves once the run's time is up.
+                tokio::time::sleep_until(at).await;
+                let Some(i) = more() else { break };
                 let gap = match o.arrivals {
                     Arrivals::Poisson(_) => -(1.0 - rng.unit()).ln() / rate,
                     _ => 1.0 / rate,
                 };
-                tokio::time::sleep_until(at).await;
                 at += Duration::from_secs_f64(gap);
                 let client = clients[i % clients.len()].clone();
                 let (o, samples) = (Arc::clone(&o), Arc::clone(&samples));
@@ -547,8 +558,36 @@ pub async fn run(o: &BenchOptions) -> (Vec<Sample>, Duration) {
             }
         }
     }
-    for t in tasks {
-        let _ = t.await;
+    // Drained, or with --duration cut when it ends.
+    let drained = {
+        let all = async {
+            for t in tasks.iter_mut() {
+                let _ = t.await;
+            }
+        };
+        match deadline {
+            Some(d) => tokio::time::timeout_at(d, all).await.is_ok(),
+            None => {
+                all.await;
+                true
+            }
+        }
+    };
+    if !drained {
+        for t in &tasks {
+            t.abort();
+        }
+        for t in tasks {
+            let _ = t.await;
+        }
+        // The requests sent whose sample never came: each one cut.
+        let sent = issued.load(Ordering::Relaxed).min(o.requests);
+        let mut v = samples.lock();
+        let cut = sent.saturating_sub(v.len());
+        v.extend((0..cut).map(|_| Sample {
+            failure: Some(Failure::Unfinished),
+            ..Sample::default()
+        }));
     }
     if let Some(p) = progress {
         p.abort();
@@ -605,7 +644,7 @@ impl Dist {
 pub struct BenchReport {
     /// Wall time of the run, seconds.
     pub duration_s: f64,
-    /// Requests sent (after warm-up).
+    /// Requests finished (after warm-up; those cut when `--duration` ended are `cut_at_end`).
     pub requests: usize,
     /// Of those, answered in full.
     pub successful: usize,
@@ -614,6 +653,9 @@ pub struct BenchReport {
     /// The failed ones by reason, most frequent first, each with one example.
     #[serde(default)]
     pub failures: Vec<FailureCount>,
+    /// Requests still in flight when `--duration` ended: cut, and in none of the figures.
+    #[serde(default)]
+    pub cut_at_end: usize,
     /// Successful requests per second.
     pub request_throughput: f64,
     /// Output tokens per second.
@@ -677,6 +719,10 @@ fn failure_counts(samples: &[Sample]) -> Vec<FailureCount> {
 /// The report (vLLM `bench serve` style, the gateway's definitions).
 pub fn summarize(samples: &[Sample], wall: Duration, slo: &[(String, Duration)]) -> BenchReport {
     let secs = wall.as_secs_f64().max(1e-9);
+    let unfinished = |s: &Sample| s.failure == Some(Failure::Unfinished);
+    let cut_at_end = samples.iter().filter(|s| unfinished(s)).count();
+    let finished: Vec<Sample> = samples.iter().filter(|s| !unfinished(s)).cloned().collect();
+    let samples = &finished[..];
     let ok: Vec<&Sample> = samples.iter().filter(|s| s.ok()).collect();
     let out: u64 = ok.iter().map(|s| s.output_tokens).sum();
     let inp: u64 = ok.iter().map(|s| s.input_tokens).sum();
@@ -690,6 +736,7 @@ pub fn summarize(samples: &[Sample], wall: Duration, slo: &[(String, Duration)])
         successful: ok.len(),
         failed: samples.len() - ok.len(),
         failures: failure_counts(samples),
+        cut_at_end,
         request_throughput: ok.len() as f64 / secs,
         output_token_throughput: out as f64 / secs,
         total_token_throughput: (out + inp) as f64 / secs,
@@ -722,6 +769,13 @@ pub fn render(r: &BenchReport, gateway: Option<&crate::stats::Periods>) -> Strin
         r.failed,
         f(Some(r.duration_s))
     );
+    if r.cut_at_end > 0 {
+        let _ = writeln!(
+            out,
+            "  cut: {} in flight when --duration ended (in none of the figures)",
+            r.cut_at_end
+        );
+    }
     for c in &r.failures {
         let _ = writeln!(
             out,
