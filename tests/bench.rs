@@ -216,6 +216,15 @@ fn bench_cli(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
     cmd.output().unwrap()
 }
 
+/// SHA-256, lowercase hex (ring's, not the code under test's).
+fn sha256_hex(bytes: &[u8]) -> String {
+    ring::digest::digest(&ring::digest::SHA256, bytes)
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// The `--out` report a run wrote.
 fn report_at(path: &std::path::Path) -> loadgen::BenchReport {
     serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
@@ -266,11 +275,7 @@ async fn the_url_and_key_are_read_as_the_openai_sdk_reads_them() {
     let sim = start_sim(exact(1.0, 1.0), 1).await;
     let dir = temp_dir();
     let key = "sk-bench-0123456789abcdef";
-    let digest: String = ring::digest::digest(&ring::digest::SHA256, key.as_bytes())
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let digest = sha256_hex(key.as_bytes());
     let gw = start_gateway(
         &[("sim", sim.addr)],
         &dir,
@@ -412,5 +417,89 @@ async fn duration_stops_the_run_and_cuts_what_is_in_flight() {
         String::from_utf8_lossy(&run.stdout).contains("in flight when --duration ended"),
         "{}",
         String::from_utf8_lossy(&run.stdout)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_report_says_what_was_run() {
+    let sim = start_sim(exact(1.0, 1.0), 1).await;
+    let dir = temp_dir();
+    let data = dir.join("prompts.jsonl");
+    std::fs::write(&data, "{\"prompt\": \"one\"}\n{\"prompt\": \"two\"}\n").unwrap();
+    let file = dir.join("run.json");
+    let (url, d, f) = (
+        format!("http://{}/v1", sim.addr),
+        data.clone(),
+        file.clone(),
+    );
+    let run = tokio::task::spawn_blocking(move || {
+        bench_cli(
+            &[
+                "--url",
+                &url,
+                "--model",
+                "demo",
+                "--dataset",
+                d.to_str().unwrap(),
+                "--concurrency",
+                "2",
+                "--requests",
+                "4",
+                "--max-tokens",
+                "3",
+                "--seed",
+                "7",
+                "--label",
+                "quant=int8",
+                "--label",
+                "gpu = h100",
+                "--api-key",
+                "sk-not-in-the-report",
+                "--out",
+                f.to_str().unwrap(),
+            ],
+            &[],
+        )
+    })
+    .await
+    .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(!text.contains("sk-not-in-the-report"), "{text}");
+    let info = report_at(&file).run.expect("the run's description");
+    assert_eq!(info.url, format!("http://{}/v1/chat/completions", sim.addr));
+    assert_eq!(
+        (info.endpoint.as_str(), info.model.as_str(), info.seed),
+        ("chat", "demo", 7)
+    );
+    assert_eq!(
+        (info.arrivals.as_str(), info.concurrency, info.rate),
+        ("concurrency", Some(2), None)
+    );
+    assert_eq!(
+        (info.max_requests, info.max_tokens, info.stream),
+        (4, 3, true)
+    );
+    assert_eq!(
+        info.dataset_sha256.as_deref(),
+        Some(sha256_hex(&std::fs::read(&data).unwrap()).as_str())
+    );
+    assert_eq!(
+        info.labels,
+        [
+            ("gpu".to_owned(), "h100".to_owned()),
+            ("quant".to_owned(), "int8".to_owned())
+        ]
+        .into()
+    );
+    assert_eq!(info.inferscope_version, env!("CARGO_PKG_VERSION"));
+    assert!(
+        info.date.ends_with('Z') && info.date.starts_with("20"),
+        "{}",
+        info.date
     );
 }

@@ -68,6 +68,10 @@ pub(crate) struct Args {
     /// Write the report as JSON here.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// What to say of the run in the report, KEY=VALUE (repeatable): `--label quant=int8
+    /// --label gpu=h100`.
+    #[arg(long = "label")]
+    labels: Vec<String>,
     /// Exit with status 1 when more than this share of the requests failed (0.01: 1%), or when
     /// none succeeded; the report is printed and written first.
     #[arg(long, default_value_t = 0.01)]
@@ -133,6 +137,7 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         headers,
         purpose,
         out,
+        labels,
         max_error_rate,
         compare_gateway,
         seed,
@@ -174,13 +179,27 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         &[b"http/1.1"]
     };
     let connector = crate::tls::Connector::for_url(&url, ca_file, alpn).context("--ca-file")?;
-    let prompts = match &dataset {
-        Some(p) => loadgen::load_prompts(
-            &crate::util::fs::read_to_string(p, crate::util::fs::DATA_CAP)
+    let labels = labels
+        .iter()
+        .map(|l| {
+            l.split_once('=')
+                .filter(|(k, _)| !k.trim().is_empty())
+                .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+                .with_context(|| format!("--label {l}: expected KEY=VALUE"))
+        })
+        .collect::<anyhow::Result<std::collections::BTreeMap<_, _>>>()?;
+    let dataset_text = match &dataset {
+        Some(p) => Some(
+            crate::util::fs::read_to_string(p, crate::util::fs::DATA_CAP)
                 .with_context(|| format!("reading {}", p.display()))?,
-        )
-        .with_context(|| p.display().to_string())?,
-        None => loadgen::synthetic_prompts(requests.min(1000), input_words, seed),
+        ),
+        None => None,
+    };
+    let prompts = match (&dataset, &dataset_text) {
+        (Some(p), Some(text)) => {
+            loadgen::load_prompts(text).with_context(|| p.display().to_string())?
+        }
+        _ => loadgen::synthetic_prompts(requests.min(1000), input_words, seed),
     };
     let arrivals = match (rate, concurrency) {
         (Some(r), _) if r > 0.0 => {
@@ -232,6 +251,18 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         warmup,
         connector,
     };
+    let dataset_path = dataset.as_ref().map(|p| p.display().to_string());
+    let run_info = |o: &BenchOptions| {
+        let mut info = loadgen::RunInfo::of(
+            o,
+            dataset_path
+                .as_deref()
+                .zip(dataset_text.as_deref().map(str::as_bytes)),
+            env!("CARGO_PKG_VERSION"),
+        );
+        info.labels = labels.clone();
+        info
+    };
     if !sweep.is_empty() {
         let mut rows = Vec::new();
         for r in &sweep {
@@ -241,9 +272,11 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
             } else {
                 Arrivals::Poisson(*r)
             };
+            let info = run_info(&o);
             let (samples, wall) = loadgen::run(&o).await;
             let mut report = loadgen::summarize(&samples, wall, &o.slo);
             report.rate = Some(*r);
+            report.run = Some(info);
             rows.push(report);
         }
         print!("{}", loadgen::render_sweep(&rows));
@@ -253,8 +286,10 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         }
         return judge(&rows, max_error_rate);
     }
+    let info = run_info(&opts);
     let (samples, wall) = loadgen::run(&opts).await;
     let mut report = loadgen::summarize(&samples, wall, &opts.slo);
+    report.run = Some(info);
     let taken = samples.iter().any(|s| s.purpose_taken);
     // (Said only where a response came back: a failed run has not reached the gateway.)
     let answered = samples.iter().any(|s| s.failure.is_none());

@@ -64,6 +64,16 @@ impl Endpoint {
         })
     }
 
+    /// Its `--endpoint` name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Chat => "chat",
+            Self::Completions => "completions",
+            Self::Responses => "responses",
+            Self::Messages => "messages",
+        }
+    }
+
     /// The path under the API root's `/v1`.
     fn path(self) -> &'static str {
         match self {
@@ -638,10 +648,94 @@ impl Dist {
     }
 }
 
+/// What was run, as the report keeps it: enough to repeat the run and to read its numbers
+/// without the command line at hand (no credentials: headers are left out).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunInfo {
+    /// When the run started, RFC 3339 UTC.
+    pub date: String,
+    /// The `inferscope` version that ran it.
+    pub inferscope_version: String,
+    /// Where the requests went (the endpoint's full URL).
+    pub url: String,
+    /// The API: `chat`, `completions`, `responses` or `messages`.
+    pub endpoint: String,
+    /// The model asked for.
+    pub model: String,
+    /// The dataset file (`None`: synthetic prompts).
+    pub dataset: Option<String>,
+    /// SHA-256 of the dataset file, hex.
+    pub dataset_sha256: Option<String>,
+    /// Seed of the arrivals and of synthetic prompts.
+    pub seed: u64,
+    /// `poisson`, `constant` or `concurrency`.
+    pub arrivals: String,
+    /// Offered requests per second (open loop).
+    pub rate: Option<f64>,
+    /// Requests in flight (closed loop).
+    pub concurrency: Option<usize>,
+    /// `--requests`.
+    pub max_requests: usize,
+    /// `--duration`, seconds.
+    pub max_duration_s: Option<f64>,
+    /// `max_tokens` of each request.
+    pub max_tokens: u32,
+    /// Streamed requests.
+    pub stream: bool,
+    /// Requests sent first and left out.
+    pub warmup: usize,
+    /// What the user said of the run (`--label quant=int8`).
+    pub labels: std::collections::BTreeMap<String, String>,
+}
+
+impl RunInfo {
+    /// The run `o` describes, starting now; `dataset`: its path and contents.
+    pub fn of(o: &BenchOptions, dataset: Option<(&str, &[u8])>, version: &str) -> Self {
+        let (arrivals, rate, concurrency) = match o.arrivals {
+            Arrivals::Poisson(r) => ("poisson", Some(r), None),
+            Arrivals::Constant(r) => ("constant", Some(r), None),
+            Arrivals::Concurrency(c) => ("concurrency", None, Some(c)),
+        };
+        RunInfo {
+            date: crate::util::time::rfc3339(std::time::SystemTime::now()),
+            inferscope_version: version.to_owned(),
+            url: endpoint_url(&o.url, o.endpoint),
+            endpoint: o.endpoint.name().to_owned(),
+            model: o.model.clone(),
+            dataset: dataset.map(|(path, _)| path.to_owned()),
+            dataset_sha256: dataset.map(|(_, bytes)| sha256_hex(bytes)),
+            seed: o.seed,
+            arrivals: arrivals.to_owned(),
+            rate,
+            concurrency,
+            max_requests: o.requests,
+            max_duration_s: o.duration.map(|d| d.as_secs_f64()),
+            max_tokens: o.max_tokens,
+            stream: o.stream,
+            warmup: o.warmup,
+            labels: std::collections::BTreeMap::new(),
+        }
+    }
+}
+
+/// SHA-256 of `bytes`, lowercase hex.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    ring::digest::digest(&ring::digest::SHA256, bytes)
+        .as_ref()
+        .iter()
+        .fold(String::new(), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}
+
 /// A benchmark run's report (vLLM `bench serve`'s names, the gateway's definitions): what
 /// `inferscope bench` prints and writes with `--out`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BenchReport {
+    /// What was run (set by the command line).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<RunInfo>,
     /// Wall time of the run, seconds.
     pub duration_s: f64,
     /// Requests finished (after warm-up; those cut when `--duration` ended are `cut_at_end`).
@@ -731,6 +825,7 @@ pub fn summarize(samples: &[Sample], wall: Duration, slo: &[(String, Duration)])
     let mut itl: Vec<f64> = ok.iter().flat_map(|s| s.itl.iter().copied()).collect();
     let good = samples.iter().filter(|s| s.meets(slo)).count();
     BenchReport {
+        run: None,
         duration_s: secs,
         requests: samples.len(),
         successful: ok.len(),
