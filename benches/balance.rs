@@ -60,6 +60,7 @@ async fn run(balancer: &str, rate: f64, secs: u64) {
         duration: Some(Duration::from_secs(secs)),
         stream: true,
         max_tokens: 64,
+        ignore_eos: false,
         slo: vec![],
         headers: vec![],
         seed: 7,

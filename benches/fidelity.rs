@@ -53,6 +53,7 @@ async fn level(streams: usize) {
         duration: None,
         stream: true,
         max_tokens: 32,
+        ignore_eos: false,
         slo: vec![],
         headers: vec![],
         seed: 1,

@@ -19,6 +19,7 @@ fn options(url: String, arrivals: Arrivals, requests: usize) -> BenchOptions {
         duration: None,
         stream: true,
         max_tokens: 8,
+        ignore_eos: false,
         slo: loadgen::parse_slo("ttft=10s,tpot=10s").unwrap(),
         headers: vec![],
         seed: 3,
@@ -502,4 +503,108 @@ async fn the_report_says_what_was_run() {
         "{}",
         info.date
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ignore_eos_is_sent_and_the_report_weighs_measured_against_asked_tokens() {
+    // A backend that notes each request's body and answers a 2-token stream, whatever was asked.
+    let (backend, bodies) = body_noting_backend().await;
+    let dir = temp_dir();
+    let file = dir.join("run.json");
+    let (url, f) = (format!("http://{backend}"), file.clone());
+    let run = tokio::task::spawn_blocking(move || {
+        bench_cli(
+            &[
+                "--url",
+                &url,
+                "--requests",
+                "2",
+                "--max-tokens",
+                "9",
+                "--ignore-eos",
+                "--out",
+                f.to_str().unwrap(),
+            ],
+            &[],
+        )
+    })
+    .await
+    .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let bodies = bodies.lock().unwrap().clone();
+    assert_eq!(bodies.len(), 2);
+    for b in &bodies {
+        let v: serde_json::Value = serde_json::from_slice(b).unwrap();
+        assert_eq!(
+            (v["ignore_eos"].as_bool(), v["min_tokens"].as_u64()),
+            (Some(true), Some(9)),
+            "{v}"
+        );
+    }
+    let r = report_at(&file);
+    assert_eq!(
+        (r.total_output_tokens, r.requested_output_tokens),
+        (4, 18),
+        "{r:?}"
+    );
+    assert!(r.run.unwrap().ignore_eos);
+    assert!(
+        String::from_utf8_lossy(&run.stdout).contains("output tokens: 4 of 18 asked for"),
+        "{}",
+        String::from_utf8_lossy(&run.stdout)
+    );
+}
+
+/// A chat backend that keeps every request body and streams two tokens and `[DONE]`.
+async fn body_noting_backend() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::Mutex<Vec<Vec<u8>>>>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let bodies = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = std::sync::Arc::clone(&bodies);
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let seen = std::sync::Arc::clone(&seen);
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                // The head, then the body its content-length names.
+                let body = loop {
+                    let Ok(n) = s.read(&mut chunk).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .map_or(0, |v| v.trim().parse().unwrap());
+                    if buf.len() >= end + 4 + len {
+                        break buf[end + 4..end + 4 + len].to_vec();
+                    }
+                };
+                seen.lock().unwrap().push(body);
+                let events = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"b\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2}}\n\ndata: [DONE]\n\n";
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{events}",
+                    events.len()
+                );
+                let _ = s.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    (addr, bodies)
 }

@@ -151,8 +151,10 @@ fn cli_output_shapes() {
         e2e: 12.0,
         input_tokens: 3,
         output_tokens: 2,
+        max_tokens: 2,
         purpose_taken: false,
         failure: None,
+        via_gateway: false,
     }];
     let report =
         inferscope::lab::loadgen::summarize(&samples, std::time::Duration::from_secs(1), &[]);

@@ -581,6 +581,7 @@ async fn the_load_generator_speaks_tls_and_sends_a_key() {
         duration: None,
         stream: true,
         max_tokens: 4,
+        ignore_eos: false,
         slo: Vec::new(),
         headers,
         seed: 1,

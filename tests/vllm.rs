@@ -374,3 +374,76 @@ async fn get_text(url: &str) -> String {
         .await;
     String::from_utf8(r.body()).unwrap()
 }
+
+/// `inferscope bench` against vLLM directly, its base URL as an OpenAI SDK takes it: with
+/// `--ignore-eos` every request gets the tokens it asked for on both OpenAI endpoints, and a
+/// model vLLM does not serve fails the run with vLLM's own words.
+#[test]
+fn bench_against_vllm_gets_the_tokens_it_asks_for_and_says_why_it_failed() {
+    let v1 = format!("{}/v1", vllm_url().trim_end_matches('/'));
+    let dir = temp_dir();
+    for endpoint in ["chat", "completions"] {
+        let file = dir.join(format!("{endpoint}.json"));
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_inferscope"))
+            .args([
+                "bench",
+                "--url",
+                &v1,
+                "--model",
+                "tiny-llama",
+                "--endpoint",
+                endpoint,
+            ])
+            .args([
+                "--concurrency",
+                "2",
+                "--requests",
+                "6",
+                "--max-tokens",
+                "24",
+            ])
+            .arg("--ignore-eos")
+            .arg("--out")
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{endpoint}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let r: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+        assert_eq!(r["successful"], 6, "{endpoint}: {r}");
+        assert_eq!(r["total_output_tokens"], 6 * 24, "{endpoint}: {r}");
+        assert_eq!(r["requested_output_tokens"], 6 * 24, "{endpoint}: {r}");
+        assert_eq!(
+            r["run"]["url"],
+            format!(
+                "{v1}/{}",
+                if endpoint == "chat" {
+                    "chat/completions"
+                } else {
+                    "completions"
+                }
+            )
+        );
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_inferscope"))
+        .args([
+            "bench",
+            "--url",
+            &v1,
+            "--model",
+            "no-such-model",
+            "--requests",
+            "2",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("failed: 2 × status 404") && stdout.contains("no-such-model"),
+        "{stdout}"
+    );
+}

@@ -54,6 +54,11 @@ pub(crate) struct Args {
     /// max_tokens of each request.
     #[arg(long, default_value_t = 128)]
     max_tokens: u32,
+    /// Ask for exactly --max-tokens: vLLM's and SGLang's `ignore_eos` (with `min_tokens`), as
+    /// `vllm bench serve --ignore-eos` sends, so output lengths are the workload's and TPOT and
+    /// tokens/s compare across engines (chat and completions endpoints).
+    #[arg(long)]
+    ignore_eos: bool,
     /// SLOs for goodput, e.g. ttft=200ms,tpot=30ms.
     #[arg(long)]
     slo: Option<String>,
@@ -133,6 +138,7 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         duration,
         no_stream,
         max_tokens,
+        ignore_eos,
         slo,
         headers,
         purpose,
@@ -239,6 +245,7 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
             .context("--duration")?,
         stream: !no_stream,
         max_tokens,
+        ignore_eos,
         slo: slo
             .map(|s| loadgen::parse_slo(&s))
             .transpose()
@@ -291,9 +298,9 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
     let mut report = loadgen::summarize(&samples, wall, &opts.slo);
     report.run = Some(info);
     let taken = samples.iter().any(|s| s.purpose_taken);
-    // (Said only where a response came back: a failed run has not reached the gateway.)
-    let answered = samples.iter().any(|s| s.failure.is_none());
-    if purpose != "live" && !taken && answered {
+    // (Said only where a gateway answered: not of a backend benchmarked directly.)
+    let gateway_answered = samples.iter().any(|s| s.via_gateway);
+    if purpose != "live" && !taken && gateway_answered {
         eprintln!("note: the gateway did not take x-inferscope-purpose: {purpose} (the route has no `purpose_header: true`), so these requests count as live traffic in its statistics and experiments");
     }
     let gateway = match &compare_gateway {

@@ -67,10 +67,13 @@ async fn demo_load(url: String, rate: f64) {
             endpoint: Default::default(),
             prompts: loadgen::synthetic_prompts(200, 40, round),
             arrivals: Arrivals::Poisson(rate),
-            requests: (rate * 120.0) as usize + 100,
-            duration: Some(std::time::Duration::from_secs(60)),
+            // About a minute's worth, each round drained (not cut: the dashboard shows no
+            // cancelled requests of its own making).
+            requests: (rate * 60.0).ceil() as usize,
+            duration: None,
             stream: true,
             max_tokens: 64,
+            ignore_eos: false,
             slo: Vec::new(),
             headers: Vec::new(),
             seed: round,

@@ -94,7 +94,14 @@ impl Endpoint {
     }
 
     /// One request's body.
-    fn body(self, model: &str, prompt: &str, max_tokens: u32, stream: bool) -> serde_json::Value {
+    fn body(
+        self,
+        model: &str,
+        prompt: &str,
+        max_tokens: u32,
+        stream: bool,
+        ignore_eos: bool,
+    ) -> serde_json::Value {
         let messages = json!([{"role": "user", "content": prompt}]);
         let mut body = match self {
             Self::Chat => json!({"model": model, "max_tokens": max_tokens, "messages": messages}),
@@ -113,6 +120,10 @@ impl Endpoint {
             // Usage in the stream: OpenAI's APIs send it only when asked.
             if stream && matches!(self, Self::Chat | Self::Completions) {
                 m.insert("stream_options".into(), json!({"include_usage": true}));
+            }
+            if ignore_eos && matches!(self, Self::Chat | Self::Completions) {
+                m.insert("ignore_eos".into(), true.into());
+                m.insert("min_tokens".into(), max_tokens.into());
             }
         }
         body
@@ -153,6 +164,9 @@ pub struct BenchOptions {
     pub stream: bool,
     /// `max_tokens` of each request.
     pub max_tokens: u32,
+    /// Ask for exactly `max_tokens`: vLLM's (and SGLang's) `ignore_eos`, with `min_tokens`, on
+    /// the OpenAI endpoints, so output lengths are the workload's and not the model's choice.
+    pub ignore_eos: bool,
     /// SLOs for goodput: (metric, limit) with metric `ttft`, `tpot`, `itl`, `e2e`.
     pub slo: Vec<(String, Duration)>,
     /// Extra request headers.
@@ -194,11 +208,15 @@ pub struct Sample {
     pub input_tokens: u64,
     /// Output tokens (usage, else counted events).
     pub output_tokens: u64,
+    /// The `max_tokens` it asked for.
+    pub max_tokens: u64,
     /// The gateway said back the purpose the request declared (`x-inferscope-purpose`): it
     /// counted the request apart from live traffic.
     pub purpose_taken: bool,
     /// Why it did not succeed (`None`: it did).
     pub failure: Option<Failure>,
+    /// The answer came through an inferscope gateway (it carried `x-inferscope-request-id`).
+    pub via_gateway: bool,
 }
 
 /// Why a request did not succeed, with what the client saw.
@@ -330,7 +348,9 @@ async fn one(
     o: &BenchOptions,
     prompt: &str,
 ) -> Sample {
-    let body = o.endpoint.body(&o.model, prompt, o.max_tokens, o.stream);
+    let body = o
+        .endpoint
+        .body(&o.model, prompt, o.max_tokens, o.stream, o.ignore_eos);
     let mut req = http::Request::post(endpoint_url(&o.url, o.endpoint))
         .header("content-type", "application/json");
     if o.endpoint == Endpoint::Messages {
@@ -339,7 +359,10 @@ async fn one(
     for (k, v) in &o.headers {
         req = req.header(k.as_str(), v.as_str());
     }
-    let mut s = Sample::default();
+    let mut s = Sample {
+        max_tokens: u64::from(o.max_tokens),
+        ..Sample::default()
+    };
     let req = match req.body(Full::new(Bytes::from(body.to_string()))) {
         Ok(r) => r,
         Err(e) => {
@@ -363,6 +386,7 @@ async fn one(
     };
     s.status = resp.status().as_u16();
     s.purpose_taken = resp.headers().contains_key(crate::meter::PURPOSE_HEADER);
+    s.via_gateway = resp.headers().contains_key(crate::meter::REQUEST_ID_HEADER);
     let dialect = o.endpoint.dialect();
     let mut body = resp.into_body();
     if !(200..300).contains(&s.status) {
@@ -680,6 +704,8 @@ pub struct RunInfo {
     pub max_duration_s: Option<f64>,
     /// `max_tokens` of each request.
     pub max_tokens: u32,
+    /// `ignore_eos` (and `min_tokens`) sent.
+    pub ignore_eos: bool,
     /// Streamed requests.
     pub stream: bool,
     /// Requests sent first and left out.
@@ -711,6 +737,7 @@ impl RunInfo {
             max_requests: o.requests,
             max_duration_s: o.duration.map(|d| d.as_secs_f64()),
             max_tokens: o.max_tokens,
+            ignore_eos: o.ignore_eos,
             stream: o.stream,
             warmup: o.warmup,
             labels: std::collections::BTreeMap::new(),
@@ -750,6 +777,16 @@ pub struct BenchReport {
     /// Requests still in flight when `--duration` ended: cut, and in none of the figures.
     #[serde(default)]
     pub cut_at_end: usize,
+    /// Output tokens of the successful requests, as measured (usage, else events counted).
+    #[serde(default)]
+    pub total_output_tokens: u64,
+    /// Output tokens those requests asked for (`max_tokens` each): with `ignore_eos`, what
+    /// `total_output_tokens` should be.
+    #[serde(default)]
+    pub requested_output_tokens: u64,
+    /// Prompt tokens of the successful requests (usage).
+    #[serde(default)]
+    pub total_input_tokens: u64,
     /// Successful requests per second.
     pub request_throughput: f64,
     /// Output tokens per second.
@@ -832,6 +869,9 @@ pub fn summarize(samples: &[Sample], wall: Duration, slo: &[(String, Duration)])
         failed: samples.len() - ok.len(),
         failures: failure_counts(samples),
         cut_at_end,
+        total_output_tokens: out,
+        requested_output_tokens: ok.iter().map(|s| s.max_tokens).sum(),
+        total_input_tokens: inp,
         request_throughput: ok.len() as f64 / secs,
         output_token_throughput: out as f64 / secs,
         total_token_throughput: (out + inp) as f64 / secs,
@@ -878,6 +918,13 @@ pub fn render(r: &BenchReport, gateway: Option<&crate::stats::Periods>) -> Strin
             c.count,
             c.reason,
             one_line(&c.example.detail())
+        );
+    }
+    if r.successful > 0 {
+        let _ = writeln!(
+            out,
+            "output tokens: {} of {} asked for; input tokens: {}",
+            r.total_output_tokens, r.requested_output_tokens, r.total_input_tokens
         );
     }
     let _ = writeln!(
