@@ -61,6 +61,7 @@ async fn run(balancer: &str, rate: f64, secs: u64) {
         stream: true,
         max_tokens: 64,
         ignore_eos: false,
+        timeout: None,
         slo: vec![],
         headers: vec![],
         seed: 7,

@@ -54,6 +54,7 @@ async fn level(streams: usize) {
         stream: true,
         max_tokens: 32,
         ignore_eos: false,
+        timeout: None,
         slo: vec![],
         headers: vec![],
         seed: 1,

@@ -20,6 +20,7 @@ fn options(url: String, arrivals: Arrivals, requests: usize) -> BenchOptions {
         stream: true,
         max_tokens: 8,
         ignore_eos: false,
+        timeout: None,
         slo: loadgen::parse_slo("ttft=10s,tpot=10s").unwrap(),
         headers: vec![],
         seed: 3,
@@ -607,4 +608,48 @@ async fn body_noting_backend() -> (
         }
     });
     (addr, bodies)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_past_its_timeout_fails_as_a_timeout() {
+    // 20 tokens 100 ms apart: two seconds a request, against a 300 ms limit.
+    let sim = start_sim(exact(10.0, 100.0), 1).await;
+    let url = format!("http://{}", sim.addr);
+    let dir = temp_dir();
+    let file = dir.join("run.json");
+    let f = file.clone();
+    let t0 = std::time::Instant::now();
+    let run = tokio::task::spawn_blocking(move || {
+        bench_cli(
+            &[
+                "--url",
+                &url,
+                "--concurrency",
+                "2",
+                "--requests",
+                "2",
+                "--max-tokens",
+                "20",
+                "--timeout",
+                "300ms",
+                "--out",
+                f.to_str().unwrap(),
+            ],
+            &[],
+        )
+    })
+    .await
+    .unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    assert_eq!(run.status.code(), Some(1));
+    let r = report_at(&file);
+    assert_eq!(r.failures.len(), 1, "{r:?}");
+    assert_eq!(
+        (r.failures[0].reason.as_str(), r.failures[0].count),
+        ("timeout", 2)
+    );
+    assert_eq!(
+        r.failures[0].example,
+        loadgen::Failure::Timeout { after_ms: 300 }
+    );
 }

@@ -582,6 +582,7 @@ async fn the_load_generator_speaks_tls_and_sends_a_key() {
         stream: true,
         max_tokens: 4,
         ignore_eos: false,
+        timeout: None,
         slo: Vec::new(),
         headers,
         seed: 1,

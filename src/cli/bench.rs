@@ -54,6 +54,10 @@ pub(crate) struct Args {
     /// max_tokens of each request.
     #[arg(long, default_value_t = 128)]
     max_tokens: u32,
+    /// A request not answered in full within this long (e.g. 30s) fails with reason `timeout`
+    /// (default: no limit).
+    #[arg(long)]
+    timeout: Option<String>,
     /// Ask for exactly --max-tokens: vLLM's and SGLang's `ignore_eos` (with `min_tokens`), as
     /// `vllm bench serve --ignore-eos` sends, so output lengths are the workload's and TPOT and
     /// tokens/s compare across engines (chat and completions endpoints).
@@ -138,6 +142,7 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         duration,
         no_stream,
         max_tokens,
+        timeout,
         ignore_eos,
         slo,
         headers,
@@ -245,6 +250,10 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
             .context("--duration")?,
         stream: !no_stream,
         max_tokens,
+        timeout: timeout
+            .map(|d| config::parse_duration(&d))
+            .transpose()
+            .context("--timeout")?,
         ignore_eos,
         slo: slo
             .map(|s| loadgen::parse_slo(&s))

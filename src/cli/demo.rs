@@ -74,6 +74,7 @@ async fn demo_load(url: String, rate: f64) {
             stream: true,
             max_tokens: 64,
             ignore_eos: false,
+            timeout: None,
             slo: Vec::new(),
             headers: Vec::new(),
             seed: round,

@@ -164,6 +164,8 @@ pub struct BenchOptions {
     pub stream: bool,
     /// `max_tokens` of each request.
     pub max_tokens: u32,
+    /// A request not answered in full within this long is a failure (`Failure::Timeout`).
+    pub timeout: Option<Duration>,
     /// Ask for exactly `max_tokens`: vLLM's (and SGLang's) `ignore_eos`, with `min_tokens`, on
     /// the OpenAI endpoints, so output lengths are the workload's and not the model's choice.
     pub ignore_eos: bool,
@@ -240,6 +242,11 @@ pub enum Failure {
         /// The error and its causes.
         error: String,
     },
+    /// Not answered in full within `--timeout`.
+    Timeout {
+        /// The limit, milliseconds.
+        after_ms: u64,
+    },
     /// The stream ended without its last event (`[DONE]`, `message_stop`, `response.completed`).
     Incomplete,
     /// A whole (non-streamed) body that is not the API's answer.
@@ -262,6 +269,7 @@ impl Failure {
             Failure::Connect { .. } => "connect".into(),
             Failure::Status { status, .. } => format!("status {status}"),
             Failure::Cut { .. } => "stream cut".into(),
+            Failure::Timeout { .. } => "timeout".into(),
             Failure::Incomplete => "incomplete".into(),
             Failure::Malformed { .. } => "malformed body".into(),
             Failure::Unfinished => "unfinished".into(),
@@ -273,6 +281,7 @@ impl Failure {
         match self {
             Failure::Connect { error } | Failure::Cut { error } => error.clone(),
             Failure::Status { body, .. } | Failure::Malformed { body } => body.clone(),
+            Failure::Timeout { after_ms } => format!("not answered in full within {after_ms} ms"),
             Failure::Incomplete => "the stream ended without its last event".into(),
             Failure::Unfinished => "in flight when --duration ended".into(),
         }
@@ -344,6 +353,28 @@ pub fn parse_slo(s: &str) -> Result<Vec<(String, Duration)>, SloError> {
 }
 
 async fn one(
+    client: &Client<crate::tls::Connector, Full<Bytes>>,
+    o: &BenchOptions,
+    prompt: &str,
+) -> Sample {
+    let Some(limit) = o.timeout else {
+        return attempt(client, o, prompt).await;
+    };
+    match tokio::time::timeout(limit, attempt(client, o, prompt)).await {
+        Ok(s) => s,
+        Err(_) => Sample {
+            e2e: limit.as_secs_f64() * 1000.0,
+            max_tokens: u64::from(o.max_tokens),
+            failure: Some(Failure::Timeout {
+                after_ms: u64::try_from(limit.as_millis()).unwrap_or(u64::MAX),
+            }),
+            ..Sample::default()
+        },
+    }
+}
+
+/// One request, sent and read to its end.
+async fn attempt(
     client: &Client<crate::tls::Connector, Full<Bytes>>,
     o: &BenchOptions,
     prompt: &str,
@@ -706,6 +737,8 @@ pub struct RunInfo {
     pub max_tokens: u32,
     /// `ignore_eos` (and `min_tokens`) sent.
     pub ignore_eos: bool,
+    /// `--timeout`, seconds.
+    pub timeout_s: Option<f64>,
     /// Streamed requests.
     pub stream: bool,
     /// Requests sent first and left out.
@@ -738,6 +771,7 @@ impl RunInfo {
             max_duration_s: o.duration.map(|d| d.as_secs_f64()),
             max_tokens: o.max_tokens,
             ignore_eos: o.ignore_eos,
+            timeout_s: o.timeout.map(|d| d.as_secs_f64()),
             stream: o.stream,
             warmup: o.warmup,
             labels: std::collections::BTreeMap::new(),
