@@ -653,3 +653,66 @@ async fn a_request_past_its_timeout_fails_as_a_timeout() {
         loadgen::Failure::Timeout { after_ms: 300 }
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_engine_is_read_as_it_describes_itself() {
+    use axum::routing::get;
+    // An engine answering as vLLM does, and TGI's /info besides.
+    let app = axum::Router::new()
+        .route("/version", get(|| async { r#"{"version": "0.99.1"}"# }))
+        .route(
+            "/v1/models",
+            get(|| async {
+                r#"{"object": "list", "data": [{"id": "tiny-llama", "object": "model", "max_model_len": 2048}]}"#
+            }),
+        )
+        .route(
+            "/metrics",
+            get(|| async {
+                "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",engine=\"0\",gpu_memory_utilization=\"0.9\",num_gpu_blocks=\"2048\"} 1.0\nvllm:num_requests_running{engine=\"0\",model_name=\"tiny-llama\"} 0.0\n"
+            }),
+        )
+        .route("/info", get(|| async { r#"{"model_id": "tiny-llama", "max_batch_total_tokens": 16000}"# }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let info = loadgen::engine_info(&options(
+        format!("http://{addr}/v1"),
+        Arrivals::Concurrency(1),
+        1,
+    ))
+    .await;
+    assert_eq!(info.vllm_version.as_deref(), Some("0.99.1"));
+    assert_eq!(info.models.len(), 1);
+    assert_eq!(
+        (info.models[0].id.as_str(), info.models[0].max_model_len),
+        ("tiny-llama", Some(2048))
+    );
+    let cache: Vec<(&str, &str)> = info
+        .cache_config
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    assert_eq!(
+        cache,
+        [
+            ("block_size", "16"),
+            ("cache_dtype", "auto"),
+            ("gpu_memory_utilization", "0.9"),
+            ("num_gpu_blocks", "2048")
+        ]
+    );
+    assert_eq!(
+        info.server_info["/info"]["max_batch_total_tokens"], 16000,
+        "{info:?}"
+    );
+    assert!(!info.server_info.contains_key("/props"));
+    // Nothing there: nothing claimed.
+    let none = loadgen::engine_info(&options(
+        format!("http://{DEAD}"),
+        Arrivals::Concurrency(1),
+        1,
+    ))
+    .await;
+    assert!(none.is_empty(), "{none:?}");
+}

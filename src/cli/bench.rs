@@ -74,6 +74,12 @@ pub(crate) struct Args {
     /// `live` (standing in for users' traffic).
     #[arg(long, default_value = "bench", value_parser = ["bench", "live"])]
     purpose: String,
+    /// Before the run, read what the engine says of itself into the report (`engine`): vLLM's
+    /// /version, /v1/models and the cache config on /metrics, TGI's /info, SGLang's
+    /// /get_server_info, llama.cpp's /props. For a --url at the engine itself: through a gateway
+    /// these requests would be the gateway's traffic too.
+    #[arg(long)]
+    engine_info: bool,
     /// Write the report as JSON here.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -147,6 +153,7 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         slo,
         headers,
         purpose,
+        engine_info,
         out,
         labels,
         max_error_rate,
@@ -279,6 +286,18 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         info.labels = labels.clone();
         info
     };
+    let engine = match engine_info {
+        true => {
+            let engine = loadgen::engine_info(&opts).await;
+            if engine.is_empty() {
+                eprintln!("engine: nothing answered /version, /v1/models, /metrics, /info, /get_server_info or /props");
+            } else {
+                eprintln!("engine: {}", engine.summary());
+            }
+            (!engine.is_empty()).then_some(engine)
+        }
+        false => None,
+    };
     if !sweep.is_empty() {
         let mut rows = Vec::new();
         for r in &sweep {
@@ -293,6 +312,7 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
             let mut report = loadgen::summarize(&samples, wall, &o.slo);
             report.rate = Some(*r);
             report.run = Some(info);
+            report.engine = engine.clone();
             rows.push(report);
         }
         print!("{}", loadgen::render_sweep(&rows));
@@ -306,6 +326,7 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
     let (samples, wall) = loadgen::run(&opts).await;
     let mut report = loadgen::summarize(&samples, wall, &opts.slo);
     report.run = Some(info);
+    report.engine = engine;
     let taken = samples.iter().any(|s| s.purpose_taken);
     // (Said only where a gateway answered: not of a backend benchmarked directly.)
     let gateway_answered = samples.iter().any(|s| s.via_gateway);

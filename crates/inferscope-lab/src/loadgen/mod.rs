@@ -516,6 +516,147 @@ async fn attempt(
     s
 }
 
+/// The serving engine as it describes itself, read before a run: what the field's reports attach
+/// to TTFT, TPOT and tokens/s. Each part is what answered; a gateway or a hosted API answers few.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct EngineInfo {
+    /// vLLM's `/version`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vllm_version: Option<String>,
+    /// `/v1/models`: the models served, with `max_model_len` where the engine says it (vLLM).
+    #[serde(default)]
+    pub models: Vec<ServedModel>,
+    /// The labels of vLLM's `vllm:cache_config_info` series on `/metrics`: block size, cache
+    /// dtype, GPU memory utilisation, GPU and CPU blocks, prefix caching…
+    #[serde(default)]
+    pub cache_config: std::collections::BTreeMap<String, String>,
+    /// The engine's own description where it has one, by path, as it wrote it: TGI's `/info`,
+    /// SGLang's `/get_server_info`, llama.cpp's `/props`.
+    #[serde(default)]
+    pub server_info: std::collections::BTreeMap<String, serde_json::Value>,
+}
+
+/// One model of `/v1/models`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ServedModel {
+    /// Its id (what `--model` names).
+    pub id: String,
+    /// The longest prompt plus output it takes, tokens.
+    #[serde(default)]
+    pub max_model_len: Option<u64>,
+}
+
+impl EngineInfo {
+    /// Nothing answered.
+    pub fn is_empty(&self) -> bool {
+        self.vllm_version.is_none()
+            && self.models.is_empty()
+            && self.cache_config.is_empty()
+            && self.server_info.is_empty()
+    }
+
+    /// One line for the terminal: the version, the models, the main cache settings.
+    pub fn summary(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(v) = &self.vllm_version {
+            parts.push(format!("vLLM {v}"));
+        }
+        for m in &self.models {
+            parts.push(match m.max_model_len {
+                Some(n) => format!("{} (max_model_len {n})", m.id),
+                None => m.id.clone(),
+            });
+        }
+        // The cache settings a reader weighs first (all of them are in the report).
+        parts.extend(
+            [
+                "block_size",
+                "cache_dtype",
+                "gpu_memory_utilization",
+                "num_gpu_blocks",
+                "enable_prefix_caching",
+            ]
+            .iter()
+            .filter_map(|k| Some(format!("{k}={}", self.cache_config.get(*k)?))),
+        );
+        parts.extend(self.server_info.keys().map(|p| format!("{p} read")));
+        parts.join(", ")
+    }
+}
+
+/// Reads what the engine behind `o.url` says of itself (each request bounded to 2 s; what does
+/// not answer is left out). `o.headers` go with each (an API key).
+pub async fn engine_info(o: &BenchOptions) -> EngineInfo {
+    let base = o.url.trim_end_matches('/');
+    let root = base.strip_suffix("/v1").unwrap_or(base);
+    let client: Client<crate::tls::Connector, Full<Bytes>> =
+        Client::builder(TokioExecutor::new()).build(o.connector.clone());
+    let get = |path: &str| {
+        let url = format!("{root}{path}");
+        let client = client.clone();
+        let headers = o.headers.clone();
+        async move {
+            let mut req = http::Request::get(url);
+            for (k, v) in &headers {
+                req = req.header(k.as_str(), v.as_str());
+            }
+            let req = req.body(Full::new(Bytes::new())).ok()?;
+            let read = async {
+                let resp = client.request(req).await.ok()?;
+                if !resp.status().is_success() {
+                    return None;
+                }
+                let body = http_body_util::Limited::new(resp.into_body(), 4 << 20);
+                body.collect().await.ok().map(|b| b.to_bytes())
+            };
+            tokio::time::timeout(Duration::from_secs(2), read)
+                .await
+                .ok()
+                .flatten()
+        }
+    };
+    let mut info = EngineInfo::default();
+    #[derive(Deserialize)]
+    struct Version {
+        version: String,
+    }
+    #[derive(Deserialize)]
+    struct Models {
+        data: Vec<ServedModel>,
+    }
+    if let Some(b) = get("/version").await {
+        info.vllm_version = serde_json::from_slice::<Version>(&b)
+            .ok()
+            .map(|v| v.version);
+    }
+    if let Some(b) = get("/v1/models").await {
+        info.models = serde_json::from_slice::<Models>(&b)
+            .map(|m| m.data)
+            .unwrap_or_default();
+    }
+    if let Some(b) = get("/metrics").await {
+        let text = String::from_utf8_lossy(&b);
+        let series =
+            crate::util::promtext::samples(&text).find(|s| s.name == "vllm:cache_config_info");
+        info.cache_config = series.map_or_else(Default::default, |s| {
+            crate::util::promtext::pairs(s.labels)
+                .filter(|(k, _)| *k != "engine")
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect()
+        });
+    }
+    for path in ["/info", "/get_server_info", "/props"] {
+        if let Some(v) = get(path)
+            .await
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .filter(serde_json::Value::is_object)
+        {
+            info.server_info.insert(path.to_owned(), v);
+        }
+    }
+    info
+}
+
 /// Runs the benchmark; returns every sample and the wall time of the run.
 pub async fn run(o: &BenchOptions) -> (Vec<Sample>, Duration) {
     let http = o.connector.clone();
@@ -797,6 +938,9 @@ pub struct BenchReport {
     /// What was run (set by the command line).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run: Option<RunInfo>,
+    /// The engine as it described itself before the run (set by the command line).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<EngineInfo>,
     /// Wall time of the run, seconds.
     pub duration_s: f64,
     /// Requests finished (after warm-up; those cut when `--duration` ended are `cut_at_end`).
@@ -897,6 +1041,7 @@ pub fn summarize(samples: &[Sample], wall: Duration, slo: &[(String, Duration)])
     let good = samples.iter().filter(|s| s.meets(slo)).count();
     BenchReport {
         run: None,
+        engine: None,
         duration_s: secs,
         requests: samples.len(),
         successful: ok.len(),

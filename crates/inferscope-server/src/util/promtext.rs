@@ -64,19 +64,24 @@ fn closing_brace(s: &str) -> Option<usize> {
 /// The value of label `key` in a raw label set, unescaped only when it has no escapes (`None`
 /// for an escaped value or a missing key).
 pub fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
+    pairs(labels)
+        .find(|(k, _)| *k == key)
+        .and_then(|(_, value)| (!value.contains('\\')).then_some(value))
+}
+
+/// Every `key="value"` of a raw label set, in order, values as written (escapes kept); stops at
+/// the first malformed pair.
+pub fn pairs(labels: &str) -> impl Iterator<Item = (&str, &str)> {
     let mut rest = labels;
-    loop {
+    std::iter::from_fn(move || {
         rest = rest.trim_start_matches([',', ' ']);
         let eq = rest.find('=')?;
         let k = rest[..eq].trim();
         let v = rest[eq + 1..].trim_start().strip_prefix('"')?;
         let end = closing_quote(v)?;
-        if k == key {
-            let value = &v[..end];
-            return (!value.contains('\\')).then_some(value);
-        }
         rest = &v[end + 1..];
-    }
+        Some((k, &v[..end]))
+    })
 }
 
 fn closing_quote(s: &str) -> Option<usize> {
@@ -95,6 +100,25 @@ fn closing_quote(s: &str) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_every_label_pair_as_written() {
+        let set = r#"block_size="16", cache_dtype="auto",note="a \"quoted\" word",x="1""#;
+        let all: Vec<(&str, &str)> = pairs(set).collect();
+        assert_eq!(
+            all,
+            [
+                ("block_size", "16"),
+                ("cache_dtype", "auto"),
+                ("note", r#"a \"quoted\" word"#),
+                ("x", "1")
+            ]
+        );
+        assert_eq!(label(set, "x"), Some("1"));
+        assert_eq!(label(set, "note"), None, "escaped: not unescaped here");
+        // A value without quotes ends the reading.
+        assert_eq!(pairs("a=1,b=\"2\"").count(), 0);
+    }
 
     #[test]
     fn reads_samples_and_skips_the_rest() {
