@@ -716,3 +716,89 @@ async fn the_engine_is_read_as_it_describes_itself() {
     .await;
     assert!(none.is_empty(), "{none:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn format_vllm_writes_what_vllm_bench_serve_saves() {
+    let sim = start_sim(exact(5.0, 2.0), 1).await;
+    let url = format!("http://{}", sim.addr);
+    let dir = temp_dir();
+    let (ours, theirs) = (dir.join("ours.json"), dir.join("vllm.json"));
+    let (o, t) = (ours.clone(), theirs.clone());
+    tokio::task::spawn_blocking(move || {
+        for (file, format) in [(&o, "inferscope"), (&t, "vllm")] {
+            let args = [
+                "--url",
+                url.as_str(),
+                "--rate",
+                "50",
+                "--requests",
+                "10",
+                "--max-tokens",
+                "6",
+                "--seed",
+                "5",
+                "--format",
+                format,
+                "--percentiles",
+                "50,90,99",
+                "--out",
+                file.to_str().unwrap(),
+            ];
+            let run = bench_cli(&args, &[]);
+            assert!(
+                run.status.success(),
+                "{}",
+                String::from_utf8_lossy(&run.stderr)
+            );
+        }
+    })
+    .await
+    .unwrap();
+    let r = report_at(&ours);
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&theirs).unwrap()).unwrap();
+    assert_eq!(
+        (v["completed"].as_u64(), v["failed"].as_u64()),
+        (Some(10), Some(0)),
+        "{v}"
+    );
+    assert_eq!(
+        (v["backend"].as_str(), v["request_rate"].as_f64()),
+        (Some("openai-chat"), Some(50.0))
+    );
+    assert_eq!(v["total_output_tokens"], 60);
+    for key in [
+        "input_lens",
+        "output_lens",
+        "ttfts",
+        "itls",
+        "latencies",
+        "errors",
+    ] {
+        assert_eq!(v[key].as_array().map(Vec::len), Some(10), "{key}: {v}");
+    }
+    assert!(v["output_lens"].as_array().unwrap().iter().all(|n| n == 6));
+    assert!(v["errors"].as_array().unwrap().iter().all(|e| e == ""));
+    for metric in ["ttft", "tpot", "itl", "e2el"] {
+        for stat in ["mean", "median", "std", "p50", "p90", "p99"] {
+            let key = format!("{stat}_{metric}_ms");
+            assert!(v[&key].as_f64().is_some_and(|x| x >= 0.0), "{key}: {v}");
+        }
+    }
+    // Each per-request array holds seconds, the statistics milliseconds: the median TTFT from
+    // the array is the file's median (ten values: the mean of the middle two).
+    let mut ttfts: Vec<f64> = v["ttfts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() * 1000.0)
+        .collect();
+    ttfts.sort_by(f64::total_cmp);
+    let median = (ttfts[4] + ttfts[5]) / 2.0;
+    assert!(
+        (v["median_ttft_ms"].as_f64().unwrap() - median).abs() < 1e-6,
+        "{v}"
+    );
+    // The two files are two runs of the same workload: figures of the same size.
+    let ours_ttft = r.ttft_ms.unwrap().median;
+    assert!((ours_ttft - median).abs() < 5.0, "{ours_ttft} vs {median}");
+}

@@ -83,6 +83,14 @@ pub(crate) struct Args {
     /// Write the report as JSON here.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// The --out file's layout: `inferscope` (the report above) or `vllm` (the key names and
+    /// per-request arrays of `vllm bench serve --save-result`, so what reads those reads it).
+    #[arg(long, default_value = "inferscope", value_parser = ["inferscope", "vllm"])]
+    format: String,
+    /// With --format vllm: the percentiles written (`p99_ttft_ms` …), as vLLM's
+    /// --metric-percentiles.
+    #[arg(long, value_delimiter = ',', default_value = "99")]
+    percentiles: Vec<f64>,
     /// What to say of the run in the report, KEY=VALUE (repeatable): `--label quant=int8
     /// --label gpu=h100`.
     #[arg(long = "label")]
@@ -155,6 +163,8 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         purpose,
         engine_info,
         out,
+        format,
+        percentiles,
         labels,
         max_error_rate,
         compare_gateway,
@@ -298,6 +308,14 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         }
         false => None,
     };
+    anyhow::ensure!(
+        format != "vllm" || sweep.is_empty(),
+        "--format vllm writes one run: not with --sweep"
+    );
+    anyhow::ensure!(
+        percentiles.iter().all(|p| (0.0..=100.0).contains(p)),
+        "--percentiles: each between 0 and 100"
+    );
     if !sweep.is_empty() {
         let mut rows = Vec::new();
         for r in &sweep {
@@ -354,8 +372,15 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
     }
     if let Some(path) = out {
         report.gateway = gateway;
-        std::fs::write(&path, serde_json::to_string_pretty(&report)?)
-            .with_context(|| format!("writing {}", path.display()))?;
+        let text = match format.as_str() {
+            "vllm" => serde_json::to_string_pretty(&loadgen::vllm_result(
+                &samples,
+                &report,
+                &percentiles,
+            ))?,
+            _ => serde_json::to_string_pretty(&report)?,
+        };
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
     }
     judge(std::slice::from_ref(&report), max_error_rate)
 }

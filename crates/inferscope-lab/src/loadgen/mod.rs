@@ -1070,6 +1070,161 @@ pub fn summarize(samples: &[Sample], wall: Duration, slo: &[(String, Duration)])
     }
 }
 
+/// The run as `vllm bench serve --save-result` writes its file, key for key where the figure is
+/// the same (what reads those files reads this): per request `input_lens`, `output_lens`,
+/// `ttfts`, `itls`, `latencies` (seconds) and `errors`; `mean_`, `median_`, `std_` and
+/// `p{N}_` of `ttft`, `tpot`, `itl` and `e2el` in milliseconds over the successful requests,
+/// with vLLM's percentile rule (numpy's linear interpolation, not the gateway's); the counts,
+/// throughputs and run description. TPOT is the gateway's (first to last token over the tokens
+/// between), where vLLM's runs from the first token to the response's end. Not kept, so not
+/// written: `generated_texts`, `start_times`, `queue_times`.
+pub fn vllm_result(
+    samples: &[Sample],
+    report: &BenchReport,
+    percentiles: &[f64],
+) -> serde_json::Map<String, serde_json::Value> {
+    let finished: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.failure != Some(Failure::Unfinished))
+        .collect();
+    let ok: Vec<&Sample> = finished.iter().copied().filter(|s| s.ok()).collect();
+    let secs = |ms: f64| ms / 1000.0;
+    let mut m = serde_json::Map::new();
+    let mut put = |k: &str, v: serde_json::Value| {
+        m.insert(k.to_owned(), v);
+    };
+    if let Some(run) = &report.run {
+        // vLLM's name of the API (`--backend`), where it has one.
+        let backend = match run.endpoint.as_str() {
+            "chat" => "openai-chat",
+            "completions" => "openai",
+            other => other,
+        };
+        put("date", json!(run.date));
+        put("backend", json!(backend));
+        put("endpoint_type", json!(backend));
+        put("model_id", json!(run.model));
+        put("num_prompts", json!(run.max_requests));
+        put("request_rate", run.rate.map_or(json!("inf"), |r| json!(r)));
+        // Poisson arrivals are vLLM's burstiness 1.
+        put(
+            "burstiness",
+            match run.arrivals.as_str() {
+                "poisson" => json!(1.0),
+                _ => serde_json::Value::Null,
+            },
+        );
+        put("max_concurrency", json!(run.concurrency));
+        for (k, v) in &run.labels {
+            put(k, json!(v));
+        }
+    }
+    put("duration", json!(report.duration_s));
+    put("completed", json!(report.successful));
+    put("failed", json!(report.failed));
+    put("total_input_tokens", json!(report.total_input_tokens));
+    put("total_output_tokens", json!(report.total_output_tokens));
+    put("request_throughput", json!(report.request_throughput));
+    put(
+        "request_goodput",
+        report.goodput.map_or(serde_json::Value::Null, |g| json!(g)),
+    );
+    put("output_throughput", json!(report.output_token_throughput));
+    put(
+        "total_token_throughput",
+        json!(report.total_token_throughput),
+    );
+    put(
+        "input_lens",
+        json!(finished.iter().map(|s| s.input_tokens).collect::<Vec<_>>()),
+    );
+    put(
+        "output_lens",
+        json!(finished.iter().map(|s| s.output_tokens).collect::<Vec<_>>()),
+    );
+    put(
+        "ttfts",
+        json!(finished
+            .iter()
+            .map(|s| s.ttft.map_or(0.0, secs))
+            .collect::<Vec<_>>()),
+    );
+    put(
+        "itls",
+        json!(finished
+            .iter()
+            .map(|s| s.itl.iter().copied().map(secs).collect::<Vec<_>>())
+            .collect::<Vec<_>>()),
+    );
+    put(
+        "latencies",
+        json!(finished.iter().map(|s| secs(s.e2e)).collect::<Vec<_>>()),
+    );
+    put(
+        "errors",
+        json!(finished
+            .iter()
+            .map(|s| s.failure.as_ref().map_or(String::new(), |f| format!(
+                "{}: {}",
+                f.reason(),
+                f.detail()
+            )))
+            .collect::<Vec<_>>()),
+    );
+    let metrics: [(&str, Vec<f64>); 4] = [
+        ("ttft", ok.iter().filter_map(|s| s.ttft).collect()),
+        ("tpot", ok.iter().filter_map(|s| s.tpot).collect()),
+        (
+            "itl",
+            ok.iter().flat_map(|s| s.itl.iter().copied()).collect(),
+        ),
+        ("e2el", ok.iter().map(|s| s.e2e).collect()),
+    ];
+    for (name, mut v) in metrics {
+        v.sort_unstable_by(f64::total_cmp);
+        let n = v.len() as f64;
+        let mean = if v.is_empty() {
+            0.0
+        } else {
+            v.iter().sum::<f64>() / n
+        };
+        let std = if v.is_empty() {
+            0.0
+        } else {
+            (v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n).sqrt()
+        };
+        put(&format!("mean_{name}_ms"), json!(mean));
+        put(
+            &format!("median_{name}_ms"),
+            json!(linear_percentile(&v, 50.0)),
+        );
+        put(&format!("std_{name}_ms"), json!(std));
+        for p in percentiles {
+            let word = if p.fract() == 0.0 {
+                format!("{p:.0}")
+            } else {
+                p.to_string()
+            };
+            put(
+                &format!("p{word}_{name}_ms"),
+                json!(linear_percentile(&v, *p)),
+            );
+        }
+    }
+    m
+}
+
+/// numpy's default percentile of sorted `v` (linear interpolation between closest ranks), 0
+/// when empty, as vLLM's bench reports it.
+fn linear_percentile(v: &[f64], p: f64) -> f64 {
+    let Some(last) = v.len().checked_sub(1) else {
+        return 0.0;
+    };
+    let rank = (p / 100.0).clamp(0.0, 1.0) * last as f64;
+    let (lo, hi) = (rank.floor() as usize, rank.ceil() as usize);
+    v[lo] + (v[hi] - v[lo]) * (rank - lo as f64)
+}
+
 /// The report as a table; with `gateway` (the gateway's figures for the same requests), side by
 /// side.
 pub fn render(r: &BenchReport, gateway: Option<&crate::stats::Periods>) -> String {
@@ -1182,4 +1337,24 @@ pub fn render_sweep(rows: &[BenchReport]) -> String {
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::linear_percentile;
+
+    #[test]
+    fn percentiles_for_vllm_files_follow_numpy() {
+        // numpy.percentile([1, 2, 3, 4], [0, 50, 90, 99, 100]) = 1, 2.5, 3.7, 3.97, 4
+        let v = [1.0, 2.0, 3.0, 4.0];
+        let got: Vec<f64> = [0.0, 50.0, 90.0, 99.0, 100.0]
+            .iter()
+            .map(|p| linear_percentile(&v, *p))
+            .collect();
+        for (g, want) in got.iter().zip([1.0, 2.5, 3.7, 3.97, 4.0]) {
+            assert!((g - want).abs() < 1e-9, "{got:?}");
+        }
+        assert_eq!(linear_percentile(&[], 50.0), 0.0);
+        assert_eq!(linear_percentile(&[7.0], 99.0), 7.0);
+    }
 }
