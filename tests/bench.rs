@@ -218,6 +218,24 @@ fn bench_cli(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
     cmd.output().unwrap()
 }
 
+/// `inferscope bench ARGS --out FILE` off the runtime (what it measures may run on it): its
+/// output, and the report it wrote (`None`: none).
+async fn bench_run(args: &[&str]) -> (std::process::Output, Option<loadgen::BenchReport>) {
+    let file = temp_dir().join("run.json");
+    let mut all: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    all.extend(["--out".to_owned(), file.display().to_string()]);
+    let out = tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = all.iter().map(String::as_str).collect();
+        bench_cli(&args, &[])
+    })
+    .await
+    .unwrap();
+    let report = std::fs::read(&file)
+        .ok()
+        .map(|b| serde_json::from_slice(&b).unwrap());
+    (out, report)
+}
+
 /// SHA-256, lowercase hex (ring's, not the code under test's).
 fn sha256_hex(bytes: &[u8]) -> String {
     ring::digest::digest(&ring::digest::SHA256, bytes)
@@ -377,38 +395,27 @@ async fn duration_stops_the_run_and_cuts_what_is_in_flight() {
     // Each request takes ~0.45 s (20 tokens 20 ms apart after 50 ms): at 1 s two are in flight.
     let sim = start_sim(exact(50.0, 20.0), 1).await;
     let url = format!("http://{}", sim.addr);
-    let dir = temp_dir();
-    let file = dir.join("run.json");
-    let out = file.clone();
     let t0 = std::time::Instant::now();
-    let run = tokio::task::spawn_blocking(move || {
-        bench_cli(
-            &[
-                "--url",
-                &url,
-                "--concurrency",
-                "2",
-                "--requests",
-                "1000",
-                "--max-tokens",
-                "20",
-                "--duration",
-                "1s",
-                "--out",
-                out.to_str().unwrap(),
-            ],
-            &[],
-        )
-    })
-    .await
-    .unwrap();
+    let (run, report) = bench_run(&[
+        "--url",
+        &url,
+        "--concurrency",
+        "2",
+        "--requests",
+        "1000",
+        "--max-tokens",
+        "20",
+        "--duration",
+        "1s",
+    ])
+    .await;
     let took = t0.elapsed();
     assert!(
         run.status.success(),
         "{}",
         String::from_utf8_lossy(&run.stderr)
     );
-    let r = report_at(&file);
+    let r = report.expect("a report");
     // It ran for its duration, not until the last request ended (a 20-token stream at most).
     assert!(r.duration_s >= 1.0 && r.duration_s < 1.3, "{r:?}");
     assert!(took < Duration::from_secs(5), "{took:?}");
@@ -428,51 +435,39 @@ async fn the_report_says_what_was_run() {
     let dir = temp_dir();
     let data = dir.join("prompts.jsonl");
     std::fs::write(&data, "{\"prompt\": \"one\"}\n{\"prompt\": \"two\"}\n").unwrap();
-    let file = dir.join("run.json");
-    let (url, d, f) = (
-        format!("http://{}/v1", sim.addr),
-        data.clone(),
-        file.clone(),
-    );
-    let run = tokio::task::spawn_blocking(move || {
-        bench_cli(
-            &[
-                "--url",
-                &url,
-                "--model",
-                "demo",
-                "--dataset",
-                d.to_str().unwrap(),
-                "--concurrency",
-                "2",
-                "--requests",
-                "4",
-                "--max-tokens",
-                "3",
-                "--seed",
-                "7",
-                "--label",
-                "quant=int8",
-                "--label",
-                "gpu = h100",
-                "--api-key",
-                "sk-not-in-the-report",
-                "--out",
-                f.to_str().unwrap(),
-            ],
-            &[],
-        )
-    })
-    .await
-    .unwrap();
+    let url = format!("http://{}/v1", sim.addr);
+    let (run, report) = bench_run(&[
+        "--url",
+        &url,
+        "--model",
+        "demo",
+        "--dataset",
+        data.to_str().unwrap(),
+        "--concurrency",
+        "2",
+        "--requests",
+        "4",
+        "--max-tokens",
+        "3",
+        "--seed",
+        "7",
+        "--label",
+        "quant=int8",
+        "--label",
+        "gpu = h100",
+        "--api-key",
+        "sk-not-in-the-report",
+    ])
+    .await;
     assert!(
         run.status.success(),
         "{}",
         String::from_utf8_lossy(&run.stderr)
     );
-    let text = std::fs::read_to_string(&file).unwrap();
+    let report = report.expect("a report");
+    let text = serde_json::to_string(&report).unwrap();
     assert!(!text.contains("sk-not-in-the-report"), "{text}");
-    let info = report_at(&file).run.expect("the run's description");
+    let info = report.run.expect("the run's description");
     assert_eq!(info.url, format!("http://{}/v1/chat/completions", sim.addr));
     assert_eq!(
         (info.endpoint.as_str(), info.model.as_str(), info.seed),
@@ -510,27 +505,17 @@ async fn the_report_says_what_was_run() {
 async fn ignore_eos_is_sent_and_the_report_weighs_measured_against_asked_tokens() {
     // A backend that notes each request's body and answers a 2-token stream, whatever was asked.
     let (backend, bodies) = body_noting_backend().await;
-    let dir = temp_dir();
-    let file = dir.join("run.json");
-    let (url, f) = (format!("http://{backend}"), file.clone());
-    let run = tokio::task::spawn_blocking(move || {
-        bench_cli(
-            &[
-                "--url",
-                &url,
-                "--requests",
-                "2",
-                "--max-tokens",
-                "9",
-                "--ignore-eos",
-                "--out",
-                f.to_str().unwrap(),
-            ],
-            &[],
-        )
-    })
-    .await
-    .unwrap();
+    let url = format!("http://{backend}");
+    let (run, report) = bench_run(&[
+        "--url",
+        &url,
+        "--requests",
+        "2",
+        "--max-tokens",
+        "9",
+        "--ignore-eos",
+    ])
+    .await;
     assert!(
         run.status.success(),
         "{}",
@@ -546,7 +531,7 @@ async fn ignore_eos_is_sent_and_the_report_weighs_measured_against_asked_tokens(
             "{v}"
         );
     }
-    let r = report_at(&file);
+    let r = report.expect("a report");
     assert_eq!(
         (r.total_output_tokens, r.requested_output_tokens),
         (4, 18),
@@ -615,34 +600,23 @@ async fn a_request_past_its_timeout_fails_as_a_timeout() {
     // 20 tokens 100 ms apart: two seconds a request, against a 300 ms limit.
     let sim = start_sim(exact(10.0, 100.0), 1).await;
     let url = format!("http://{}", sim.addr);
-    let dir = temp_dir();
-    let file = dir.join("run.json");
-    let f = file.clone();
     let t0 = std::time::Instant::now();
-    let run = tokio::task::spawn_blocking(move || {
-        bench_cli(
-            &[
-                "--url",
-                &url,
-                "--concurrency",
-                "2",
-                "--requests",
-                "2",
-                "--max-tokens",
-                "20",
-                "--timeout",
-                "300ms",
-                "--out",
-                f.to_str().unwrap(),
-            ],
-            &[],
-        )
-    })
-    .await
-    .unwrap();
+    let (run, report) = bench_run(&[
+        "--url",
+        &url,
+        "--concurrency",
+        "2",
+        "--requests",
+        "2",
+        "--max-tokens",
+        "20",
+        "--timeout",
+        "300ms",
+    ])
+    .await;
     assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
     assert_eq!(run.status.code(), Some(1));
-    let r = report_at(&file);
+    let r = report.expect("a report");
     assert_eq!(r.failures.len(), 1, "{r:?}");
     assert_eq!(
         (r.failures[0].reason.as_str(), r.failures[0].count),
