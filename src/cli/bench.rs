@@ -240,6 +240,14 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         (Some(r), _) => anyhow::bail!("--rate {r}: must be above 0"),
         (None, c) => Arrivals::Concurrency(c.unwrap_or(1)),
     };
+    anyhow::ensure!(
+        format != "vllm" || sweep.is_empty(),
+        "--format vllm writes one run: not with --sweep"
+    );
+    anyhow::ensure!(
+        percentiles.iter().all(|p| (0.0..=100.0).contains(p)),
+        "--percentiles: each between 0 and 100"
+    );
     let endpoint = loadgen::Endpoint::parse(&endpoint).context("--endpoint")?;
     let mut headers = parse_headers(&headers)?;
     if let Some(key) = api_key.filter(|k| !k.is_empty()) {
@@ -308,14 +316,6 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         }
         false => None,
     };
-    anyhow::ensure!(
-        format != "vllm" || sweep.is_empty(),
-        "--format vllm writes one run: not with --sweep"
-    );
-    anyhow::ensure!(
-        percentiles.iter().all(|p| (0.0..=100.0).contains(p)),
-        "--percentiles: each between 0 and 100"
-    );
     if !sweep.is_empty() {
         let mut rows = Vec::new();
         for r in &sweep {
