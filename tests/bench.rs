@@ -236,6 +236,20 @@ async fn bench_run(args: &[&str]) -> (std::process::Output, Option<loadgen::Benc
     (out, report)
 }
 
+/// `bench_run` against a simulator of `profile`, two requests in flight: also how long it took.
+async fn bench_sim(
+    profile: inferscope::sim::Profile,
+    args: &[&str],
+) -> (std::process::Output, Option<loadgen::BenchReport>, Duration) {
+    let sim = start_sim(profile, 1).await;
+    let url = format!("http://{}", sim.addr);
+    let mut all = vec!["--url", url.as_str(), "--concurrency", "2"];
+    all.extend(args);
+    let t0 = std::time::Instant::now();
+    let (out, report) = bench_run(&all).await;
+    (out, report, t0.elapsed())
+}
+
 /// SHA-256, lowercase hex (ring's, not the code under test's).
 fn sha256_hex(bytes: &[u8]) -> String {
     ring::digest::digest(&ring::digest::SHA256, bytes)
@@ -393,23 +407,18 @@ async fn every_endpoint_is_spoken_and_measured() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn duration_stops_the_run_and_cuts_what_is_in_flight() {
     // Each request takes ~0.45 s (20 tokens 20 ms apart after 50 ms): at 1 s two are in flight.
-    let sim = start_sim(exact(50.0, 20.0), 1).await;
-    let url = format!("http://{}", sim.addr);
-    let t0 = std::time::Instant::now();
-    let (run, report) = bench_run(&[
-        "--url",
-        &url,
-        "--concurrency",
-        "2",
-        "--requests",
-        "1000",
-        "--max-tokens",
-        "20",
-        "--duration",
-        "1s",
-    ])
+    let (run, report, took) = bench_sim(
+        exact(50.0, 20.0),
+        &[
+            "--requests",
+            "1000",
+            "--max-tokens",
+            "20",
+            "--duration",
+            "1s",
+        ],
+    )
     .await;
-    let took = t0.elapsed();
     assert!(
         run.status.success(),
         "{}",
@@ -598,23 +607,19 @@ async fn body_noting_backend() -> (
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_past_its_timeout_fails_as_a_timeout() {
     // 20 tokens 100 ms apart: two seconds a request, against a 300 ms limit.
-    let sim = start_sim(exact(10.0, 100.0), 1).await;
-    let url = format!("http://{}", sim.addr);
-    let t0 = std::time::Instant::now();
-    let (run, report) = bench_run(&[
-        "--url",
-        &url,
-        "--concurrency",
-        "2",
-        "--requests",
-        "2",
-        "--max-tokens",
-        "20",
-        "--timeout",
-        "300ms",
-    ])
+    let (run, report, took) = bench_sim(
+        exact(10.0, 100.0),
+        &[
+            "--requests",
+            "2",
+            "--max-tokens",
+            "20",
+            "--timeout",
+            "300ms",
+        ],
+    )
     .await;
-    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    assert!(took < Duration::from_secs(2), "{took:?}");
     assert_eq!(run.status.code(), Some(1));
     let r = report.expect("a report");
     assert_eq!(r.failures.len(), 1, "{r:?}");

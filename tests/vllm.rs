@@ -382,32 +382,33 @@ async fn get_text(url: &str) -> String {
 fn bench_against_vllm_gets_the_tokens_it_asks_for_and_says_why_it_failed() {
     let v1 = format!("{}/v1", vllm_url().trim_end_matches('/'));
     let dir = temp_dir();
+    // `inferscope bench --url {v1} --model MODEL ARGS`, whatever its exit status.
+    let bench = |model: &str, args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_inferscope"))
+            .args(["bench", "--url", &v1, "--model", model])
+            .args(args)
+            .output()
+            .unwrap()
+    };
     for endpoint in ["chat", "completions"] {
         let file = dir.join(format!("{endpoint}.json"));
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_inferscope"))
-            .args([
-                "bench",
-                "--url",
-                &v1,
-                "--model",
-                "tiny-llama",
+        let out = bench(
+            "tiny-llama",
+            &[
                 "--endpoint",
                 endpoint,
-            ])
-            .args([
                 "--concurrency",
                 "2",
                 "--requests",
                 "6",
                 "--max-tokens",
                 "24",
-            ])
-            .arg("--ignore-eos")
-            .arg("--engine-info")
-            .arg("--out")
-            .arg(&file)
-            .output()
-            .unwrap();
+                "--ignore-eos",
+                "--engine-info",
+                "--out",
+                file.to_str().unwrap(),
+            ],
+        );
         assert!(
             out.status.success(),
             "{endpoint}: {}",
@@ -426,30 +427,14 @@ fn bench_against_vllm_gets_the_tokens_it_asks_for_and_says_why_it_failed() {
         assert_eq!(e["models"][0]["id"], "tiny-llama", "{e}");
         assert!(e["models"][0]["max_model_len"].as_u64().is_some(), "{e}");
         assert!(e["cache_config"]["block_size"].is_string(), "{e}");
-        assert_eq!(
-            r["run"]["url"],
-            format!(
-                "{v1}/{}",
-                if endpoint == "chat" {
-                    "chat/completions"
-                } else {
-                    "completions"
-                }
-            )
-        );
+        let path = if endpoint == "chat" {
+            "chat/completions"
+        } else {
+            "completions"
+        };
+        assert_eq!(r["run"]["url"], format!("{v1}/{path}"));
     }
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_inferscope"))
-        .args([
-            "bench",
-            "--url",
-            &v1,
-            "--model",
-            "no-such-model",
-            "--requests",
-            "2",
-        ])
-        .output()
-        .unwrap();
+    let out = bench("no-such-model", &["--requests", "2"]);
     assert_eq!(out.status.code(), Some(1));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
