@@ -777,6 +777,11 @@ async fn format_vllm_writes_what_vllm_bench_serve_saves() {
         (v["median_ttft_ms"].as_f64().unwrap() - median).abs() < 1e-6,
         "{v}"
     );
+    // Our own file: the asked percentiles by the gateway's rule, the same as its table's.
+    let ttft = r.ttft_ms.unwrap();
+    assert_eq!(r.percentiles["ttft"]["p50"], ttft.median, "{r:?}");
+    assert_eq!(r.percentiles["ttft"]["p90"], ttft.p90, "{r:?}");
+    assert_eq!(r.percentiles["e2e"]["p99"], r.e2e_ms.unwrap().p99, "{r:?}");
     // The two files are two runs of the same workload: figures of the same size.
     let ours_ttft = r.ttft_ms.unwrap().median;
     assert!((ours_ttft - median).abs() < 5.0, "{ours_ttft} vs {median}");

@@ -87,7 +87,8 @@ pub(crate) struct Args {
     /// per-request arrays of `vllm bench serve --save-result`, so what reads those reads it).
     #[arg(long, default_value = "inferscope", value_parser = ["inferscope", "vllm"])]
     format: String,
-    /// With --format vllm: the percentiles written (`p99_ttft_ms` …), as vLLM's
+    /// Percentiles reported besides p50/p90/p99, e.g. 95,99.9: in the report's `percentiles`
+    /// by the gateway's rule; with --format vllm as `p95_ttft_ms` …, vLLM's
     /// --metric-percentiles.
     #[arg(long, value_delimiter = ',', default_value = "99")]
     percentiles: Vec<f64>,
@@ -328,6 +329,7 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
             let info = run_info(&o);
             let (samples, wall) = loadgen::run(&o).await;
             let mut report = loadgen::summarize(&samples, wall, &o.slo);
+            report.percentiles = loadgen::percentiles(&samples, &percentiles);
             report.rate = Some(*r);
             report.run = Some(info);
             report.engine = engine.clone();
@@ -343,6 +345,7 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
     let info = run_info(&opts);
     let (samples, wall) = loadgen::run(&opts).await;
     let mut report = loadgen::summarize(&samples, wall, &opts.slo);
+    report.percentiles = loadgen::percentiles(&samples, &percentiles);
     report.run = Some(info);
     report.engine = engine;
     let taken = samples.iter().any(|s| s.purpose_taken);

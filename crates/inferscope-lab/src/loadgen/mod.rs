@@ -825,6 +825,9 @@ pub struct Dist {
     pub p90: f64,
     /// 99th percentile.
     pub p99: f64,
+    /// Standard deviation (of the population, as numpy's `std` and vLLM's report take it).
+    #[serde(default)]
+    pub std: f64,
 }
 
 impl Dist {
@@ -835,11 +838,16 @@ impl Dist {
         }
         v.sort_unstable_by(f64::total_cmp);
         let q = |p: f64| quantile::of_sorted_ms(v, p);
+        let n = v.len() as f64;
+        let mean = v.iter().sum::<f64>() / n;
+        let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n;
+        let three = |x: f64| (x * 1000.0).round() / 1000.0;
         Some(Self {
-            mean: (v.iter().sum::<f64>() / v.len() as f64 * 1000.0).round() / 1000.0,
+            mean: three(mean),
             median: q(0.5)?,
             p90: q(0.9)?,
             p99: q(0.99)?,
+            std: three(var.sqrt()),
         })
     }
 }
@@ -985,6 +993,10 @@ pub struct BenchReport {
     pub itl_ms: Option<Dist>,
     /// End to end.
     pub e2e_ms: Option<Dist>,
+    /// `--percentiles`: per metric (`ttft`, `tpot`, `itl`, `e2e`), each asked percentile
+    /// (`p95`, `p99.9`), milliseconds, by the gateway's rule.
+    #[serde(default)]
+    pub percentiles: std::collections::BTreeMap<String, std::collections::BTreeMap<String, f64>>,
     /// `--sweep`: the rate this row was offered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate: Option<f64>,
@@ -1064,6 +1076,7 @@ pub fn summarize(samples: &[Sample], wall: Duration, slo: &[(String, Duration)])
         tpot_ms: Dist::of(&mut collect(&|s| s.tpot)),
         itl_ms: Dist::of(&mut itl),
         e2e_ms: Dist::of(&mut collect(&|s| Some(s.e2e))),
+        percentiles: Default::default(),
         rate: None,
         roofline: None,
         gateway: None,
@@ -1200,13 +1213,8 @@ pub fn vllm_result(
         );
         put(&format!("std_{name}_ms"), json!(std));
         for p in percentiles {
-            let word = if p.fract() == 0.0 {
-                format!("{p:.0}")
-            } else {
-                p.to_string()
-            };
             put(
-                &format!("p{word}_{name}_ms"),
+                &format!("{}_{name}_ms", percentile_name(*p)),
                 json!(linear_percentile(&v, *p)),
             );
         }
@@ -1223,6 +1231,45 @@ fn linear_percentile(v: &[f64], p: f64) -> f64 {
     let rank = (p / 100.0).clamp(0.0, 1.0) * last as f64;
     let (lo, hi) = (rank.floor() as usize, rank.ceil() as usize);
     v[lo] + (v[hi] - v[lo]) * (rank - lo as f64)
+}
+
+/// The percentiles `ps` (0–100) of each metric over the successful requests of `samples`, by
+/// the gateway's rule (`util::quantile`), milliseconds: `ttft` → `p99` → value.
+pub fn percentiles(
+    samples: &[Sample],
+    ps: &[f64],
+) -> std::collections::BTreeMap<String, std::collections::BTreeMap<String, f64>> {
+    let ok: Vec<&Sample> = samples.iter().filter(|s| s.ok()).collect();
+    let metrics: [(&str, Vec<f64>); 4] = [
+        ("ttft", ok.iter().filter_map(|s| s.ttft).collect()),
+        ("tpot", ok.iter().filter_map(|s| s.tpot).collect()),
+        (
+            "itl",
+            ok.iter().flat_map(|s| s.itl.iter().copied()).collect(),
+        ),
+        ("e2e", ok.iter().map(|s| s.e2e).collect()),
+    ];
+    metrics
+        .into_iter()
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(name, mut v)| {
+            v.sort_unstable_by(f64::total_cmp);
+            let row = ps
+                .iter()
+                .filter_map(|p| Some((percentile_name(*p), quantile::of_sorted_ms(&v, p / 100.0)?)))
+                .collect();
+            (name.to_owned(), row)
+        })
+        .collect()
+}
+
+/// `p99`, `p99.9`: a percentile's key, as vLLM writes it.
+fn percentile_name(p: f64) -> String {
+    if p.fract() == 0.0 {
+        format!("p{p:.0}")
+    } else {
+        format!("p{p}")
+    }
 }
 
 /// The report as a table; with `gateway` (the gateway's figures for the same requests), side by
@@ -1341,7 +1388,17 @@ pub fn render_sweep(rows: &[BenchReport]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::linear_percentile;
+    #![allow(clippy::unwrap_used)]
+    use super::{linear_percentile, Dist};
+
+    #[test]
+    fn a_distribution_has_its_population_std() {
+        // numpy.std([1, 2, 3, 4]) = sqrt(1.25)
+        let d = Dist::of(&mut [4.0, 1.0, 3.0, 2.0]).unwrap();
+        assert_eq!((d.mean, d.std), (2.5, 1.118));
+        assert_eq!(Dist::of(&mut [5.0]).unwrap().std, 0.0);
+        assert!(Dist::of(&mut []).is_none());
+    }
 
     #[test]
     fn percentiles_for_vllm_files_follow_numpy() {
