@@ -745,6 +745,10 @@ async fn format_vllm_writes_what_vllm_bench_serve_saves() {
         (Some("openai-chat"), Some(50.0))
     );
     assert_eq!(v["total_output_tokens"], 60);
+    assert_eq!(
+        v["cut_at_end"], 0,
+        "what --duration cut is said, not hidden"
+    );
     for key in [
         "input_lens",
         "output_lens",

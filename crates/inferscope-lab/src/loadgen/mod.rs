@@ -296,9 +296,9 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
         .join(": ")
 }
 
-/// The first `FAILURE_BODY` bytes, lossy.
+/// The first `FAILURE_BODY` bytes, lossy, as a label: controls replaced, a cut marked.
 fn body_head(b: &[u8]) -> String {
-    String::from_utf8_lossy(&b[..b.len().min(FAILURE_BODY)]).into_owned()
+    crate::util::label::bounded(&String::from_utf8_lossy(b), FAILURE_BODY).into_owned()
 }
 
 impl Sample {
@@ -804,15 +804,6 @@ pub async fn run(o: &BenchOptions) -> (Vec<Sample>, Duration) {
     (v, wall)
 }
 
-/// `text` on one line (control characters shown as spaces), for a table.
-fn one_line(text: &str) -> String {
-    text.chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect::<String>()
-        .trim()
-        .to_owned()
-}
-
 /// A distribution of one client-side metric, milliseconds (percentiles by the gateway's one
 /// rule, so client-side and `/stats` numbers compare).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -1088,9 +1079,10 @@ pub fn summarize(samples: &[Sample], wall: Duration, slo: &[(String, Duration)])
 /// `ttfts`, `itls`, `latencies` (seconds) and `errors`; `mean_`, `median_`, `std_` and
 /// `p{N}_` of `ttft`, `tpot`, `itl` and `e2el` in milliseconds over the successful requests,
 /// with vLLM's percentile rule (numpy's linear interpolation, not the gateway's); the counts,
-/// throughputs and run description. TPOT is the gateway's (first to last token over the tokens
-/// between), where vLLM's runs from the first token to the response's end. Not kept, so not
-/// written: `generated_texts`, `start_times`, `queue_times`.
+/// throughputs and run description, and `cut_at_end` (not vLLM's: what `--duration` cut). TPOT
+/// is the gateway's (first to last token over the tokens between), where vLLM's runs from the
+/// first token to the response's end. Not kept, so not written: `generated_texts`,
+/// `start_times`, `queue_times`.
 pub fn vllm_result(
     samples: &[Sample],
     report: &BenchReport,
@@ -1135,6 +1127,8 @@ pub fn vllm_result(
     put("duration", json!(report.duration_s));
     put("completed", json!(report.successful));
     put("failed", json!(report.failed));
+    // Not vLLM's: the requests `--duration` cut, which are in neither count nor any figure.
+    put("cut_at_end", json!(report.cut_at_end));
     put("total_input_tokens", json!(report.total_input_tokens));
     put("total_output_tokens", json!(report.total_output_tokens));
     put("request_throughput", json!(report.request_throughput));
@@ -1298,7 +1292,7 @@ pub fn render(r: &BenchReport, gateway: Option<&crate::stats::Periods>) -> Strin
             "  failed: {} × {}, e.g. {}",
             c.count,
             c.reason,
-            one_line(&c.example.detail())
+            crate::util::label::bounded(&c.example.detail(), FAILURE_BODY)
         );
     }
     if r.successful > 0 {
