@@ -790,3 +790,336 @@ async fn format_vllm_writes_what_vllm_bench_serve_saves() {
     let ours_ttft = r.ttft_ms.unwrap().median;
     assert!((ours_ttft - median).abs() < 5.0, "{ours_ttft} vs {median}");
 }
+
+/// A sample workload file in `tests/fixtures/workloads/`.
+fn workload(name: &str) -> String {
+    format!(
+        "{}/tests/fixtures/workloads/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+/// The simulator's own count of `text` in tokens (its `/tokenize`, as vLLM's answers).
+async fn sim_tokens(sim: std::net::SocketAddr, text: &str) -> u64 {
+    let body = serde_json::json!({"model": "demo", "prompt": text}).to_string();
+    let r = post(
+        sim,
+        "/tokenize",
+        &body,
+        &[("content-type", "application/json")],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    serde_json::from_slice::<serde_json::Value>(&r.body()).unwrap()["count"]
+        .as_u64()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sharegpt_replies_set_the_output_lengths_by_the_backends_tokenizer_with_vllms_filters() {
+    let sim = start_sim(exact(1.0, 0.2), 1).await;
+    let url = format!("http://{}", sim.addr);
+    let file = workload("sharegpt.json");
+    let (run, report) = bench_run(&[
+        "--url",
+        &url,
+        "--dataset",
+        &file,
+        "--requests",
+        "100",
+        "--concurrency",
+        "4",
+        "--ignore-eos",
+        "--endpoint",
+        "completions",
+    ])
+    .await;
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    let r = report.expect("a report");
+    let w = r
+        .run
+        .as_ref()
+        .unwrap()
+        .workload
+        .clone()
+        .expect("the workload in the report");
+    // 16 conversations: one has a single turn (not read), three fail vLLM's filters.
+    assert_eq!(
+        (
+            w.layout.as_str(),
+            w.entries,
+            w.kept,
+            w.too_short,
+            w.too_long
+        ),
+        ("sharegpt", 15, 12, 2, 1),
+        "{w:?}"
+    );
+    assert!(w.counted_by.starts_with("tokenizer at http://"), "{w:?}");
+    assert!(stderr.contains("workload: 12 of 15 sharegpt entries (2 too short, 1 too long); lengths by tokenizer at"), "{stderr}");
+    // Each kept conversation's reply, counted by the backend, is what was asked; and with
+    // ignore_eos, what came.
+    let convs: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    let mut asked = 0;
+    let mut prompts = 0;
+    for c in convs.as_array().unwrap() {
+        // The twelve kept: `s0` … `s11`.
+        let id = c["id"].as_str().unwrap();
+        if id
+            .strip_prefix('s')
+            .is_some_and(|n| n.parse::<u32>().is_ok())
+        {
+            let turns = c["conversations"].as_array().unwrap();
+            asked += sim_tokens(sim.addr, turns[1]["value"].as_str().unwrap()).await;
+            prompts += sim_tokens(sim.addr, turns[0]["value"].as_str().unwrap()).await;
+        }
+    }
+    // 100 requests go round the 12 prompts: 8 full rounds and 4 more.
+    assert_eq!(r.requests, 100);
+    let per_round = asked;
+    assert!(
+        r.requested_output_tokens > 8 * per_round && r.requested_output_tokens < 9 * per_round,
+        "{} asked, {per_round} a round",
+        r.requested_output_tokens
+    );
+    assert_eq!(
+        r.total_output_tokens, r.requested_output_tokens,
+        "the simulator honours ignore_eos"
+    );
+    assert!(
+        r.total_input_tokens > 8 * prompts && r.total_input_tokens < 9 * prompts,
+        "{} prompt tokens, {prompts} a round",
+        r.total_input_tokens
+    );
+    // --max-tokens overrides the replies' lengths (and skips the output-length filter).
+    let (run, report) = bench_run(&[
+        "--url",
+        &url,
+        "--dataset",
+        &file,
+        "--requests",
+        "13",
+        "--max-tokens",
+        "5",
+    ])
+    .await;
+    assert!(run.status.success());
+    let r = report.unwrap();
+    let w = r.run.as_ref().unwrap().workload.clone().unwrap();
+    assert_eq!((w.kept, w.too_short, w.too_long), (13, 1, 1), "{w:?}");
+    assert_eq!(r.requested_output_tokens, 13 * 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alpaca_and_longbench_are_read_in_their_released_layouts() {
+    let (backend, bodies) = body_noting_backend().await;
+    let url = format!("http://{backend}");
+    let (run, report) = bench_run(&[
+        "--url",
+        &url,
+        "--dataset",
+        &workload("alpaca.json"),
+        "--requests",
+        "4",
+        "--seed",
+        "2",
+    ])
+    .await;
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    let w = report.unwrap().run.unwrap().workload.unwrap();
+    assert_eq!((w.layout.as_str(), w.kept, w.too_short), ("alpaca", 3, 1));
+    assert!(
+        w.counted_by.starts_with("estimate"),
+        "no /tokenize here: {w:?}"
+    );
+    let sent: Vec<serde_json::Value> = bodies
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|b| serde_json::from_slice(b).unwrap())
+        .filter(|v: &serde_json::Value| v.get("messages").is_some())
+        .collect();
+    let by_prompt: std::collections::BTreeMap<String, u64> = sent
+        .iter()
+        .map(|v| {
+            (
+                v["messages"][0]["content"].as_str().unwrap().to_owned(),
+                v["max_tokens"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    // The instruction, and the input on its own line; the output's length by the estimate
+    // (4 characters a token, rounded up).
+    assert_eq!(
+        by_prompt.get("Translate the sentence into French.\nThe server is fast."),
+        Some(&6)
+    );
+    // Its output, `batch`, is under 4 tokens: dropped, as vLLM drops it.
+    assert!(!by_prompt.keys().any(|p| p.starts_with("Classify")));
+    assert_eq!(by_prompt.len(), 3, "{by_prompt:?}");
+
+    bodies.lock().unwrap().clear();
+    let (run, report) = bench_run(&[
+        "--url",
+        &url,
+        "--dataset",
+        &workload("longbench.jsonl"),
+        "--requests",
+        "10",
+        "--longbench-length",
+        "0-4k",
+    ])
+    .await;
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let w = report.unwrap().run.unwrap().workload.unwrap();
+    assert_eq!(
+        (w.layout.as_str(), w.kept, w.other_length),
+        ("longbench", 3, 2),
+        "{w:?}"
+    );
+    let sent: Vec<serde_json::Value> = bodies
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|b| serde_json::from_slice(b).unwrap())
+        .filter(|v: &serde_json::Value| v.get("messages").is_some())
+        .collect();
+    let mut limits: Vec<(u64, bool)> = sent
+        .iter()
+        .map(|v| {
+            let p = v["messages"][0]["content"].as_str().unwrap();
+            (v["max_tokens"].as_u64().unwrap(), p.ends_with("\nAnswer:"))
+        })
+        .collect();
+    limits.sort_unstable();
+    limits.dedup();
+    // hotpotqa: 32 tokens; qasper: 128; a dataset LongBench does not list: the generic 128.
+    assert_eq!(limits, [(32, true), (128, true)], "{sent:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_prompts_are_sized_in_tokens_with_a_shared_prefix() {
+    let sim = start_sim(exact(1.0, 0.2), 1).await;
+    let url = format!("http://{}", sim.addr);
+    let (run, report) = bench_run(&[
+        "--url",
+        &url,
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        "40",
+        "--random-output-len",
+        "6",
+        "--random-range-ratio",
+        "0.5",
+        "--random-prefix-len",
+        "10",
+        "--requests",
+        "20",
+        "--concurrency",
+        "4",
+        "--endpoint",
+        "completions",
+    ])
+    .await;
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let r = report.unwrap();
+    let w = r.run.as_ref().unwrap().workload.clone().unwrap();
+    assert_eq!(
+        (w.layout.as_str(), w.kept, w.length_misses),
+        ("random", 20, 0),
+        "{w:?}"
+    );
+    // Prompts of 10 + [20, 60] tokens as the backend counts them; outputs of [3, 9].
+    let mean_in = r.total_input_tokens as f64 / 20.0;
+    assert!((30.0..=70.0).contains(&mean_in), "{mean_in}");
+    assert!(r.requested_output_tokens >= 60 && r.requested_output_tokens <= 180);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dataset_in_no_known_layout_is_refused_with_its_line_and_the_layouts_accepted() {
+    let dir = temp_dir();
+    let bad = dir.join("bad.json");
+    std::fs::write(
+        &bad,
+        "[\n {\"conversations\": [\n  {\"from\": \"human\"}\n ]}\n]\n",
+    )
+    .unwrap();
+    let out = bench_cli(
+        &[
+            "--url",
+            "http://127.0.0.1:9",
+            "--dataset",
+            bad.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad.json")
+            && err.contains("line 3: not the sharegpt layout: missing field `value`"),
+        "{err}"
+    );
+    assert!(err.contains("accepted layouts: ShareGPT"), "{err}");
+    let jsonl = dir.join("q.jsonl");
+    std::fs::write(&jsonl, "{\"question\": \"why?\"}\n").unwrap();
+    let out = bench_cli(
+        &[
+            "--url",
+            "http://127.0.0.1:9",
+            "--dataset",
+            jsonl.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("line 1: no string \"prompt\" (keys: question)"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_simulator_answers_past_its_end_when_asked_to_ignore_eos() {
+    // A quiz question: the simulator answers it with one letter and stops, as a model stops at
+    // its end-of-sequence token; with ignore_eos it goes on to max_tokens, as vLLM does.
+    let sim = start_sim(exact(1.0, 0.2), 1).await;
+    let url = format!("http://{}", sim.addr);
+    let dir = temp_dir();
+    let file = dir.join("quiz.jsonl");
+    let quiz = inferscope::sim::quiz::prompt(
+        "What is 2 + 3?",
+        &["4".into(), "5".into(), "6".into(), "7".into()],
+    );
+    std::fs::write(
+        &file,
+        format!("{}\n", serde_json::json!({ "prompt": quiz })),
+    )
+    .unwrap();
+    let file = file.to_str().unwrap();
+    let base = [
+        "--url",
+        &url,
+        "--dataset",
+        file,
+        "--requests",
+        "3",
+        "--max-tokens",
+        "12",
+    ];
+    let (_, stops) = bench_run(&base).await;
+    assert_eq!(stops.unwrap().total_output_tokens, 3);
+    let (_, goes_on) = bench_run(&[&base[..], &["--ignore-eos"]].concat()).await;
+    assert_eq!(goes_on.unwrap().total_output_tokens, 36);
+}

@@ -22,10 +22,38 @@ pub(crate) struct Args {
     /// Model name.
     #[arg(long, default_value = "demo")]
     model: String,
-    /// Prompts: ShareGPT JSON or JSONL (`{"prompt": ...}` or strings); default synthetic.
+    /// The workload's file, in a layout as released: ShareGPT, Alpaca, LongBench, or JSONL
+    /// (see --dataset-name); default synthetic prompts (--input-words, or --dataset-name random).
     #[arg(long)]
     dataset: Option<PathBuf>,
-    /// Words per synthetic prompt.
+    /// The --dataset file's layout: `sharegpt` (first turn the prompt, the first reply's length
+    /// in tokens the output length, vLLM's filters: prompt or output under 4 tokens, prompt over
+    /// 1,024 or both over 2,048 dropped), `alpaca` (instruction plus input; output's length),
+    /// `longbench` (LongBench's per-dataset template and output maximum), `jsonl` (strings or
+    /// objects with --dataset-field); `auto` tells them apart. Without --dataset: `random`
+    /// (lengths in tokens, --random-*).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "sharegpt", "alpaca", "longbench", "jsonl", "random"])]
+    dataset_name: String,
+    /// The prompt's field in a JSONL dataset.
+    #[arg(long, default_value = "prompt")]
+    dataset_field: String,
+    /// LongBench: only rows of this `length` bucket (LongBench-E's `0-4k`, `4-8k`, `8k+`).
+    #[arg(long, value_parser = ["0-4k", "4-8k", "8k+"])]
+    longbench_length: Option<String>,
+    /// Random workload: mean prompt length in tokens after the prefix, counted by the backend's
+    /// /tokenize where it has one (special tokens included, as vLLM counts).
+    #[arg(long, default_value_t = 1024)]
+    random_input_len: u32,
+    /// Random workload: mean output length in tokens.
+    #[arg(long, default_value_t = 128)]
+    random_output_len: u32,
+    /// Random workload: lengths uniform in [len × (1 − r), len × (1 + r)].
+    #[arg(long, default_value_t = 0.0)]
+    random_range_ratio: f64,
+    /// Random workload: a prefix of this many tokens shared by every prompt (prefix caching).
+    #[arg(long, default_value_t = 0)]
+    random_prefix_len: u32,
+    /// Words per synthetic prompt, when neither --dataset nor --dataset-name random.
     #[arg(long, default_value_t = 64)]
     input_words: usize,
     /// Requests per second, open loop (Poisson arrivals unless --constant).
@@ -51,9 +79,10 @@ pub(crate) struct Args {
     /// Non-streaming requests.
     #[arg(long)]
     no_stream: bool,
-    /// max_tokens of each request.
-    #[arg(long, default_value_t = 128)]
-    max_tokens: u32,
+    /// max_tokens of every request, overriding the output lengths a workload sets (ShareGPT's
+    /// and Alpaca's replies, LongBench's maxima, random's); 128 where it sets none.
+    #[arg(long)]
+    max_tokens: Option<u32>,
     /// A request not answered in full within this long (e.g. 30s) fails with reason `timeout`
     /// (default: no limit).
     #[arg(long)]
@@ -148,6 +177,13 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         endpoint,
         model,
         dataset,
+        dataset_name,
+        dataset_field,
+        longbench_length,
+        random_input_len,
+        random_output_len,
+        random_range_ratio,
+        random_prefix_len,
         input_words,
         rate,
         sweep,
@@ -224,12 +260,6 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         ),
         None => None,
     };
-    let prompts = match (&dataset, &dataset_text) {
-        (Some(p), Some(text)) => {
-            loadgen::load_prompts(text).with_context(|| p.display().to_string())?
-        }
-        _ => loadgen::synthetic_prompts(requests.min(1000), input_words, seed),
-    };
     let arrivals = match (rate, concurrency) {
         (Some(r), _) if r > 0.0 => {
             if constant {
@@ -263,11 +293,21 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
     if purpose != "live" {
         headers.push((crate::meter::PURPOSE_HEADER.into(), purpose.clone()));
     }
-    let opts = BenchOptions {
+    anyhow::ensure!(
+        (dataset.is_some() && dataset_name != "random")
+            || (dataset.is_none() && matches!(dataset_name.as_str(), "auto" | "random")),
+        "--dataset-name {dataset_name}: {}",
+        if dataset.is_some() {
+            "random takes no --dataset"
+        } else {
+            "needs a --dataset file"
+        }
+    );
+    let mut opts = BenchOptions {
         url,
         model,
         endpoint,
-        prompts,
+        prompts: Vec::new(),
         arrivals,
         requests,
         duration: duration
@@ -275,7 +315,7 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
             .transpose()
             .context("--duration")?,
         stream: !no_stream,
-        max_tokens,
+        max_tokens: max_tokens.unwrap_or(128),
         timeout: timeout
             .map(|d| config::parse_duration(&d))
             .transpose()
@@ -293,6 +333,80 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         warmup,
         connector,
     };
+    // The requests, in tokens where the workload says.
+    let sampled = match (&dataset, &dataset_text) {
+        (Some(path), Some(text)) => {
+            let layout = loadgen::dataset::Layout::parse(&dataset_name);
+            let (layout, mut entries) = loadgen::dataset::load(text, layout, &dataset_field)
+                .with_context(|| path.display().to_string())?;
+            let mut other_length = 0;
+            if let Some(bucket) = &longbench_length {
+                anyhow::ensure!(
+                    layout == loadgen::dataset::Layout::LongBench,
+                    "--longbench-length: {} is a {} file",
+                    path.display(),
+                    layout.name()
+                );
+                let range =
+                    loadgen::dataset::longbench_bucket(bucket).context("--longbench-length")?;
+                let before = entries.len();
+                entries.retain(|e| e.length.is_some_and(|l| range.contains(&l)));
+                other_length = before - entries.len();
+            }
+            let counter = counter(&opts).await;
+            let (prompts, mut info) = loadgen::workload::sample(
+                layout.name(),
+                entries,
+                requests,
+                seed,
+                &counter,
+                max_tokens,
+            )
+            .await;
+            info.other_length = other_length;
+            anyhow::ensure!(
+                !prompts.is_empty(),
+                "{}: no entry is left after the filters ({} too short, {} too long, {} of another length; lengths by {})",
+                path.display(),
+                info.too_short,
+                info.too_long,
+                info.other_length,
+                info.counted_by
+            );
+            opts.prompts = prompts;
+            Some(info)
+        }
+        _ if dataset_name == "random" => {
+            let shape = loadgen::workload::RandomShape {
+                input_len: random_input_len,
+                output_len: random_output_len,
+                range_ratio: random_range_ratio,
+                prefix_len: random_prefix_len,
+            };
+            let counter = counter(&opts).await;
+            let (mut prompts, info) =
+                loadgen::workload::random(requests.min(10_000), shape, seed, &counter).await;
+            if let Some(m) = max_tokens {
+                prompts.iter_mut().for_each(|p| p.output_tokens = Some(m));
+            }
+            opts.prompts = prompts;
+            Some(info)
+        }
+        _ => {
+            opts.prompts = loadgen::synthetic_prompts(requests.min(1000), input_words, seed);
+            None
+        }
+    };
+    if let Some(s) = &sampled {
+        eprintln!(
+            "workload: {} of {} {} entries{}; lengths by {}",
+            s.kept,
+            s.entries,
+            s.layout,
+            dropped(s),
+            s.counted_by
+        );
+    }
     let dataset_path = dataset.as_ref().map(|p| p.display().to_string());
     let run_info = |o: &BenchOptions| {
         let mut info = loadgen::RunInfo::of(
@@ -303,6 +417,7 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
             env!("CARGO_PKG_VERSION"),
         );
         info.labels = labels.clone();
+        info.workload = sampled.clone();
         info
     };
     let engine = match engine_info {
@@ -386,6 +501,31 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
     }
     judge(std::slice::from_ref(&report), max_error_rate)
+}
+
+/// The backend's tokenizer for the workload's lengths, or the estimate (said on standard error).
+async fn counter(o: &crate::lab::loadgen::BenchOptions) -> crate::lab::loadgen::workload::Counter {
+    crate::lab::loadgen::workload::Counter::probe(&o.url, &o.model, o.connector.clone(), &o.headers)
+        .await
+}
+
+/// ", dropped: 3 too short, 1 too long" (empty when nothing was dropped).
+fn dropped(s: &crate::lab::loadgen::workload::Sampled) -> String {
+    let parts: Vec<String> = [
+        (s.too_short, "too short"),
+        (s.too_long, "too long"),
+        (s.other_length, "of another length"),
+        (s.length_misses, "off their length"),
+    ]
+    .iter()
+    .filter(|(n, _)| *n > 0)
+    .map(|(n, what)| format!("{n} {what}"))
+    .collect();
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", parts.join(", "))
+    }
 }
 
 /// The run's verdict on itself: an error (exit status 1) when no request succeeded or more than

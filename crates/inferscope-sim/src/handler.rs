@@ -362,9 +362,22 @@ fn plan(state: &SimState, v: &Value, ep: Endpoint) -> Plan {
         let sum = super::quiz::solve_sum(t)? + u64::from(wrong);
         Some(format!(" The numbers add up to {sum}.\n#### {sum}"))
     });
+    // vLLM's `ignore_eos` and `min_tokens`: the model does not stop at its answer's end, so an
+    // answer shorter than asked becomes text of the length asked (`ignore_eos`: max_tokens;
+    // `min_tokens` alone: at least that many).
+    let ignore_eos = v
+        .get("ignore_eos")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let min_tokens = v.get("min_tokens").and_then(Value::as_u64).unwrap_or(0);
+    let answer = answer.filter(|a| {
+        let n = a.split_whitespace().count() as u64;
+        !(ignore_eos && n < output_tokens) && n >= min_tokens
+    });
     let output_tokens = match &answer {
         Some(a) => a.split_whitespace().count() as u64,
-        None => output_tokens,
+        None if ignore_eos => output_tokens,
+        None => output_tokens.max(min_tokens),
     };
     let stream = if ep.stream_in_body() {
         v.get("stream")

@@ -7,9 +7,10 @@
 //! The direct vs inferscope vs nginx comparison that drives this load generator as a separate
 //! process is `benches/e2e_compare.rs`.
 
-mod dataset;
+pub mod dataset;
+pub mod workload;
 
-pub use dataset::{load_prompts, synthetic_prompts, PromptsError};
+pub use workload::{synthetic_prompts, Prompt};
 
 use crate::dialect;
 use crate::sse::SseScanner;
@@ -151,8 +152,9 @@ pub struct BenchOptions {
     pub model: String,
     /// The API spoken.
     pub endpoint: Endpoint,
-    /// The prompts (used round-robin).
-    pub prompts: Vec<String>,
+    /// The requests' prompts, each with its output length where the workload sets one (used
+    /// round-robin).
+    pub prompts: Vec<Prompt>,
     /// Arrival process.
     pub arrivals: Arrivals,
     /// Stop after this many requests …
@@ -162,7 +164,7 @@ pub struct BenchOptions {
     pub duration: Option<Duration>,
     /// Streamed responses.
     pub stream: bool,
-    /// `max_tokens` of each request.
+    /// `max_tokens` of each request whose prompt sets none.
     pub max_tokens: u32,
     /// A request not answered in full within this long is a failure (`Failure::Timeout`).
     pub timeout: Option<Duration>,
@@ -355,7 +357,7 @@ pub fn parse_slo(s: &str) -> Result<Vec<(String, Duration)>, SloError> {
 async fn one(
     client: &Client<crate::tls::Connector, Full<Bytes>>,
     o: &BenchOptions,
-    prompt: &str,
+    prompt: &Prompt,
 ) -> Sample {
     let Some(limit) = o.timeout else {
         return attempt(client, o, prompt).await;
@@ -364,7 +366,7 @@ async fn one(
         Ok(s) => s,
         Err(_) => Sample {
             e2e: limit.as_secs_f64() * 1000.0,
-            max_tokens: u64::from(o.max_tokens),
+            max_tokens: u64::from(prompt.output_tokens.unwrap_or(o.max_tokens)),
             failure: Some(Failure::Timeout {
                 after_ms: u64::try_from(limit.as_millis()).unwrap_or(u64::MAX),
             }),
@@ -377,11 +379,12 @@ async fn one(
 async fn attempt(
     client: &Client<crate::tls::Connector, Full<Bytes>>,
     o: &BenchOptions,
-    prompt: &str,
+    prompt: &Prompt,
 ) -> Sample {
+    let max_tokens = prompt.output_tokens.unwrap_or(o.max_tokens);
     let body = o
         .endpoint
-        .body(&o.model, prompt, o.max_tokens, o.stream, o.ignore_eos);
+        .body(&o.model, &prompt.text, max_tokens, o.stream, o.ignore_eos);
     let mut req = http::Request::post(endpoint_url(&o.url, o.endpoint))
         .header("content-type", "application/json");
     if o.endpoint == Endpoint::Messages {
@@ -391,7 +394,7 @@ async fn attempt(
         req = req.header(k.as_str(), v.as_str());
     }
     let mut s = Sample {
-        max_tokens: u64::from(o.max_tokens),
+        max_tokens: u64::from(max_tokens),
         ..Sample::default()
     };
     let req = match req.body(Full::new(Bytes::from(body.to_string()))) {
@@ -861,6 +864,9 @@ pub struct RunInfo {
     pub dataset: Option<String>,
     /// SHA-256 of the dataset file, hex.
     pub dataset_sha256: Option<String>,
+    /// How the requests were drawn: layout, lengths counted by what, entries kept and dropped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload: Option<workload::Sampled>,
     /// Seed of the arrivals and of synthetic prompts.
     pub seed: u64,
     /// `poisson`, `constant` or `concurrency`.
@@ -873,7 +879,7 @@ pub struct RunInfo {
     pub max_requests: usize,
     /// `--duration`, seconds.
     pub max_duration_s: Option<f64>,
-    /// `max_tokens` of each request.
+    /// `max_tokens` of each request whose prompt sets none.
     pub max_tokens: u32,
     /// `ignore_eos` (and `min_tokens`) sent.
     pub ignore_eos: bool,
@@ -903,6 +909,7 @@ impl RunInfo {
             model: o.model.clone(),
             dataset: dataset.map(|(path, _)| path.to_owned()),
             dataset_sha256: dataset.map(|(_, bytes)| sha256_hex(bytes)),
+            workload: None,
             seed: o.seed,
             arrivals: arrivals.to_owned(),
             rate,
