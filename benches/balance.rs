@@ -56,6 +56,7 @@ async fn run(balancer: &str, rate: f64, secs: u64) {
         endpoint: Default::default(),
         prompts: loadgen::synthetic_prompts(16, 64, 1),
         arrivals: Arrivals::Poisson(rate),
+        pacing: Default::default(),
         requests: (rate * secs as f64 * 2.0) as usize + 10,
         duration: Some(Duration::from_secs(secs)),
         stream: true,

@@ -49,6 +49,7 @@ async fn level(streams: usize) {
         endpoint: Default::default(),
         prompts: loadgen::synthetic_prompts(16, 16, 1),
         arrivals: Arrivals::Concurrency(streams),
+        pacing: Default::default(),
         requests,
         duration: None,
         stream: true,

@@ -15,6 +15,7 @@ fn options(url: String, arrivals: Arrivals, requests: usize) -> BenchOptions {
         endpoint: Default::default(),
         prompts: loadgen::synthetic_prompts(10, 16, 1),
         arrivals,
+        pacing: Default::default(),
         requests,
         duration: None,
         stream: true,
@@ -1122,4 +1123,165 @@ async fn the_simulator_answers_past_its_end_when_asked_to_ignore_eos() {
     assert_eq!(stops.unwrap().total_output_tokens, 3);
     let (_, goes_on) = bench_run(&[&base[..], &["--ignore-eos"]].concat()).await;
     assert_eq!(goes_on.unwrap().total_output_tokens, 36);
+}
+
+/// The most requests of `samples` in flight at once, from their send times and latencies.
+fn most_in_flight(samples: &[loadgen::Sample]) -> usize {
+    let mut edges: Vec<(f64, i32)> = samples
+        .iter()
+        .flat_map(|s| [(s.sent_s, 1), (s.sent_s + s.e2e / 1000.0, -1)])
+        .collect();
+    // An end before a start at the same instant.
+    edges.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let (mut now, mut most) = (0, 0);
+    for (_, d) in edges {
+        now += d;
+        most = most.max(now);
+    }
+    most as usize
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_with_a_concurrency_cap_never_has_more_in_flight() {
+    // 100 req/s offered, each request ~50 ms: uncapped, about five would be in flight.
+    let sim = start_sim(exact(10.0, 5.0), 1).await;
+    let mut o = options(format!("http://{}", sim.addr), Arrivals::Poisson(100.0), 30);
+    let (samples, _) = loadgen::run(&o).await;
+    assert!(
+        most_in_flight(&samples) > 2,
+        "the check can fail: uncapped it is over 2"
+    );
+    o.pacing.max_concurrency = Some(2);
+    let (samples, _) = loadgen::run(&o).await;
+    assert_eq!(samples.iter().filter(|s| s.failure.is_none()).count(), 30);
+    assert!(
+        most_in_flight(&samples) <= 2,
+        "{}",
+        most_in_flight(&samples)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warmup_and_cooldown_stretches_are_sent_but_left_out() {
+    let sim = start_sim(exact(1.0, 0.2), 1).await;
+    // Evenly 20 req/s for 2 s: the first and last half second hold about ten requests each.
+    let mut o = options(format!("http://{}", sim.addr), Arrivals::Constant(20.0), 40);
+    o.pacing.warmup_time = Duration::from_millis(500);
+    o.pacing.cooldown_time = Duration::from_millis(500);
+    let (samples, wall) = loadgen::run(&o).await;
+    let r = loadgen::summarize(&samples, wall, &o.slo);
+    assert!((16..=22).contains(&r.excluded), "{}", r.excluded);
+    assert_eq!(r.requests + r.excluded, 40);
+    // Every measured request was sent between the stretches.
+    let sent: Vec<f64> = samples
+        .iter()
+        .filter(|s| !s.excluded)
+        .map(|s| s.sent_s)
+        .collect();
+    assert!(sent.iter().all(|t| (0.45..=1.6).contains(t)), "{sent:?}");
+    // Rates over the measured span (about a second), not the whole run.
+    assert!(
+        r.request_throughput > 15.0 && r.request_throughput < 26.0,
+        "{} req/s over {} s",
+        r.request_throughput,
+        r.duration_s
+    );
+    let text = loadgen::render(&r, None);
+    assert!(text.contains("excluded: "), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ramp_up_starts_slow() {
+    let sim = start_sim(exact(1.0, 0.2), 1).await;
+    // 40 req/s evenly: 20 in the first half second without a ramp; with a one-second ramp from
+    // 4 req/s, about 5.
+    let mut o = options(format!("http://{}", sim.addr), Arrivals::Constant(40.0), 60);
+    o.pacing.ramp_up = Some(Duration::from_secs(1));
+    let (samples, _) = loadgen::run(&o).await;
+    let early = samples.iter().filter(|s| s.sent_s < 0.5).count();
+    assert!(
+        (3..=8).contains(&early),
+        "{early} sent in the first half second"
+    );
+    assert_eq!(samples.len(), 60);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bursty_arrivals_bunch_up_at_the_same_mean_rate() {
+    let sim = start_sim(exact(0.5, 0.1), 1).await;
+    let gaps = |samples: &[loadgen::Sample]| {
+        let mut t: Vec<f64> = samples.iter().map(|s| s.sent_s).collect();
+        t.sort_by(f64::total_cmp);
+        let g: Vec<f64> = t.windows(2).map(|w| w[1] - w[0]).collect();
+        let mean = g.iter().sum::<f64>() / g.len() as f64;
+        let var = g.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / g.len() as f64;
+        (mean, var.sqrt() / mean)
+    };
+    let mut o = options(
+        format!("http://{}", sim.addr),
+        Arrivals::Poisson(100.0),
+        200,
+    );
+    let (poisson, _) = loadgen::run(&o).await;
+    o.pacing.burstiness = 0.25;
+    let (bursty, _) = loadgen::run(&o).await;
+    let ((m1, cv1), (m2, cv2)) = (gaps(&poisson), gaps(&bursty));
+    // Gamma gaps of shape k have a coefficient of variation of 1/sqrt(k): 1 and 2.
+    assert!(cv1 > 0.7 && cv1 < 1.4, "Poisson CV {cv1}");
+    assert!(cv2 > 1.5, "bursty CV {cv2}");
+    assert!(
+        m2 > 0.005 && m2 < 0.02 && m1 > 0.005 && m1 < 0.02,
+        "{m1} {m2}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_prints_and_keeps_its_capacity() {
+    let sim = start_sim(exact(1.0, 0.2), 1).await;
+    let url = format!("http://{}", sim.addr);
+    let file = temp_dir().join("sweep.json");
+    let out = tokio::task::spawn_blocking({
+        let file = file.clone();
+        move || {
+            bench_cli(
+                &[
+                    "--url",
+                    &url,
+                    "--sweep",
+                    "5,10",
+                    "--requests",
+                    "6",
+                    "--slo",
+                    "ttft=10s",
+                    "--max-tokens",
+                    "4",
+                    "--out",
+                    file.to_str().unwrap(),
+                ],
+                &[],
+            )
+        }
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("| met SLOs |") && stdout.contains("| 100% |"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(
+            "capacity: at least 10.00 req/s: 90% of requests met ttft<=10000ms at every rate swept"
+        ),
+        "{stdout}"
+    );
+    let doc: loadgen::SweepReport = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!(doc.runs.len(), 2);
+    let c = doc.capacity.unwrap();
+    assert_eq!((c.rate, c.next), (Some(10.0), None));
 }

@@ -155,6 +155,8 @@ fn cli_output_shapes() {
         purpose_taken: false,
         failure: None,
         via_gateway: false,
+        sent_s: 0.0,
+        excluded: false,
     }];
     let report =
         inferscope::lab::loadgen::summarize(&samples, std::time::Duration::from_secs(1), &[]);

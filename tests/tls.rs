@@ -577,6 +577,7 @@ async fn the_load_generator_speaks_tls_and_sends_a_key() {
         endpoint: Default::default(),
         prompts: loadgen::synthetic_prompts(4, 8, 1),
         arrivals: Arrivals::Concurrency(2),
+        pacing: Default::default(),
         requests,
         duration: None,
         stream: true,

@@ -65,6 +65,29 @@ pub(crate) struct Args {
     /// Evenly spaced arrivals instead of Poisson.
     #[arg(long)]
     constant: bool,
+    /// Open loop: gamma-distributed gaps of this shape, as vLLM's --burstiness: 1 is Poisson,
+    /// below 1 burstier, above 1 more even (the mean rate is --rate either way).
+    #[arg(long, default_value_t = 1.0, conflicts_with = "constant")]
+    burstiness: f64,
+    /// Open loop: at most this many requests in flight (vLLM's --max-concurrency); an arrival
+    /// past it waits for a slot, its clock starting when it is sent.
+    #[arg(long)]
+    max_concurrency: Option<usize>,
+    /// Open loop: the rate rises linearly from a tenth of --rate to all of it over this long
+    /// (e.g. 30s).
+    #[arg(long)]
+    ramp_up: Option<String>,
+    /// Requests sent in this first stretch (e.g. 10s) are sent and left out of every figure
+    /// (counted as `excluded`); rates are then over the measured requests' own span.
+    #[arg(long)]
+    warmup_time: Option<String>,
+    /// Requests sent in this last stretch of the sending are left out likewise.
+    #[arg(long)]
+    cooldown_time: Option<String>,
+    /// With --sweep and --slo: the share of requests that must meet every SLO for a rate to
+    /// count; the highest such rate is the capacity printed and kept (`capacity`).
+    #[arg(long, default_value_t = 0.9)]
+    slo_attainment: f64,
     /// Requests in flight, closed loop (default 1 when no --rate).
     #[arg(long)]
     concurrency: Option<usize>,
@@ -188,6 +211,12 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         rate,
         sweep,
         constant,
+        burstiness,
+        max_concurrency,
+        ramp_up,
+        warmup_time,
+        cooldown_time,
+        slo_attainment,
         concurrency,
         requests,
         duration,
@@ -276,6 +305,14 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         "--format vllm writes one run: not with --sweep"
     );
     anyhow::ensure!(
+        burstiness > 0.0,
+        "--burstiness {burstiness}: must be above 0"
+    );
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&slo_attainment),
+        "--slo-attainment {slo_attainment}: a share between 0 and 1"
+    );
+    anyhow::ensure!(
         percentiles.iter().all(|p| (0.0..=100.0).contains(p)),
         "--percentiles: each between 0 and 100"
     );
@@ -309,6 +346,24 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         endpoint,
         prompts: Vec::new(),
         arrivals,
+        pacing: loadgen::Pacing {
+            burstiness,
+            max_concurrency,
+            ramp_up: ramp_up
+                .map(|d| config::parse_duration(&d))
+                .transpose()
+                .context("--ramp-up")?,
+            warmup_time: warmup_time
+                .map(|d| config::parse_duration(&d))
+                .transpose()
+                .context("--warmup-time")?
+                .unwrap_or_default(),
+            cooldown_time: cooldown_time
+                .map(|d| config::parse_duration(&d))
+                .transpose()
+                .context("--cooldown-time")?
+                .unwrap_or_default(),
+        },
         requests,
         duration: duration
             .map(|d| config::parse_duration(&d))
@@ -451,11 +506,21 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
             rows.push(report);
         }
         print!("{}", loadgen::render_sweep(&rows));
+        let capacity = loadgen::capacity(&rows, slo_attainment);
+        match &capacity {
+            Some(c) => println!("{}", c.words()),
+            None => println!("capacity: give --slo (e.g. ttft=500ms,tpot=50ms) for the highest rate that meets it"),
+        }
+        let judged = judge(&rows, max_error_rate);
         if let Some(path) = out {
-            std::fs::write(&path, serde_json::to_string_pretty(&rows)?)
+            let doc = loadgen::SweepReport {
+                runs: rows,
+                capacity,
+            };
+            std::fs::write(&path, serde_json::to_string_pretty(&doc)?)
                 .with_context(|| format!("writing {}", path.display()))?;
         }
-        return judge(&rows, max_error_rate);
+        return judged;
     }
     let info = run_info(&opts);
     let (samples, wall) = loadgen::run(&opts).await;

@@ -67,6 +67,7 @@ async fn demo_load(url: String, rate: f64) {
             endpoint: Default::default(),
             prompts: loadgen::synthetic_prompts(200, 40, round),
             arrivals: Arrivals::Poisson(rate),
+            pacing: Default::default(),
             // About a minute's worth, each round drained (not cut: the dashboard shows no
             // cancelled requests of its own making).
             requests: (rate * 60.0).ceil() as usize,

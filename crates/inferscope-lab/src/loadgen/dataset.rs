@@ -432,7 +432,7 @@ mod tests {
         let broken =
             "[\n{\"conversations\":[{\"from\":\"human\",\"value\":\"a\"},\n{\"from\":\"gpt\"}]}\n]";
         let err = load(broken, None, "prompt").err();
-        assert_eq!(err.as_ref().and_then(|e| e.line), Some(2));
+        assert_eq!(err.as_ref().and_then(|e| e.line), Some(3));
         assert!(err.is_some_and(|e| e.what.contains("missing field `value`")));
         // An Alpaca file asked to be read as ShareGPT.
         let alpaca = r#"[{"instruction":"a","output":"b"}]"#;

@@ -39,6 +39,59 @@ pub enum Arrivals {
     Concurrency(usize),
 }
 
+/// How an open-loop run paces its requests besides the rate, and which of them it measures.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Pacing {
+    /// Gamma-distributed gaps of this shape (vLLM's `--burstiness`): 1 is Poisson, below 1
+    /// burstier, above 1 more even. Poisson arrivals only.
+    pub burstiness: f64,
+    /// At most this many requests in flight (vLLM's `--max-concurrency`): an arrival past it
+    /// waits for a slot, and its clock starts when it is sent.
+    pub max_concurrency: Option<usize>,
+    /// The rate rises linearly from a tenth of its value to all of it over this long.
+    pub ramp_up: Option<Duration>,
+    /// Requests sent in this first stretch of the run are sent but left out of the figures.
+    pub warmup_time: Duration,
+    /// Requests sent in this last stretch of the sending are sent but left out of the figures.
+    pub cooldown_time: Duration,
+}
+
+impl Default for Pacing {
+    fn default() -> Self {
+        Self {
+            burstiness: 1.0,
+            max_concurrency: None,
+            ramp_up: None,
+            warmup_time: Duration::ZERO,
+            cooldown_time: Duration::ZERO,
+        }
+    }
+}
+
+/// A gamma-distributed variate of `shape` and scale 1 (Marsaglia and Tsang; shapes below 1 by
+/// the boost `G(k + 1) · U^(1/k)`).
+fn gamma(rng: &mut crate::util::Rng, shape: f64) -> f64 {
+    if shape < 1.0 {
+        let u = 1.0 - rng.unit();
+        return gamma(rng, shape + 1.0) * u.powf(1.0 / shape);
+    }
+    let d = shape - 1.0 / 3.0;
+    let c = 1.0 / (9.0 * d).sqrt();
+    loop {
+        // A standard normal by Box–Muller.
+        let (u1, u2) = (1.0 - rng.unit(), rng.unit());
+        let x = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
+        let v = (1.0 + c * x).powi(3);
+        if v <= 0.0 {
+            continue;
+        }
+        let u = 1.0 - rng.unit();
+        if u.ln() < 0.5 * x * x + d - d * v + d * v.ln() {
+            return d * v;
+        }
+    }
+}
+
 /// The API a run speaks (`--endpoint`): the gateway forwards and measures all of them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Endpoint {
@@ -157,6 +210,8 @@ pub struct BenchOptions {
     pub prompts: Vec<Prompt>,
     /// Arrival process.
     pub arrivals: Arrivals,
+    /// Burstiness, a cap on requests in flight, ramp-up, and the stretches left out.
+    pub pacing: Pacing,
     /// Stop after this many requests …
     pub requests: usize,
     /// … or after this long (whichever comes first): nothing is sent after it, and what is
@@ -221,6 +276,10 @@ pub struct Sample {
     pub failure: Option<Failure>,
     /// The answer came through an inferscope gateway (it carried `x-inferscope-request-id`).
     pub via_gateway: bool,
+    /// When it was sent, seconds after the run started.
+    pub sent_s: f64,
+    /// Sent in the warm-up or cool-down stretch: in none of the figures.
+    pub excluded: bool,
 }
 
 /// Why a request did not succeed, with what the client saw.
@@ -729,6 +788,10 @@ pub async fn run(o: &BenchOptions) -> (Vec<Sample>, Duration) {
         })
     });
     let mut tasks = Vec::new();
+    // When each request is sent: its sample carries it, for the warm-up and cool-down cuts.
+    let sent = move |s: &mut Sample, at: Instant| {
+        s.sent_s = at.saturating_duration_since(start).as_secs_f64();
+    };
     match o.arrivals {
         Arrivals::Concurrency(c) => {
             for t in 0..c.max(1) {
@@ -740,7 +803,9 @@ pub async fn run(o: &BenchOptions) -> (Vec<Sample>, Duration) {
                 );
                 tasks.push(tokio::spawn(async move {
                     while let Some(i) = more() {
-                        let s = one(&client, &o, &o.prompts[i % o.prompts.len()]).await;
+                        let at = Instant::now();
+                        let mut s = one(&client, &o, &o.prompts[i % o.prompts.len()]).await;
+                        sent(&mut s, at);
                         samples.lock().push(s);
                     }
                 }));
@@ -748,25 +813,51 @@ pub async fn run(o: &BenchOptions) -> (Vec<Sample>, Duration) {
         }
         Arrivals::Poisson(rate) | Arrivals::Constant(rate) => {
             let mut rng = crate::util::Rng::new(o.seed);
+            let slots = o
+                .pacing
+                .max_concurrency
+                .map(|n| Arc::new(tokio::sync::Semaphore::new(n.max(1))));
             let mut at = start;
             loop {
                 // Asked after the wait: nothing leaves once the run's time is up.
                 tokio::time::sleep_until(at).await;
                 let Some(i) = more() else { break };
+                // The rate now: during a ramp-up, from a tenth of it to all of it.
+                let now_rate = match o.pacing.ramp_up {
+                    Some(r) if !r.is_zero() => {
+                        let f = at.saturating_duration_since(start).as_secs_f64() / r.as_secs_f64();
+                        rate * f.clamp(0.1, 1.0)
+                    }
+                    _ => rate,
+                };
                 let gap = match o.arrivals {
-                    Arrivals::Poisson(_) => -(1.0 - rng.unit()).ln() / rate,
-                    _ => 1.0 / rate,
+                    Arrivals::Poisson(_) if (o.pacing.burstiness - 1.0).abs() > f64::EPSILON => {
+                        // vLLM's gamma arrivals: shape k, scale 1 / (rate · k), mean 1 / rate.
+                        let k = o.pacing.burstiness.max(1e-3);
+                        gamma(&mut rng, k) / (now_rate * k)
+                    }
+                    Arrivals::Poisson(_) => -(1.0 - rng.unit()).ln() / now_rate,
+                    _ => 1.0 / now_rate,
                 };
                 at += Duration::from_secs_f64(gap);
                 let client = clients[i % clients.len()].clone();
-                let (o, samples) = (Arc::clone(&o), Arc::clone(&samples));
+                let (o, samples, slots) = (Arc::clone(&o), Arc::clone(&samples), slots.clone());
                 tasks.push(tokio::spawn(async move {
-                    let s = one(&client, &o, &o.prompts[i % o.prompts.len()]).await;
+                    // Past the cap, the request waits for a slot; its clock starts when sent.
+                    let _slot = match &slots {
+                        Some(s) => Some(Arc::clone(s).acquire_owned().await),
+                        None => None,
+                    };
+                    let at = Instant::now();
+                    let mut s = one(&client, &o, &o.prompts[i % o.prompts.len()]).await;
+                    sent(&mut s, at);
                     samples.lock().push(s);
                 }));
             }
         }
     }
+    // The sending is over: the warm-up and cool-down stretches are known.
+    let sending = start.elapsed().as_secs_f64();
     // Drained, or with --duration cut when it ends.
     let drained = {
         let all = async {
@@ -803,7 +894,19 @@ pub async fn run(o: &BenchOptions) -> (Vec<Sample>, Duration) {
         eprintln!();
     }
     let wall = start.elapsed();
-    let v = std::mem::take(&mut *samples.lock());
+    let mut v = std::mem::take(&mut *samples.lock());
+    let (warm, cool) = (
+        o.pacing.warmup_time.as_secs_f64(),
+        o.pacing.cooldown_time.as_secs_f64(),
+    );
+    if warm > 0.0 || cool > 0.0 {
+        for s in v
+            .iter_mut()
+            .filter(|s| s.failure != Some(Failure::Unfinished))
+        {
+            s.excluded = s.sent_s < warm || s.sent_s > sending - cool;
+        }
+    }
     (v, wall)
 }
 
@@ -875,6 +978,21 @@ pub struct RunInfo {
     pub rate: Option<f64>,
     /// Requests in flight (closed loop).
     pub concurrency: Option<usize>,
+    /// The gamma shape of the gaps (Poisson arrivals; 1: Poisson).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burstiness: Option<f64>,
+    /// The cap on requests in flight of an open-loop run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrency: Option<usize>,
+    /// The ramp-up, seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ramp_up_s: Option<f64>,
+    /// The warm-up stretch left out, seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warmup_time_s: Option<f64>,
+    /// The cool-down stretch left out, seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cooldown_time_s: Option<f64>,
     /// `--requests`.
     pub max_requests: usize,
     /// `--duration`, seconds.
@@ -914,6 +1032,15 @@ impl RunInfo {
             arrivals: arrivals.to_owned(),
             rate,
             concurrency,
+            burstiness: matches!(o.arrivals, Arrivals::Poisson(_)).then_some(o.pacing.burstiness),
+            max_concurrency: o.pacing.max_concurrency.filter(|_| rate.is_some()),
+            ramp_up_s: o
+                .pacing
+                .ramp_up
+                .filter(|_| rate.is_some())
+                .map(|d| d.as_secs_f64()),
+            warmup_time_s: Some(o.pacing.warmup_time.as_secs_f64()).filter(|s| *s > 0.0),
+            cooldown_time_s: Some(o.pacing.cooldown_time.as_secs_f64()).filter(|s| *s > 0.0),
             max_requests: o.requests,
             max_duration_s: o.duration.map(|d| d.as_secs_f64()),
             max_tokens: o.max_tokens,
@@ -961,6 +1088,13 @@ pub struct BenchReport {
     /// Requests still in flight when `--duration` ended: cut, and in none of the figures.
     #[serde(default)]
     pub cut_at_end: usize,
+    /// The share of the requests that met every SLO (`None`: no `--slo`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slo_attainment: Option<f64>,
+    /// Requests sent in the warm-up or cool-down stretch (`--warmup-time`, `--cooldown-time`):
+    /// answered, and in none of the figures, which are over the rest's own span.
+    #[serde(default)]
+    pub excluded: usize,
     /// Output tokens of the successful requests, as measured (usage, else events counted).
     #[serde(default)]
     pub total_output_tokens: u64,
@@ -1037,11 +1171,32 @@ fn failure_counts(samples: &[Sample]) -> Vec<FailureCount> {
 
 /// The report (vLLM `bench serve` style, the gateway's definitions).
 pub fn summarize(samples: &[Sample], wall: Duration, slo: &[(String, Duration)]) -> BenchReport {
-    let secs = wall.as_secs_f64().max(1e-9);
     let unfinished = |s: &Sample| s.failure == Some(Failure::Unfinished);
     let cut_at_end = samples.iter().filter(|s| unfinished(s)).count();
-    let finished: Vec<Sample> = samples.iter().filter(|s| !unfinished(s)).cloned().collect();
+    let excluded = samples.iter().filter(|s| s.excluded).count();
+    let finished: Vec<Sample> = samples
+        .iter()
+        .filter(|s| !unfinished(s) && !s.excluded)
+        .cloned()
+        .collect();
     let samples = &finished[..];
+    // With stretches left out, rates are over the measured requests' own span: from the first
+    // one's sending to the last one's end.
+    let secs = match excluded {
+        0 => wall.as_secs_f64(),
+        _ => {
+            let first = samples
+                .iter()
+                .map(|s| s.sent_s)
+                .fold(f64::INFINITY, f64::min);
+            let last = samples
+                .iter()
+                .map(|s| s.sent_s + s.e2e / 1000.0)
+                .fold(0.0, f64::max);
+            (last - first).max(0.0)
+        }
+    }
+    .max(1e-9);
     let ok: Vec<&Sample> = samples.iter().filter(|s| s.ok()).collect();
     let out: u64 = ok.iter().map(|s| s.output_tokens).sum();
     let inp: u64 = ok.iter().map(|s| s.input_tokens).sum();
@@ -1058,6 +1213,7 @@ pub fn summarize(samples: &[Sample], wall: Duration, slo: &[(String, Duration)])
         failed: samples.len() - ok.len(),
         failures: failure_counts(samples),
         cut_at_end,
+        excluded,
         total_output_tokens: out,
         requested_output_tokens: ok.iter().map(|s| s.max_tokens).sum(),
         total_input_tokens: inp,
@@ -1065,6 +1221,8 @@ pub fn summarize(samples: &[Sample], wall: Duration, slo: &[(String, Duration)])
         output_token_throughput: out as f64 / secs,
         total_token_throughput: (out + inp) as f64 / secs,
         goodput: (!slo.is_empty()).then(|| good as f64 / secs),
+        slo_attainment: (!slo.is_empty() && !samples.is_empty())
+            .then(|| good as f64 / samples.len() as f64),
         slo: slo
             .iter()
             .map(|(k, d)| format!("{k}<={}ms", d.as_millis()))
@@ -1097,7 +1255,7 @@ pub fn vllm_result(
 ) -> serde_json::Map<String, serde_json::Value> {
     let finished: Vec<&Sample> = samples
         .iter()
-        .filter(|s| s.failure != Some(Failure::Unfinished))
+        .filter(|s| s.failure != Some(Failure::Unfinished) && !s.excluded)
         .collect();
     let ok: Vec<&Sample> = finished.iter().copied().filter(|s| s.ok()).collect();
     let secs = |ms: f64| ms / 1000.0;
@@ -1118,15 +1276,11 @@ pub fn vllm_result(
         put("model_id", json!(run.model));
         put("num_prompts", json!(run.max_requests));
         put("request_rate", run.rate.map_or(json!("inf"), |r| json!(r)));
-        // Poisson arrivals are vLLM's burstiness 1.
+        put("burstiness", json!(run.burstiness));
         put(
-            "burstiness",
-            match run.arrivals.as_str() {
-                "poisson" => json!(1.0),
-                _ => serde_json::Value::Null,
-            },
+            "max_concurrency",
+            json!(run.max_concurrency.or(run.concurrency)),
         );
-        put("max_concurrency", json!(run.concurrency));
         for (k, v) in &run.labels {
             put(k, json!(v));
         }
@@ -1293,6 +1447,13 @@ pub fn render(r: &BenchReport, gateway: Option<&crate::stats::Periods>) -> Strin
             r.cut_at_end
         );
     }
+    if r.excluded > 0 {
+        let _ = writeln!(
+            out,
+            "  excluded: {} sent in the warm-up or cool-down stretch (in none of the figures)",
+            r.excluded
+        );
+    }
     for c in &r.failures {
         let _ = writeln!(
             out,
@@ -1364,14 +1525,80 @@ pub fn render(r: &BenchReport, gateway: Option<&crate::stats::Periods>) -> Strin
     out
 }
 
+/// A sweep's runs and the capacity they show (`--sweep … --out`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SweepReport {
+    /// One run per rate, in the order swept.
+    pub runs: Vec<BenchReport>,
+    /// The knee: `None` without `--slo`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<Capacity>,
+}
+
+/// The highest offered rate at which the SLOs held: goodput's knee.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Capacity {
+    /// Requests per second (`None`: not even the lowest rate swept met the SLOs).
+    pub rate: Option<f64>,
+    /// The share of requests that had to meet every SLO (`--slo-attainment`).
+    pub attainment: f64,
+    /// The SLOs.
+    pub slo: Vec<String>,
+    /// The first rate above it, and the share that met the SLOs there (`None`: every rate swept
+    /// met them: the capacity is higher still).
+    pub next: Option<(f64, f64)>,
+}
+
+/// The capacity `rows` show: the highest rate whose requests met the SLOs at `attainment` or
+/// better, every lower rate swept having met them too (a rate that fails ends the search, so a
+/// lucky run above a failing one does not count). `None` without SLOs.
+pub fn capacity(rows: &[BenchReport], attainment: f64) -> Option<Capacity> {
+    let mut by_rate: Vec<(f64, f64)> = rows
+        .iter()
+        .filter_map(|r| Some((r.rate?, r.slo_attainment.unwrap_or(0.0))))
+        .collect();
+    let slo = rows.iter().find(|r| r.goodput.is_some())?.slo.clone();
+    by_rate.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let first_short = by_rate.iter().position(|(_, a)| *a < attainment);
+    let met = &by_rate[..first_short.unwrap_or(by_rate.len())];
+    Some(Capacity {
+        rate: met.last().map(|(r, _)| *r),
+        attainment,
+        slo,
+        next: first_short.map(|i| by_rate[i]),
+    })
+}
+
+impl Capacity {
+    /// One line for the terminal.
+    pub fn words(&self) -> String {
+        let slo = self.slo.join(", ");
+        let share = self.attainment * 100.0;
+        match (self.rate, self.next) {
+            (Some(r), Some((n, a))) => format!(
+                "capacity: {r:.2} req/s, the highest rate swept at which {share:.0}% of requests met {slo} (at {n:.2} req/s {:.0}% did)",
+                a * 100.0
+            ),
+            (Some(r), None) => format!(
+                "capacity: at least {r:.2} req/s: {share:.0}% of requests met {slo} at every rate swept (sweep higher for the knee)"
+            ),
+            (None, Some((n, a))) => format!(
+                "capacity: below {n:.2} req/s, the lowest rate swept ({:.0}% of requests met {slo}, {share:.0}% needed)",
+                a * 100.0
+            ),
+            (None, None) => "capacity: no rate swept".into(),
+        }
+    }
+}
+
 /// One row per swept rate.
 pub fn render_sweep(rows: &[BenchReport]) -> String {
     let f = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.2}"));
-    let mut out = String::from("| rate req/s | achieved req/s | output tok/s | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 | E2E p99 | goodput req/s | failed |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    let mut out = String::from("| rate req/s | achieved req/s | output tok/s | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 | E2E p99 | goodput req/s | met SLOs | failed |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
     for r in rows {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             f(r.rate),
             f(Some(r.request_throughput)),
             f(Some(r.output_token_throughput)),
@@ -1381,6 +1608,8 @@ pub fn render_sweep(rows: &[BenchReport]) -> String {
             f(r.tpot_ms.map(|d| d.p99)),
             f(r.e2e_ms.map(|d| d.p99)),
             f(r.goodput),
+            r.slo_attainment
+                .map_or("-".into(), |a| format!("{:.0}%", a * 100.0)),
             r.failed
         );
     }
@@ -1390,7 +1619,48 @@ pub fn render_sweep(rows: &[BenchReport]) -> String {
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
-    use super::{linear_percentile, Dist};
+    use super::{capacity, gamma, linear_percentile, BenchReport, Dist};
+
+    #[test]
+    fn gamma_variates_have_their_shapes_mean_and_variance() {
+        for k in [0.25, 1.0, 4.0] {
+            let mut rng = crate::util::Rng::new(9);
+            let n = 40_000;
+            let v: Vec<f64> = (0..n).map(|_| gamma(&mut rng, k)).collect();
+            let mean = v.iter().sum::<f64>() / n as f64;
+            let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n as f64;
+            assert!((mean - k).abs() < 0.05 * k.max(1.0), "k {k}: mean {mean}");
+            assert!((var - k).abs() < 0.1 * k.max(1.0), "k {k}: variance {var}");
+        }
+    }
+
+    #[test]
+    fn capacity_is_the_last_rate_before_the_first_that_fails() {
+        let row = |rate: f64, attained: f64| {
+            let mut r = super::summarize(&[], std::time::Duration::from_secs(1), &[]);
+            r.rate = Some(rate);
+            r.goodput = Some(0.0);
+            r.slo = vec!["ttft<=200ms".into()];
+            r.slo_attainment = Some(attained);
+            r
+        };
+        let rows: Vec<BenchReport> = vec![
+            row(4.0, 0.95),
+            row(1.0, 1.0),
+            row(8.0, 0.6),
+            row(16.0, 0.92),
+        ];
+        let c = capacity(&rows, 0.9).unwrap();
+        // 16 req/s met the SLOs by luck above a failing 8: not counted.
+        assert_eq!((c.rate, c.next), (Some(4.0), Some((8.0, 0.6))));
+        assert!(c.words().starts_with("capacity: 4.00 req/s, the highest rate swept at which 90% of requests met ttft<=200ms (at 8.00 req/s 60% did)"), "{}", c.words());
+        let none = capacity(&[row(1.0, 0.5)], 0.9).unwrap();
+        assert_eq!(none.rate, None);
+        assert!(none.words().starts_with("capacity: below 1.00 req/s"));
+        let mut no_slo = row(1.0, 1.0);
+        no_slo.goodput = None;
+        assert_eq!(capacity(&[no_slo], 0.9), None);
+    }
 
     #[test]
     fn a_distribution_has_its_population_std() {

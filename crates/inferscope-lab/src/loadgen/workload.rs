@@ -380,7 +380,7 @@ mod tests {
         let entries = vec![
             entry("a prompt of some length", "a reply of some length"),
             entry("hi", "a reply of some length"),
-            entry(&long, "a reply"),
+            entry(&long, "a reply long enough"),
             entry("another prompt here", "and its reply, at length"),
         ];
         let (kept, info) =
