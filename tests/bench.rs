@@ -1285,3 +1285,80 @@ async fn a_sweep_prints_and_keeps_its_capacity() {
     let c = doc.capacity.unwrap();
     assert_eq!((c.rate, c.next), (Some(10.0), None));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_is_kept_on_request_as_json_or_csv() {
+    let sim = start_sim(exact(2.0, 1.0), 1).await;
+    let url = format!("http://{}", sim.addr);
+    let (run, report) = bench_run(&[
+        "--url",
+        &url,
+        "--requests",
+        "5",
+        "--max-tokens",
+        "4",
+        "--per-request",
+    ])
+    .await;
+    assert!(run.status.success());
+    let r = report.unwrap();
+    assert_eq!(r.per_request.len(), 5);
+    for s in &r.per_request {
+        assert_eq!((s.status, s.output_tokens, s.itl.len()), (200, 4, 3));
+        assert!(s.ttft.unwrap() >= 2.0 && s.e2e >= s.ttft.unwrap());
+    }
+    // The median of the kept TTFTs is the report's (within the gateway's rounding: three
+    // significant digits of microseconds, as its histograms keep them).
+    let mut ttft: Vec<f64> = r.per_request.iter().map(|s| s.ttft.unwrap()).collect();
+    ttft.sort_by(f64::total_cmp);
+    assert!(
+        (r.ttft_ms.unwrap().median - ttft[2]).abs() <= ttft[2] * 0.001 + 0.001,
+        "{ttft:?} {:?}",
+        r.ttft_ms
+    );
+
+    let file = temp_dir().join("run.csv");
+    let out = tokio::task::spawn_blocking({
+        let file = file.clone();
+        move || {
+            bench_cli(
+                &[
+                    "--url",
+                    &url,
+                    "--requests",
+                    "3",
+                    "--max-tokens",
+                    "4",
+                    "--format",
+                    "csv",
+                    "--out",
+                    file.to_str().unwrap(),
+                ],
+                &[],
+            )
+        }
+    })
+    .await
+    .unwrap();
+    assert!(out.status.success());
+    let text = std::fs::read_to_string(&file).unwrap();
+    let mut lines = text.lines();
+    let head: Vec<&str> = lines.next().unwrap().split(',').collect();
+    assert_eq!(head, loadgen::CSV_COLUMNS.split(',').collect::<Vec<_>>());
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.len(), 3);
+    let col = |name: &str| head.iter().position(|h| *h == name).unwrap();
+    for row in &rows {
+        assert_eq!(row.len(), head.len());
+        assert_eq!(
+            (
+                row[col("status")],
+                row[col("ok")],
+                row[col("output_tokens")]
+            ),
+            ("200", "1", "4")
+        );
+        let ttft: f64 = row[col("ttft_ms")].parse().unwrap();
+        assert!(ttft >= 2.0);
+    }
+}

@@ -135,10 +135,15 @@ pub(crate) struct Args {
     /// Write the report as JSON here.
     #[arg(long)]
     out: Option<PathBuf>,
-    /// The --out file's layout: `inferscope` (the report above) or `vllm` (the key names and
-    /// per-request arrays of `vllm bench serve --save-result`, so what reads those reads it).
-    #[arg(long, default_value = "inferscope", value_parser = ["inferscope", "vllm"])]
+    /// The --out file's layout: `inferscope` (the report above), `vllm` (the key names and
+    /// per-request arrays of `vllm bench serve --save-result`, so what reads those reads it) or
+    /// `csv` (a row per request; with --sweep, a row per rate).
+    #[arg(long, default_value = "inferscope", value_parser = ["inferscope", "vllm", "csv"])]
     format: String,
+    /// Keep every request in the report (`per_request`: send time, status, failure, tokens,
+    /// TTFT, TTFC, TPOT, each ITL gap, E2E).
+    #[arg(long)]
+    per_request: bool,
     /// Percentiles reported besides p50/p90/p99, e.g. 95,99.9: in the report's `percentiles`
     /// by the gateway's rule; with --format vllm as `p95_ttft_ms` …, vLLM's
     /// --metric-percentiles.
@@ -230,6 +235,7 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         engine_info,
         out,
         format,
+        per_request,
         percentiles,
         labels,
         max_error_rate,
@@ -502,6 +508,9 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
             report.percentiles = loadgen::percentiles(&samples, &percentiles);
             report.rate = Some(*r);
             report.run = Some(info);
+            if per_request {
+                report.per_request = samples;
+            }
             report.engine = engine.clone();
             rows.push(report);
         }
@@ -513,12 +522,14 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         }
         let judged = judge(&rows, max_error_rate);
         if let Some(path) = out {
-            let doc = loadgen::SweepReport {
-                runs: rows,
-                capacity,
+            let text = match format.as_str() {
+                "csv" => loadgen::csv_sweep(&rows),
+                _ => serde_json::to_string_pretty(&loadgen::SweepReport {
+                    runs: rows,
+                    capacity,
+                })?,
             };
-            std::fs::write(&path, serde_json::to_string_pretty(&doc)?)
-                .with_context(|| format!("writing {}", path.display()))?;
+            std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
         }
         return judged;
     }
@@ -561,7 +572,13 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
                 &report,
                 &percentiles,
             ))?,
-            _ => serde_json::to_string_pretty(&report)?,
+            "csv" => loadgen::csv(&samples),
+            _ => {
+                if per_request {
+                    report.per_request = samples;
+                }
+                serde_json::to_string_pretty(&report)?
+            }
         };
         std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
     }

@@ -247,21 +247,29 @@ pub struct BenchOptions {
 }
 
 /// One request as the client saw it.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Sample {
+    /// When it was sent, seconds after the run started.
+    #[serde(default)]
+    pub sent_s: f64,
     /// HTTP status (0: no response).
     pub status: u16,
     /// Stream reached its terminal event (or a whole body was parsed).
     pub complete: bool,
     /// Time to first token, milliseconds (`None`: no token came).
+    #[serde(rename = "ttft_ms")]
     pub ttft: Option<f64>,
     /// Time to first chunk, milliseconds (`None`: no chunk came).
+    #[serde(rename = "ttfc_ms")]
     pub ttfc: Option<f64>,
     /// Time per output token after the first, milliseconds (`None`: fewer than two tokens).
+    #[serde(rename = "tpot_ms")]
     pub tpot: Option<f64>,
     /// Milliseconds, one per gap between output events.
+    #[serde(rename = "itl_ms")]
     pub itl: Vec<f64>,
     /// End to end, milliseconds: from sending the request to the response's last byte.
+    #[serde(rename = "e2e_ms")]
     pub e2e: f64,
     /// Prompt tokens (from usage).
     pub input_tokens: u64,
@@ -271,14 +279,15 @@ pub struct Sample {
     pub max_tokens: u64,
     /// The gateway said back the purpose the request declared (`x-inferscope-purpose`): it
     /// counted the request apart from live traffic.
+    #[serde(skip)]
     pub purpose_taken: bool,
     /// Why it did not succeed (`None`: it did).
     pub failure: Option<Failure>,
     /// The answer came through an inferscope gateway (it carried `x-inferscope-request-id`).
+    #[serde(skip)]
     pub via_gateway: bool,
-    /// When it was sent, seconds after the run started.
-    pub sent_s: f64,
     /// Sent in the warm-up or cool-down stretch: in none of the figures.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub excluded: bool,
 }
 
@@ -1138,6 +1147,10 @@ pub struct BenchReport {
     /// `--compare-gateway`: the gateway's overall figures for the same requests.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gateway: Option<crate::stats::Periods>,
+    /// `--per-request`: every request as the client saw it, in the order they ended (those cut
+    /// by `--duration` included, as failures `unfinished`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub per_request: Vec<Sample>,
 }
 
 /// Failed requests of one reason.
@@ -1236,6 +1249,7 @@ pub fn summarize(samples: &[Sample], wall: Duration, slo: &[(String, Duration)])
         rate: None,
         roofline: None,
         gateway: None,
+        per_request: Vec::new(),
     }
 }
 
@@ -1521,6 +1535,73 @@ pub fn render(r: &BenchReport, gateway: Option<&crate::stats::Periods>) -> Strin
             let _ = write!(line, " {} | {} |", f(l.map(|l| l.p50)), f(l.map(|l| l.p99)));
         }
         let _ = writeln!(out, "{line}");
+    }
+    out
+}
+
+/// The columns of `--format csv`, one row per request.
+pub const CSV_COLUMNS: &str = "sent_s,status,ok,failure,excluded,input_tokens,output_tokens,max_tokens,ttft_ms,ttfc_ms,tpot_ms,itl_mean_ms,itl_max_ms,e2e_ms";
+
+/// `samples` as CSV for a spreadsheet: `CSV_COLUMNS`, one row per request (an empty cell where
+/// there is no value), the failure's reason quoted where it needs it.
+pub fn csv(samples: &[Sample]) -> String {
+    let mut out = String::with_capacity(64 * (samples.len() + 1));
+    out.push_str(CSV_COLUMNS);
+    out.push('\n');
+    let num = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x:.3}"));
+    for s in samples {
+        let reason = s.failure.as_ref().map(Failure::reason).unwrap_or_default();
+        let reason = if reason.contains([',', '"', '\n']) {
+            format!("\"{}\"", reason.replace('"', "\"\""))
+        } else {
+            reason
+        };
+        let itl_mean = (!s.itl.is_empty()).then(|| s.itl.iter().sum::<f64>() / s.itl.len() as f64);
+        let itl_max = s.itl.iter().copied().reduce(f64::max);
+        let _ = writeln!(
+            out,
+            "{:.6},{},{},{reason},{},{},{},{},{},{},{},{},{},{:.3}",
+            s.sent_s,
+            s.status,
+            u8::from(s.ok()),
+            u8::from(s.excluded),
+            s.input_tokens,
+            s.output_tokens,
+            s.max_tokens,
+            num(s.ttft),
+            num(s.ttfc),
+            num(s.tpot),
+            num(itl_mean),
+            num(itl_max),
+            s.e2e,
+        );
+    }
+    out
+}
+
+/// A sweep as CSV: one row per rate.
+pub fn csv_sweep(rows: &[BenchReport]) -> String {
+    let mut out = String::from("rate,achieved_req_s,output_tok_s,ttft_p50_ms,ttft_p99_ms,tpot_p50_ms,tpot_p99_ms,itl_p99_ms,e2e_p50_ms,e2e_p99_ms,goodput_req_s,slo_attainment,requests,failed\n");
+    let num = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x:.3}"));
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "{},{:.3},{:.3},{},{},{},{},{},{},{},{},{},{},{}",
+            num(r.rate),
+            r.request_throughput,
+            r.output_token_throughput,
+            num(r.ttft_ms.map(|d| d.median)),
+            num(r.ttft_ms.map(|d| d.p99)),
+            num(r.tpot_ms.map(|d| d.median)),
+            num(r.tpot_ms.map(|d| d.p99)),
+            num(r.itl_ms.map(|d| d.p99)),
+            num(r.e2e_ms.map(|d| d.median)),
+            num(r.e2e_ms.map(|d| d.p99)),
+            num(r.goodput),
+            num(r.slo_attainment),
+            r.requests,
+            r.failed,
+        );
     }
     out
 }
