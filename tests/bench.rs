@@ -65,7 +65,7 @@ async fn closed_loop_measures_every_request_and_brackets_the_gateway() {
         client_ttft >= gw_ttft * 0.99 && client_ttft >= 20.0,
         "client {client_ttft} vs gateway {gw_ttft}"
     );
-    let text = loadgen::render(&r, Some(all));
+    let text = loadgen::render(&r, Some(&all.cumulative));
     assert!(
         text.contains("| TTFT |") && text.contains("gateway p50"),
         "{text}"
@@ -149,10 +149,16 @@ async fn a_benchmark_is_counted_apart_where_the_route_takes_its_purpose() {
             ""
         };
         let gw = start_gateway(&[("sim", sim.addr)], &dir, extra).await;
+        // Other traffic first: the gateway's totals are not this run's.
+        for _ in 0..5 {
+            chat_ok(gw.data_addr, true, 30).await;
+        }
         let (url, admin) = (
             format!("http://{}", gw.data_addr),
             format!("http://{}", gw.admin_addr),
         );
+        let report = dir.join("run.json");
+        let out_arg = report.display().to_string();
         let out = tokio::task::spawn_blocking(move || {
             inferscope(&[
                 "bench",
@@ -168,6 +174,8 @@ async fn a_benchmark_is_counted_apart_where_the_route_takes_its_purpose() {
                 "4",
                 "--compare-gateway",
                 &admin,
+                "--out",
+                &out_arg,
             ])
         })
         .await
@@ -187,13 +195,33 @@ async fn a_benchmark_is_counted_apart_where_the_route_takes_its_purpose() {
                 .find(|g| g["purpose"] == p)
                 .map(|g| g["cumulative"]["requests"].as_u64().unwrap())
         };
+        let r = report_at(&report);
+        let run_id = r.run.as_ref().unwrap().run_id.clone().unwrap();
         if taken {
-            assert_eq!((live, by_purpose("bench")), (Some(0), Some(12)), "{stats}");
+            assert_eq!((live, by_purpose("bench")), (Some(5), Some(12)), "{stats}");
             assert!(!stderr.contains("did not take"), "{stderr}");
-            // The client's figures sit beside the gateway's for the same requests.
-            assert!(stdout.contains("gateway p50"), "{stdout}");
+            // The client's figures sit beside the gateway's for the same requests: this run's
+            // twelve, not the gateway's totals.
+            assert!(stdout.contains("| gateway p50 | Δ p50 |"), "{stdout}");
+            assert!(
+                stdout.contains("gateway: 12 of this run's 12 requests recorded under its run id"),
+                "{stdout}"
+            );
+            let g = r.gateway.expect("the gateway's figures in the report");
+            assert_eq!((g.requests, g.output_tokens), (12, 48));
+            // The client's clock brackets the gateway's.
+            assert!(r.e2e_ms.unwrap().median >= g.e2e.unwrap().p50 * 0.99);
+            let (status, one) = admin_get(gw.admin_addr, &format!("/stats/runs/{run_id}")).await;
+            assert_eq!(status, 200, "{one}");
         } else {
-            assert_eq!((live, by_purpose("live")), (Some(12), Some(12)), "{stats}");
+            assert_eq!((live, by_purpose("live")), (Some(17), Some(17)), "{stats}");
+            assert!(
+                stderr.contains("the gateway columns are left out"),
+                "{stderr}"
+            );
+            assert!(r.gateway.is_none());
+            let (status, _) = admin_get(gw.admin_addr, &format!("/stats/runs/{run_id}")).await;
+            assert_eq!(status, 404);
             assert!(
                 stderr.contains("did not take x-inferscope-purpose: bench"),
                 "{stderr}"
@@ -201,7 +229,13 @@ async fn a_benchmark_is_counted_apart_where_the_route_takes_its_purpose() {
         }
         let log = stop_and_read_log(gw, &dir).await;
         let want = if taken { "bench" } else { "live" };
-        assert!(log.iter().all(|l| l["purpose"] == want), "{log:?}");
+        let tagged: Vec<_> = log.iter().filter(|l| l["run"] == run_id.as_str()).collect();
+        assert!(tagged.iter().all(|l| l["purpose"] == want), "{log:?}");
+        assert_eq!(
+            tagged.len(),
+            if taken { 12 } else { 0 },
+            "the run's lines carry its id"
+        );
     }
 }
 

@@ -336,6 +336,8 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
     if purpose != "live" {
         headers.push((crate::meter::PURPOSE_HEADER.into(), purpose.clone()));
     }
+    // The run's id, which a gateway tallies its requests under (`--compare-gateway`).
+    headers.push((crate::stats::runs::RUN_HEADER.into(), loadgen::new_run_id()));
     anyhow::ensure!(
         (dataset.is_some() && dataset_name != "random")
             || (dataset.is_none() && matches!(dataset_name.as_str(), "auto" | "random")),
@@ -497,6 +499,12 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         let mut rows = Vec::new();
         for r in &sweep {
             let mut o = opts.clone();
+            // Each rate's requests under an id of their own.
+            for (k, v) in &mut o.headers {
+                if k == crate::stats::runs::RUN_HEADER {
+                    *v = loadgen::new_run_id();
+                }
+            }
             o.arrivals = if constant {
                 Arrivals::Constant(*r)
             } else {
@@ -546,13 +554,19 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         eprintln!("note: the gateway did not take x-inferscope-purpose: {purpose} (the route has no `purpose_header: true`), so these requests count as live traffic in its statistics and experiments");
     }
     let gateway = match &compare_gateway {
-        // Compared with the gateway's figures for the same population.
+        // The gateway's figures over exactly this run's requests.
         Some(admin) => {
-            let own = population(fetch_stats(admin).await?, taken.then_some(purpose.as_str()));
-            if own.is_none() {
-                eprintln!("note: {admin}/stats has no figures for purpose {purpose}: the gateway columns are left out");
-            }
-            own
+            let id = report
+                .run
+                .as_ref()
+                .and_then(|r| r.run_id.clone())
+                .unwrap_or_default();
+            run_figures(
+                admin,
+                &id,
+                report.successful + report.failed + report.excluded,
+            )
+            .await
         }
         None => None,
     };
@@ -664,20 +678,28 @@ fn bench_measured(r: &crate::lab::loadgen::BenchReport) -> crate::stats::rooflin
     }
 }
 
-/// The gateway's overall figures for the population a benchmark sent: live traffic's, or the
-/// rollup of the purpose it declared (requests a benchmark declared are counted under it).
-fn population(
-    stats: crate::stats::StatsDoc,
-    purpose: Option<&str>,
-) -> Option<crate::stats::Periods> {
-    match purpose {
-        None => Some(stats.rollups.all),
-        Some(p) => stats.rollups.of_purpose(p).map(|row| row.periods.clone()),
+/// The gateway's figures over the requests tagged `run` (`GET {admin}/stats/runs/{run}`), once
+/// it has recorded the `sent` requests the client finished (a record lands just after the
+/// response's end: polled for up to two seconds). `None`, said on standard error, where the
+/// gateway has no such run: its route does not take the tag (`purpose_header: true`), or it is
+/// not an inferscope gateway.
+async fn run_figures(admin: &str, run: &str, sent: usize) -> Option<crate::stats::TallyStats> {
+    let path = format!("/stats/runs/{run}");
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        match fetch_json(admin, &path, None, None).await {
+            Ok(doc) => {
+                let t: Option<crate::stats::TallyStats> = serde_json::from_value(doc).ok();
+                let done = t.as_ref().is_some_and(|t| t.requests >= sent as u64);
+                if done || tokio::time::Instant::now() >= deadline {
+                    return t;
+                }
+            }
+            Err(e) => {
+                eprintln!("note: {admin}{path}: {e:#}; the gateway columns are left out (the gateway tallies a run's requests where their route has `purpose_header: true`)");
+                return None;
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-}
-
-/// `GET {admin}/stats`.
-async fn fetch_stats(admin: &str) -> anyhow::Result<crate::stats::StatsDoc> {
-    let doc = fetch_json(admin, "/stats", None, None).await?;
-    serde_json::from_value(doc).context("GET /stats: not the statistics document")
 }

@@ -54,6 +54,7 @@ pub const FIELDS: &[Field] = &[
     f("protocol", "always", "the client's HTTP version (`HTTP/1.1`, `HTTP/2.0`)"),
     f("client", "always", "the connection's peer `ip:port` (never a forwarded header); null when unknown"),
     f("key", "with `auth:`", "the client key's name"),
+    f("run", "when tagged", "the benchmark run the client tagged the request with (`x-inferscope-run`, on a route with `purpose_header: true`)"),
     f("status", "always", "the status sent to the client"),
     f("stream", "always", "the client asked for a streamed response"),
     f("outcome", "always", "`ok`, `client_error`, `backend_error`, `truncated`, `timeout`, `client_cancelled`, `rejected`, `gateway_error`, `shutdown` or `rate_limited`"),
@@ -137,6 +138,8 @@ pub struct LogLine {
     pub variant_forced: bool,
     /// `live`, `shadow`, `eval` or `bench` (absent in logs older than it).
     pub purpose: Option<String>,
+    /// The benchmark run it was tagged with.
+    pub run: Option<String>,
     /// A shadow copy (logs older than `purpose`).
     #[serde(default)]
     pub shadow: bool,
@@ -774,6 +777,9 @@ pub fn write_line(r: &RequestRecord, out: &mut Vec<u8>) {
     let facts = crate::facts::Facts::of(m);
     if let Some(name) = facts.key.as_deref() {
         o.str(key!("key"), name);
+    }
+    if let Some(run) = facts.run.as_deref() {
+        o.str(key!("run"), run);
     }
     o.u64(key!("status"), u64::from(r.status));
     o.bool(key!("stream"), m.stream);

@@ -21,6 +21,9 @@ pub struct Facts {
     pub key: Option<Arc<str>>,
     /// The backend engine's load as its latest fresh scrape had it when the request was sent.
     pub engine: Option<EngineLoad>,
+    /// The benchmark run the client tagged it with (`x-inferscope-run`), where the route takes
+    /// the purpose header.
+    pub run: Option<Arc<str>>,
 }
 
 static NONE: Facts = Facts {
@@ -29,6 +32,7 @@ static NONE: Facts = Facts {
     shadow_pair: None,
     key: None,
     engine: None,
+    run: None,
 };
 
 impl Facts {

@@ -22,6 +22,8 @@ use std::sync::{Arc, OnceLock};
 pub struct Recorder {
     /// Latency and token statistics.
     pub stats: Stats,
+    /// The same, per benchmark run (`x-inferscope-run`).
+    pub runs: crate::stats::runs::Runs,
     /// The JSONL access log (disabled when not configured).
     pub log: AccessLog,
     /// OpenTelemetry export (absent when off).
@@ -40,6 +42,7 @@ impl Recorder {
     pub fn new(stats: Stats, log: AccessLog, telemetry: Option<Telemetry>) -> Self {
         Self {
             stats,
+            runs: Default::default(),
             log,
             telemetry,
             experiments: Experiments::default(),
@@ -141,6 +144,7 @@ impl RecordSink for Recorder {
             o.record(rec);
         }
         self.stats.record(rec);
+        self.runs.record(rec);
         self.experiments.record(rec);
         // A request its engine finished and reports on: the log line and span wait for the
         // engine's span (statistics above do not). Engines send no span for a request they

@@ -190,6 +190,7 @@ pub fn router(state: Arc<AdminState>) -> axum::Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/stats", get(stats))
+        .route("/stats/runs/{id}", get(run_stats))
         .route("/metrics", get(metrics))
         .route("/experiments", get(experiments))
         .route("/feedback", post(feedback))
@@ -314,6 +315,24 @@ async fn experiments(State(state): State<Arc<AdminState>>) -> Response<Full<Byte
 
 /// `GET /stats`: the statistics document and beside it the gateway's own state; with
 /// `?format=hdr`, every histogram whole (`stats::hdr`).
+/// `/stats/runs/{id}`: the figures of one benchmark run's requests (`x-inferscope-run`).
+async fn run_stats(
+    State(state): State<Arc<AdminState>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response<Full<Bytes>> {
+    match state.recorder.runs.get(&id) {
+        Some(t) => reply(
+            StatusCode::OK,
+            "application/json",
+            serde_json::to_string(&t).unwrap_or_default(),
+        ),
+        None => json_error(
+            StatusCode::NOT_FOUND,
+            "no such run: the gateway keeps the 16 newest runs, tagged x-inferscope-run on a route with purpose_header: true",
+        ),
+    }
+}
+
 async fn stats(State(state): State<Arc<AdminState>>, uri: http::Uri) -> Response<Full<Bytes>> {
     if query_has(&uri, "format", "hdr") {
         // Compressing every histogram takes milliseconds: off the worker threads.

@@ -345,6 +345,13 @@ impl Ctx {
             .then(|| self.headers.get(PURPOSE))
             .flatten()
             .and_then(|v| Purpose::declared(v.as_bytes()));
+        // So is the benchmark run it belongs to.
+        let run = sel
+            .route
+            .purpose_header
+            .then(|| self.headers.get(crate::stats::runs::RUN_HEADER))
+            .flatten()
+            .and_then(|v| crate::stats::runs::run_id(v.as_bytes()));
         self.notes.update(|m| {
             m.route = Arc::clone(&sel.route.name);
             m.variant = Arc::clone(&sel.variant);
@@ -352,6 +359,9 @@ impl Ctx {
             m.slo = sel.route.slo;
             if let Some(p) = purpose {
                 m.purpose = p;
+            }
+            if run.is_some() {
+                Facts::of_mut(m).run = run;
             }
         });
         self.declared = purpose;

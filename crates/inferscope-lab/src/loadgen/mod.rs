@@ -1018,6 +1018,9 @@ pub struct RunInfo {
     pub warmup: usize,
     /// What the user said of the run (`--label quant=int8`).
     pub labels: std::collections::BTreeMap<String, String>,
+    /// The id its requests carried (`x-inferscope-run`): a gateway tallies them apart under it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
 }
 
 impl RunInfo {
@@ -1058,8 +1061,27 @@ impl RunInfo {
             stream: o.stream,
             warmup: o.warmup,
             labels: std::collections::BTreeMap::new(),
+            run_id: o
+                .headers
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(crate::stats::runs::RUN_HEADER))
+                .map(|(_, v)| v.clone()),
         }
     }
+}
+
+/// A new run id: `bench-` and the start in Unix milliseconds, and four hex digits that tell
+/// apart runs started in the same millisecond.
+pub fn new_run_id() -> String {
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    static RUNS: AtomicUsize = AtomicUsize::new(0);
+    let n = RUNS.fetch_add(1, Ordering::Relaxed) as u64;
+    let mut rng = crate::util::Rng::new(
+        ms as u64 ^ u64::from(std::process::id()).rotate_left(32) ^ n.rotate_left(48),
+    );
+    format!("bench-{ms}-{:04x}", rng.next_u64() & 0xffff)
 }
 
 /// SHA-256 of `bytes`, lowercase hex.
@@ -1144,9 +1166,10 @@ pub struct BenchReport {
     /// `--gpu`: where the run sits on the roofline.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub roofline: Option<crate::stats::roofline::Assessment>,
-    /// `--compare-gateway`: the gateway's overall figures for the same requests.
+    /// `--compare-gateway`: the gateway's figures over this run's own requests (its
+    /// `/stats/runs/{run_id}`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gateway: Option<crate::stats::Periods>,
+    pub gateway: Option<crate::stats::TallyStats>,
     /// `--per-request`: every request as the client saw it, in the order they ended (those cut
     /// by `--duration` included, as failures `unfinished`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -1443,7 +1466,7 @@ fn percentile_name(p: f64) -> String {
 
 /// The report as a table; with `gateway` (the gateway's figures for the same requests), side by
 /// side.
-pub fn render(r: &BenchReport, gateway: Option<&crate::stats::Periods>) -> String {
+pub fn render(r: &BenchReport, gateway: Option<&crate::stats::TallyStats>) -> String {
     let mut out = String::new();
     let f = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.2}"));
     let _ = writeln!(
@@ -1499,12 +1522,19 @@ pub fn render(r: &BenchReport, gateway: Option<&crate::stats::Periods>) -> Strin
             f(Some(g))
         );
     }
-    let all = gateway.map(|g| &g.cumulative);
+    if let Some(g) = gateway {
+        let _ = writeln!(
+            out,
+            "gateway: {} of this run's {} requests recorded under its run id (Δ: the client's figure minus the gateway's)",
+            g.requests,
+            r.requests
+        );
+    }
     let _ = writeln!(
         out,
         "\n| metric (ms) | mean | median | p90 | p99 |{}",
-        if all.is_some() {
-            " gateway p50 | gateway p99 |"
+        if gateway.is_some() {
+            " gateway p50 | Δ p50 | gateway p99 | Δ p99 |"
         } else {
             ""
         }
@@ -1512,7 +1542,11 @@ pub fn render(r: &BenchReport, gateway: Option<&crate::stats::Periods>) -> Strin
     let _ = writeln!(
         out,
         "|---|---|---|---|---|{}",
-        if all.is_some() { "---|---|" } else { "" }
+        if gateway.is_some() {
+            "---|---|---|---|"
+        } else {
+            ""
+        }
     );
     type Gateway = fn(&crate::stats::TallyStats) -> Option<crate::stats::LatencyStats>;
     let rows: [(&str, Option<Dist>, Gateway); 5] = [
@@ -1522,6 +1556,10 @@ pub fn render(r: &BenchReport, gateway: Option<&crate::stats::Periods>) -> Strin
         ("ITL", r.itl_ms, |t| t.itl),
         ("E2E", r.e2e_ms, |t| t.e2e),
     ];
+    let delta = |a: Option<f64>, b: Option<f64>| {
+        a.zip(b)
+            .map_or("-".to_string(), |(a, b)| format!("{:+.2}", a - b))
+    };
     for (name, d, gw) in rows {
         let mut line = format!(
             "| {name} | {} | {} | {} | {} |",
@@ -1530,9 +1568,17 @@ pub fn render(r: &BenchReport, gateway: Option<&crate::stats::Periods>) -> Strin
             f(d.map(|d| d.p90)),
             f(d.map(|d| d.p99))
         );
-        if let Some(a) = all {
-            let l = gw(a);
-            let _ = write!(line, " {} | {} |", f(l.map(|l| l.p50)), f(l.map(|l| l.p99)));
+        if let Some(g) = gateway {
+            let l = gw(g);
+            let (p50, p99) = (l.map(|l| l.p50), l.map(|l| l.p99));
+            let _ = write!(
+                line,
+                " {} | {} | {} | {} |",
+                f(p50),
+                delta(d.map(|d| d.median), p50),
+                f(p99),
+                delta(d.map(|d| d.p99), p99)
+            );
         }
         let _ = writeln!(out, "{line}");
     }
