@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-fn chromium() -> PathBuf {
+pub(crate) fn chromium() -> PathBuf {
     program(
         &["chromium", "chromium-browser", "google-chrome"],
         "apt-get install chromium",
@@ -21,7 +21,7 @@ fn chromium() -> PathBuf {
 }
 
 /// Runs headless Chromium on `url` for a few seconds of page time; returns (DOM, stderr).
-fn browse(bin: &std::path::Path, url: &str, extra: &[&str]) -> (String, String) {
+pub(crate) fn browse(bin: &std::path::Path, url: &str, extra: &[&str]) -> (String, String) {
     let profile = temp_dir();
     let out = Command::new(bin)
         .args([
@@ -47,7 +47,7 @@ fn browse(bin: &std::path::Path, url: &str, extra: &[&str]) -> (String, String) 
 }
 
 /// `(attribute value, element text)` for every element carrying `attr`.
-fn tagged(dom: &str, attr: &str) -> Vec<(String, String)> {
+pub(crate) fn tagged(dom: &str, attr: &str) -> Vec<(String, String)> {
     let needle = format!("{attr}=\"");
     let mut out = Vec::new();
     let mut rest = dom;
@@ -64,7 +64,7 @@ fn tagged(dom: &str, attr: &str) -> Vec<(String, String)> {
     out
 }
 
-fn unescape(s: &str) -> String {
+pub(crate) fn unescape(s: &str) -> String {
     s.replace("&lt;", "<")
         .replace("&gt;", ">")
         .replace("&quot;", "\"")

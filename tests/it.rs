@@ -33,6 +33,7 @@ mod lifecycle;
 mod measurement;
 mod outcomes;
 mod percentiles;
+mod report_html;
 mod resilience;
 mod roofline;
 mod sdk;

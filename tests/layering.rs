@@ -31,7 +31,7 @@ const LAYERS: &[&[&str]] = &[
     &["app"],
     // crates/inferscope-lab
     &["sandbox", "loadgen", "report"],
-    &["eval"],
+    &["eval", "html"],
     &["perplexity"],
     // the lab crate as the root names it (`inferscope::lab`)
     &["lab"],

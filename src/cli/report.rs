@@ -10,8 +10,22 @@ use std::process::ExitCode;
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
     /// Access logs (JSON lines); several are read as one (a fleet's replicas).
-    #[arg(required_unless_present = "merge")]
+    #[arg(required_unless_present_any = ["merge", "bench"])]
     files: Vec<PathBuf>,
+    /// Write one self-contained HTML page here (no script, nothing fetched): each metric's
+    /// CDF per bench run and per group of the access logs, overlaid; a sweep's latency and
+    /// throughput against offered load with the SLO lines and the capacity marked; the figures
+    /// as tables; each run's metadata and engine configuration.
+    #[arg(long, value_name = "FILE")]
+    html: Option<PathBuf>,
+    /// A `bench --out` result for --html (repeatable), as `NAME=FILE` or `FILE` (named by its
+    /// file name): a run (its every request drawn where it was run with --per-request, its
+    /// percentiles otherwise) or a sweep.
+    #[arg(long, value_name = "[NAME=]FILE", requires = "html")]
+    bench: Vec<String>,
+    /// The page's title.
+    #[arg(long, default_value = "inferscope report", requires = "html")]
+    title: String,
     /// Merge replicas exactly: admin URLs (read at /stats?format=hdr), saved
     /// /stats?format=hdr documents, or access logs (every sample: the fleet's verdict).
     #[arg(long, num_args = 1.., value_name = "URL|FILE")]
@@ -56,6 +70,15 @@ pub(crate) struct Args {
 }
 
 pub(crate) fn exec(args: &Args) -> ExitCode {
+    if let Some(out) = &args.html {
+        return match html(args, out) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::from(2)
+            }
+        };
+    }
     let Args {
         files,
         merge,
@@ -69,6 +92,7 @@ pub(crate) fn exec(args: &Args) -> ExitCode {
         config: roof_config,
         quality,
         accept,
+        ..
     } = args;
     let mut sources: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
     sources.extend(merge.iter().cloned());
@@ -132,6 +156,90 @@ pub(crate) fn exec(args: &Args) -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// `report --html`: the page from the bench results and the access logs' groups.
+fn html(args: &Args, out: &std::path::Path) -> anyhow::Result<()> {
+    use crate::lab::html::{Page, Series};
+    use crate::lab::loadgen::{BenchReport, SweepReport};
+    anyhow::ensure!(
+        args.merge.is_empty(),
+        "--html reads bench results (--bench) and access logs, not --merge sources"
+    );
+    let mut page = Page {
+        title: args.title.clone(),
+        ..Page::default()
+    };
+    for b in &args.bench {
+        let (name, path) = match b.split_once('=') {
+            Some((n, p)) if !n.is_empty() && !std::path::Path::new(b).exists() => {
+                (n.to_owned(), PathBuf::from(p))
+            }
+            _ => {
+                let p = PathBuf::from(b);
+                let stem = p
+                    .file_stem()
+                    .map_or_else(|| b.clone(), |s| s.to_string_lossy().into_owned());
+                (stem, p)
+            }
+        };
+        let bytes = crate::util::fs::read(&path, crate::util::fs::DATA_CAP)
+            .with_context(|| format!("--bench {}", path.display()))?;
+        let doc: serde_json::Value = serde_json::from_slice(&bytes)
+            .with_context(|| format!("--bench {}: not JSON", path.display()))?;
+        if doc.get("runs").is_some() {
+            let sw: SweepReport = serde_json::from_value(doc).with_context(|| {
+                format!("--bench {}: not a bench --sweep result", path.display())
+            })?;
+            page.sweeps.push((name, sw));
+        } else {
+            let r: BenchReport = serde_json::from_value(doc).with_context(|| {
+                format!(
+                    "--bench {}: not a bench result in the inferscope format (--format vllm and csv files are not read back)",
+                    path.display()
+                )
+            })?;
+            page.series.push(Series::of_bench(&name, &r));
+        }
+    }
+    if !args.files.is_empty() {
+        let opts = crate::lab::report::ReportOptions {
+            files: args.files.clone(),
+            by: args.by.clone(),
+            purpose: args.purpose.clone(),
+            control: None,
+            min_samples: args.min_samples,
+            json: false,
+            quality: Vec::new(),
+            accept: None,
+            backends: Vec::new(),
+        };
+        let mut groups: std::collections::BTreeMap<String, Vec<crate::accesslog::LogLine>> =
+            std::collections::BTreeMap::new();
+        crate::lab::report::each_line(&opts, |key, line| {
+            groups
+                .entry(key.to_string())
+                .or_default()
+                .push(line.clone());
+        })?;
+        for (key, lines) in &groups {
+            page.series
+                .push(Series::of_lines(&format!("{} {key}", args.by), lines));
+        }
+    }
+    anyhow::ensure!(
+        !page.series.is_empty() || !page.sweeps.is_empty(),
+        "--html: nothing to draw (no bench result, no access-log line of the purposes read)"
+    );
+    std::fs::write(out, crate::lab::html::render(&page))
+        .with_context(|| format!("writing {}", out.display()))?;
+    eprintln!(
+        "wrote {} ({} distributions, {} sweeps)",
+        out.display(),
+        page.series.len(),
+        page.sweeps.len()
+    );
+    Ok(())
 }
 
 /// A report with each configured backend's roofline (`model:` and `gpu:` in `config`) from the

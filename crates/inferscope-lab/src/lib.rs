@@ -8,11 +8,13 @@
 //! | [`sandbox`] | where model-written code runs for HumanEval-style tasks (bubblewrap or a subprocess with limits) |
 //! | [`perplexity`] | token-level perplexity of a reference text per variant |
 //! | [`report`] | `inferscope report`: an access log grouped, each group against a control, the verdict |
+//! | [`html`] | `inferscope report --html`: one self-contained page of CDFs, load curves with the knee, tables and each run's metadata |
 
 // What is `pub` inside is the crate's API: anything else is `pub(crate)`.
 #![warn(unreachable_pub)]
 
 pub mod eval;
+pub mod html;
 pub mod loadgen;
 pub mod perplexity;
 pub mod report;

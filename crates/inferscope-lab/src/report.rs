@@ -97,8 +97,13 @@ struct JsonReport<'a> {
     left_out: BTreeMap<&'static str, u64>,
 }
 
-/// Builds the report text, or says what is wrong with the file.
-pub fn report(o: &ReportOptions) -> Result<String, ReportError> {
+/// Reads `o.files` line by line: each access-log line of the purposes `o` wants, with the
+/// group it falls in by `o.by`, goes to `each`; returns what was left out, by reason. A line that
+/// is not an access-log line is skipped (the first three are named on standard error).
+pub fn each_line(
+    o: &ReportOptions,
+    mut each: impl FnMut(Arc<str>, &LogLine),
+) -> Result<BTreeMap<&'static str, u64>, ReportError> {
     if !GROUPINGS.contains(&o.by.as_str()) {
         return Err(ReportError::BadGrouping(o.by.clone()));
     }
@@ -112,8 +117,6 @@ pub fn report(o: &ReportOptions) -> Result<String, ReportError> {
     };
     let keep_forced = o.by != "variant" || o.purpose.as_deref() == Some("all");
     let mut left_out: BTreeMap<&'static str, u64> = BTreeMap::new();
-    let mut arms: BTreeMap<Arc<str>, Arm> = BTreeMap::new();
-    let mut labels: BTreeMap<Arc<str>, [BTreeSet<String>; 3]> = BTreeMap::new();
     let mut bad = 0;
     for file in &o.files {
         let text =
@@ -160,16 +163,31 @@ pub fn report(o: &ReportOptions) -> Result<String, ReportError> {
                 "backend" => label(&v.backend).into(),
                 _ => label(&v.variant).into(),
             };
-            let seed = crate::util::stable_hash(key.as_bytes());
-            arms.entry(Arc::clone(&key))
-                .or_insert_with(|| Arm::new(seed))
-                .record_line(&v);
-            let l = labels.entry(key).or_default();
-            for (j, k) in [&v.model, &v.backend, &v.variant].into_iter().enumerate() {
-                l[j].insert(label(k));
-            }
+            each(key, &v);
         }
     }
+    if bad > 0 {
+        left_out.insert("not_log_lines", bad);
+    }
+    Ok(left_out)
+}
+
+/// Builds the report text, or says what is wrong with the file.
+pub fn report(o: &ReportOptions) -> Result<String, ReportError> {
+    let mut arms: BTreeMap<Arc<str>, Arm> = BTreeMap::new();
+    let mut labels: BTreeMap<Arc<str>, [BTreeSet<String>; 3]> = BTreeMap::new();
+    let mut left_out = each_line(o, |key, v| {
+        let label = |l: &Option<String>| l.as_deref().unwrap_or("-").to_string();
+        let seed = crate::util::stable_hash(key.as_bytes());
+        arms.entry(Arc::clone(&key))
+            .or_insert_with(|| Arm::new(seed))
+            .record_line(v);
+        let l = labels.entry(key).or_default();
+        for (j, k) in [&v.model, &v.backend, &v.variant].into_iter().enumerate() {
+            l[j].insert(label(k));
+        }
+    })?;
+    let bad = left_out.remove("not_log_lines").unwrap_or(0);
     if arms.is_empty() {
         return Err(ReportError::Empty(
             o.files.first().cloned().unwrap_or_default(),

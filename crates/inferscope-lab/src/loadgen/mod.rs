@@ -938,6 +938,11 @@ pub struct Dist {
 
 impl Dist {
     /// Of `v` (sorted in place), `None` when empty.
+    /// The distribution of `v` (sorted in place); `None` when empty.
+    pub fn of_samples(v: &mut [f64]) -> Option<Self> {
+        Self::of(v)
+    }
+
     fn of(v: &mut [f64]) -> Option<Self> {
         if v.is_empty() {
             return None;
