@@ -52,6 +52,14 @@ fn every_engine_is_read_by_its_own_names() {
     assert_eq!((llama.running, llama.waiting), (Some(2.0), Some(1.0)));
     assert!(near(llama.kv_cache_usage, 0.125));
     assert!(EngineView::parse(&fixture("dcgm.txt"), None).is_empty());
+    // TensorRT-LLM behind Triton: the batch is the `scheduled` requests (not `active`, which
+    // holds the ones still in context), the queue `waiting`, the KV cache its `fraction`.
+    let triton = EngineView::parse(&fixture("triton-trtllm.txt"), None);
+    assert_eq!((triton.running, triton.waiting), (Some(12.0), Some(3.0)));
+    assert!(near(triton.kv_cache_usage, 0.75));
+    let serve = EngineView::parse(&fixture("trtllm-serve.txt"), None);
+    assert_eq!((serve.running, serve.waiting), (Some(9.0), Some(4.0)));
+    assert!(near(serve.kv_cache_usage, 0.5));
 }
 
 #[test]
@@ -63,6 +71,8 @@ fn both_gpu_exporters_are_read_in_base_units() {
     assert!(near(dcgm.memory_total_bytes, 2.0 * 81920.0 * 1048576.0));
     assert!(near(dcgm.power_watts, 1200.0));
     assert!(near(dcgm.sm_clock_hz, 1867.5e6));
+    // The energy counter, millijoules summed over the GPUs, in joules.
+    assert!(near(dcgm.energy_joules, 1_800_000.0));
     let smi = GpuView::parse(&fixture("nvidia-smi-exporter.txt"));
     assert_eq!(smi.count, 1);
     assert!(near(smi.utilization, 0.83));
@@ -70,6 +80,10 @@ fn both_gpu_exporters_are_read_in_base_units() {
     assert!(near(smi.memory_total_bytes, 2.4146608128e10));
     assert!(near(smi.power_watts, 71.5));
     assert!(near(smi.sm_clock_hz, 2.04e9));
+    assert_eq!(
+        smi.energy_joules, None,
+        "nvidia_gpu_exporter has no energy counter"
+    );
 }
 
 /// A server answering every GET with `body` as a Prometheus exposition.
@@ -261,4 +275,53 @@ fn the_gpu_command_lists_gpus_or_says_there_is_none() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.starts_with("no GPU: "), "{err}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_simulators_prefill_time_leaves_out_the_queue_as_vllms_does() {
+    // One request at a time, four sent at once, each 40 ms to its first token and 20 tokens at
+    // 5 ms: the last waits ~400 ms in the queue. vLLM's prefill time runs from scheduling.
+    let sim = start_sim(
+        inferscope::sim::Profile {
+            max_batch: Some(1),
+            ..exact(40.0, 5.0)
+        },
+        1,
+    )
+    .await;
+    let mut reqs = Vec::new();
+    for _ in 0..4 {
+        reqs.push(tokio::spawn(
+            async move { chat_ok(sim.addr, true, 20).await },
+        ));
+    }
+    for r in reqs {
+        r.await.unwrap();
+    }
+    let (_, text) = {
+        let r = Client::connect(sim.addr)
+            .await
+            .send("GET", "/metrics", "", &[])
+            .await;
+        (r.status, String::from_utf8(r.body()).unwrap())
+    };
+    let sample = |name: &str| {
+        inferscope::util::promtext::samples(&text)
+            .find(|s| s.name == name)
+            .map(|s| s.value)
+            .unwrap()
+    };
+    let (sum, n) = (
+        sample("vllm:request_prefill_time_seconds_sum"),
+        sample("vllm:request_prefill_time_seconds_count"),
+    );
+    assert_eq!(n, 4.0);
+    let mean = sum / n;
+    assert!(
+        (0.035..0.1).contains(&mean),
+        "mean prefill {mean} s: the queue left out"
+    );
+    // They did queue: the check above could fail.
+    let queued = sample("vllm:request_queue_time_seconds_sum") / 4.0;
+    assert!(queued > 0.1, "mean queue time {queued} s");
 }

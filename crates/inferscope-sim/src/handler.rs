@@ -467,6 +467,20 @@ fn prefilled(state: &SimState, took: std::time::Duration) {
     e.prefills.fetch_add(1, Ordering::Relaxed);
 }
 
+/// A request scheduled into the batch: its wait counted as vLLM counts
+/// `request_queue_time_seconds`.
+fn scheduled(state: &SimState, truth: &Truth) {
+    let waited = truth.admitted.map_or(std::time::Duration::ZERO, |a| {
+        a.saturating_duration_since(truth.arrival)
+    });
+    let e = &state.engine;
+    e.queue_us.fetch_add(
+        u64::try_from(waited.as_micros()).unwrap_or(u64::MAX),
+        Ordering::Relaxed,
+    );
+    e.scheduled.fetch_add(1, Ordering::Relaxed);
+}
+
 /// `/metrics` under vLLM's names, from the simulator's own state.
 fn metrics(state: &SimState) -> String {
     let e = &state.engine;
@@ -512,6 +526,13 @@ fn metrics(state: &SimState) -> String {
          vllm:request_prefill_time_seconds_sum{labels} {sum:?}\n\
          vllm:request_prefill_time_seconds_count{labels} {n:?}\n"
     ));
+    let (sum, n) = (load(&e.queue_us) as f64 / 1e6, load(&e.scheduled) as f64);
+    out.push_str(&format!(
+        "# TYPE vllm:request_queue_time_seconds histogram\n\
+         vllm:request_queue_time_seconds_bucket{{engine=\"0\",le=\"+Inf\"}} {n:?}\n\
+         vllm:request_queue_time_seconds_sum{labels} {sum:?}\n\
+         vllm:request_queue_time_seconds_count{labels} {n:?}\n"
+    ));
     out
 }
 
@@ -542,6 +563,7 @@ async fn generate(
             None => break 'run false,
         };
         truth.admitted = Some(admitted_at(&state, &truth, &faults));
+        scheduled(&state, &truth);
         let mut active = Active::new(&state);
         active.hold(plan.gen.prompt_tokens);
         stream(&state, &plan, &mut truth, &tx, &faults, &mut active).await
@@ -721,7 +743,8 @@ async fn stream(
         }
         let now = Instant::now();
         if first.is_none() {
-            prefilled(state, now - truth.arrival);
+            // From leaving the queue, as vLLM's prefill time runs from the request's scheduling.
+            prefilled(state, now - started);
         }
         first.get_or_insert(now);
         last = Some(now);
@@ -744,7 +767,7 @@ async fn stream(
     }
     let eng = match (first, last) {
         (Some(f), Some(l)) => EngineTime {
-            prefill: f - truth.arrival,
+            prefill: f - started,
             decode: l - f,
         },
         _ => EngineTime::default(),
@@ -779,6 +802,7 @@ async fn whole(
         };
         let started = admitted_at(&state, &truth, &faults);
         truth.admitted = Some(started);
+        scheduled(&state, &truth);
         let mut active = Active::new(&state);
         active.hold(gen.prompt_tokens + gen.output_tokens);
         let slow = std::time::Duration::from_secs_f64(faults.slow_first_token_ms / 1000.0);

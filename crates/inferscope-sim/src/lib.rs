@@ -236,9 +236,12 @@ struct EngineCounters {
     kv_tokens: AtomicU64,
     prompt_tokens: AtomicU64,
     generation_tokens: AtomicU64,
-    /// Sum of prefill times (arrival to first token), µs, and how many.
+    /// Sum of prefill times (scheduling to first token), µs, and how many.
     prefill_us: AtomicU64,
     prefills: AtomicU64,
+    /// Time requests waited for a slot in the batch, and how many were scheduled.
+    queue_us: AtomicU64,
+    scheduled: AtomicU64,
 }
 
 #[derive(Debug)]

@@ -1,5 +1,5 @@
 //! The backend's own view of itself: its engine's Prometheus metrics (vLLM, SGLang, TGI,
-//! llama.cpp) and its GPUs' (NVIDIA DCGM exporter, nvidia_gpu_exporter), scraped every
+//! llama.cpp, TensorRT-LLM: Triton's backend and `trtllm-serve`) and its GPUs' (NVIDIA DCGM exporter, nvidia_gpu_exporter), scraped every
 //! `metrics.interval` and kept on the backend — for `/stats`, `/metrics`, the `least_queue`
 //! balancer, and each request's record at the moment it was sent.
 
@@ -13,12 +13,17 @@ const RUNNING: &[&str] = &[
     "sglang:num_running_reqs",
     "tgi_batch_current_size",
     "llamacpp:requests_processing",
+    // trtllm-serve (`trtllm:` where Dynamo passes it through).
+    "trtllm_num_requests_running",
+    "trtllm:num_requests_running",
 ];
 const WAITING: &[&str] = &[
     "vllm:num_requests_waiting",
     "sglang:num_queue_reqs",
     "tgi_queue_size",
     "llamacpp:requests_deferred",
+    "trtllm_num_requests_waiting",
+    "trtllm:num_requests_waiting",
 ];
 /// KV-cache use as a ratio (vLLM's `_perc` is a ratio despite its name).
 const KV_USAGE: &[&str] = &[
@@ -26,7 +31,17 @@ const KV_USAGE: &[&str] = &[
     "vllm:gpu_cache_usage_perc",
     "sglang:token_usage",
     "llamacpp:kv_cache_usage_ratio",
+    "trtllm_kv_cache_utilization",
+    "trtllm:kv_cache_utilization",
 ];
+/// Triton's TensorRT-LLM backend: one family per quantity, told apart by a label.
+const TRITON_REQUESTS: &str = "nv_trt_llm_request_metrics";
+const TRITON_KV_BLOCKS: &str = "nv_trt_llm_kv_cache_block_metrics";
+
+/// The value of label `key` in a sample.
+fn label<'a>(s: &Sample<'a>, key: &str) -> Option<&'a str> {
+    crate::util::promtext::pairs(s.labels).find_map(|(k, v)| (k == key).then_some(v))
+}
 const PREFIX_HITS: &[&str] = &[
     "vllm:prefix_cache_hits_total",
     "vllm:gpu_prefix_cache_hits_total",
@@ -90,6 +105,9 @@ pub struct GpuView {
     pub power_watts: Option<f64>,
     /// Mean SM clock, hertz.
     pub sm_clock_hz: Option<f64>,
+    /// Energy the GPUs used since their driver loaded, joules, summed (DCGM's and NVML's
+    /// counter): its difference over a run is the run's energy.
+    pub energy_joules: Option<f64>,
 }
 
 /// The latest scrape of a backend.
@@ -159,6 +177,18 @@ impl EngineView {
                 add(&mut c.queue_sum, s.value);
             } else if one_of(&s, QUEUE_COUNT) {
                 add(&mut c.queue_count, s.value);
+            } else if s.name == TRITON_REQUESTS && s.value.is_finite() {
+                // `scheduled`: in the batch this iteration; `waiting`: queued.
+                match label(&s, "request_type") {
+                    Some("scheduled") => add(&mut v.running, s.value),
+                    Some("waiting") => add(&mut v.waiting, s.value),
+                    _ => {}
+                }
+            } else if s.name == TRITON_KV_BLOCKS
+                && s.value.is_finite()
+                && label(&s, "kv_cache_block_type") == Some("fraction")
+            {
+                max(&mut v.kv_cache_usage, s.value.clamp(0.0, 1.0));
             }
         }
         if let Some(p) = base.map(|p| p.counters) {
@@ -197,6 +227,7 @@ impl GpuView {
             "memory_total_bytes": self.memory_total_bytes,
             "power_watts": self.power_watts,
             "sm_clock_hz": self.sm_clock_hz,
+            "energy_joules": self.energy_joules,
         })
     }
 
@@ -217,6 +248,10 @@ impl GpuView {
                 "DCGM_FI_DEV_FB_FREE" => add(&mut free, s.value * MIB),
                 "DCGM_FI_DEV_POWER_USAGE" => add(&mut g.power_watts, s.value),
                 "DCGM_FI_DEV_SM_CLOCK" => clock = (clock.0 + s.value * 1e6, clock.1 + 1),
+                // Millijoules since the driver loaded.
+                "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION" => {
+                    add(&mut g.energy_joules, s.value / 1000.0);
+                }
                 // nvidia_gpu_exporter: ratios, bytes, watts, hertz.
                 "nvidia_smi_utilization_gpu_ratio" => util = (util.0 + s.value, util.1 + 1),
                 "nvidia_smi_memory_used_bytes" => add(&mut used, s.value),

@@ -42,6 +42,9 @@ pub fn read() -> Result<GpuView, String> {
         if let Ok(mw) = d.power_usage() {
             add(&mut g.power_watts, f64::from(mw) / 1000.0);
         }
+        if let Ok(mj) = d.total_energy_consumption() {
+            add(&mut g.energy_joules, mj as f64 / 1000.0);
+        }
         if let Ok(mhz) = d.clock_info(Clock::SM) {
             clock = (clock.0 + f64::from(mhz) * 1e6, clock.1 + 1);
         }

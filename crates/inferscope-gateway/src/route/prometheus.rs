@@ -215,6 +215,18 @@ fn scrape_metrics(all: &[BackendStatus], labels: &[Labels], w: &mut Writer) {
         });
         w.series(name, "gauge", help, rows);
     }
+    // The exporter's own counter, passed on: its rate is the power, its difference over a span
+    // the energy of that span (divided by the output tokens: joules per token).
+    let rows = scraped().filter_map(|(s, l)| {
+        let g = s.scraped.as_ref()?.0.gpu.as_ref()?;
+        Some((l, g.energy_joules?))
+    });
+    w.series(
+        "inferscope_backend_gpu_energy_joules_total",
+        "counter",
+        "Energy the backend's GPUs used since their driver loaded (DCGM's or NVML's counter).",
+        rows,
+    );
 }
 
 /// What the roofline of backend `b` rests on: its requests over the window (every group it
