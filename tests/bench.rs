@@ -1396,3 +1396,139 @@ async fn every_request_is_kept_on_request_as_json_or_csv() {
         assert!(ttft >= 2.0);
     }
 }
+
+/// A DCGM exporter for two GPUs whose energy counters each rise 25 J (25,000 mJ) per scrape and
+/// whose power reads 250 W each: known values to check the arithmetic against.
+async fn fake_dcgm() -> std::net::SocketAddr {
+    use axum::routing::get;
+    let scrapes = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let app = axum::Router::new().route(
+        "/metrics",
+        get(move || {
+            let n = scrapes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async move {
+                let mj = 1_000_000 + 25_000 * n;
+                let mut t = String::from("# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter\n");
+                for g in 0..2 {
+                    t.push_str(&format!(
+                        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{gpu=\"{g}\"}} {mj}\nDCGM_FI_DEV_POWER_USAGE{{gpu=\"{g}\"}} 250\nDCGM_FI_DEV_GPU_UTIL{{gpu=\"{g}\"}} 80\nDCGM_FI_DEV_FB_USED{{gpu=\"{g}\"}} 1024\n"
+                    ));
+                }
+                t
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hardware_side_gives_energy_per_token_and_the_engines_own_batch() {
+    // An engine that runs two at a time while the client keeps eight in flight: the roofline
+    // must take the engine's batch (2), not the client's (8).
+    let sim = start_sim(
+        inferscope::sim::Profile {
+            max_batch: Some(2),
+            ..exact(5.0, 4.0)
+        },
+        1,
+    )
+    .await;
+    let dcgm = fake_dcgm().await;
+    let url = format!("http://{}", sim.addr);
+    let (engine, gpu) = (
+        format!("http://{}/metrics", sim.addr),
+        format!("http://{dcgm}/metrics"),
+    );
+    let (run, report) = bench_run(&[
+        "--url",
+        &url,
+        "--concurrency",
+        "8",
+        "--requests",
+        "24",
+        "--max-tokens",
+        "20",
+        "--engine-metrics",
+        &engine,
+        "--gpu-metrics",
+        &gpu,
+        "--sample-every",
+        "100ms",
+        "--params-b",
+        "8",
+        "--gpu",
+        "h100",
+    ])
+    .await;
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let r = report.unwrap();
+    let h = r.hardware.clone().expect("the hardware side");
+    assert!(h.samples >= 4, "{h:?}");
+    let g = h.gpu.clone().unwrap();
+    // Two GPUs, 25 J each per reading after the first.
+    let want = 2.0 * 25.0 * (h.samples - 1) as f64;
+    assert_eq!(g.count, 2);
+    assert_eq!(
+        (g.energy_joules, g.energy_from.as_deref()),
+        (Some(want), Some("counter")),
+        "{g:?}"
+    );
+    assert_eq!(r.total_output_tokens, 24 * 20);
+    let jpt = g.joules_per_output_token.unwrap();
+    assert!((jpt - want / 480.0).abs() < 1e-12, "{jpt}");
+    assert_eq!(g.power_mean_watts, Some(500.0));
+    assert!((g.utilization_mean.unwrap() - 0.8).abs() < 1e-9);
+    assert!(
+        stdout.contains(&format!("{jpt:.4} J per output token")),
+        "{stdout}"
+    );
+    let e = h.engine.clone().unwrap();
+    assert_eq!(e.running_max, Some(2.0), "{e:?}");
+    assert!(e.waiting_max.unwrap() >= 4.0, "{e:?}");
+    let batch = r
+        .roofline
+        .as_ref()
+        .unwrap()
+        .decode
+        .as_ref()
+        .unwrap()
+        .batch
+        .unwrap();
+    assert!(
+        batch > 1.0 && batch <= 2.0,
+        "the engine's batch, not the client's 8: {batch}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_gpu_is_said_and_the_run_goes_on() {
+    let sim = start_sim(exact(1.0, 0.2), 1).await;
+    let url = format!("http://{}", sim.addr);
+    let (run, report) = bench_run(&[
+        "--url",
+        &url,
+        "--requests",
+        "3",
+        "--gpu-metrics",
+        "http://127.0.0.1:9/metrics",
+        "--sample-every",
+        "50ms",
+    ])
+    .await;
+    assert!(run.status.success());
+    let h = report.unwrap().hardware.unwrap();
+    assert!(
+        h.gpu.is_none() && h.errors.iter().any(|e| e.contains("127.0.0.1:9")),
+        "{h:?}"
+    );
+    assert!(String::from_utf8_lossy(&run.stdout)
+        .contains("hardware: not read: http://127.0.0.1:9/metrics"));
+}

@@ -132,6 +132,19 @@ pub(crate) struct Args {
     /// these requests would be the gateway's traffic too.
     #[arg(long)]
     engine_info: bool,
+    /// Sample the GPUs through the run: a DCGM exporter's (or nvidia_gpu_exporter's) metrics
+    /// URL, or `nvml` for this host's GPUs; the report then has their utilisation, memory,
+    /// power and the energy per output token (`hardware.gpu`).
+    #[arg(long, value_name = "URL|nvml")]
+    gpu_metrics: Option<String>,
+    /// Sample this engine `/metrics` URL through the run (`hardware.engine`: its running batch,
+    /// queue and KV cache; the roofline then takes the engine's batch). With --engine-info, the
+    /// engine's own `/metrics` by default.
+    #[arg(long, value_name = "URL")]
+    engine_metrics: Option<String>,
+    /// Time between hardware readings (the first is taken before the run, the last after it).
+    #[arg(long, default_value = "1s")]
+    sample_every: String,
     /// Write the report as JSON here.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -233,6 +246,9 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         headers,
         purpose,
         engine_info,
+        gpu_metrics,
+        engine_metrics,
+        sample_every,
         out,
         format,
         per_request,
@@ -323,6 +339,25 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         "--percentiles: each between 0 and 100"
     );
     let endpoint = loadgen::Endpoint::parse(&endpoint).context("--endpoint")?;
+    let gpu_source = gpu_metrics
+        .as_deref()
+        .map(|g| {
+            loadgen::hardware::GpuSource::parse(g)
+                .with_context(|| format!("--gpu-metrics {g}: a metrics URL (http://…) or nvml"))
+        })
+        .transpose()?;
+    let engine_metrics = engine_metrics.or_else(|| {
+        engine_info.then(|| {
+            let base = url.trim_end_matches('/');
+            format!("{}/metrics", base.strip_suffix("/v1").unwrap_or(base))
+        })
+    });
+    let sample_every = config::parse_duration(&sample_every).context("--sample-every")?;
+    let sampling = (gpu_source.is_some() || engine_metrics.is_some()).then(|| Sampling {
+        engine: engine_metrics.clone(),
+        gpu: gpu_source.clone(),
+        every: sample_every,
+    });
     let mut headers = parse_headers(&headers)?;
     if let Some(key) = api_key.filter(|k| !k.is_empty()) {
         let (name, value) = match endpoint {
@@ -511,8 +546,12 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
                 Arrivals::Poisson(*r)
             };
             let info = run_info(&o);
+            let sampler = sampling.as_ref().map(|s| s.start(&o));
             let (samples, wall) = loadgen::run(&o).await;
             let mut report = loadgen::summarize(&samples, wall, &o.slo);
+            if let Some(s) = sampler {
+                report.hardware = Some(s.finish(report.total_output_tokens).await);
+            }
             report.percentiles = loadgen::percentiles(&samples, &percentiles);
             report.rate = Some(*r);
             report.run = Some(info);
@@ -542,8 +581,12 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         return judged;
     }
     let info = run_info(&opts);
+    let sampler = sampling.as_ref().map(|s| s.start(&opts));
     let (samples, wall) = loadgen::run(&opts).await;
     let mut report = loadgen::summarize(&samples, wall, &opts.slo);
+    if let Some(s) = sampler {
+        report.hardware = Some(s.finish(report.total_output_tokens).await);
+    }
     report.percentiles = loadgen::percentiles(&samples, &percentiles);
     report.run = Some(info);
     report.engine = engine;
@@ -571,6 +614,9 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         None => None,
     };
     print!("{}", loadgen::render(&report, gateway.as_ref()));
+    for w in report.hardware.iter().flat_map(|h| h.words()) {
+        println!("{w}");
+    }
     if let Some((model, peak)) = &roof {
         let v = crate::stats::roofline::assess(model, *peak, bench_measured(&report));
         for w in v.words() {
@@ -597,6 +643,27 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
     }
     judge(std::slice::from_ref(&report), max_error_rate)
+}
+
+/// What to sample through a run.
+struct Sampling {
+    engine: Option<String>,
+    gpu: Option<crate::lab::loadgen::hardware::GpuSource>,
+    every: std::time::Duration,
+}
+
+impl Sampling {
+    fn start(
+        &self,
+        o: &crate::lab::loadgen::BenchOptions,
+    ) -> crate::lab::loadgen::hardware::Sampler {
+        crate::lab::loadgen::hardware::Sampler::start(
+            self.engine.clone(),
+            self.gpu.clone(),
+            self.every,
+            o.connector.clone(),
+        )
+    }
 }
 
 /// The backend's tokenizer for the workload's lengths, or the estimate (said on standard error).
@@ -658,8 +725,10 @@ fn judge(reports: &[crate::lab::loadgen::BenchReport], max_error_rate: f64) -> a
 }
 
 /// What a bench run says for the roofline: its median TPOT and TTFT, mean tokens, and as the
-/// batch the mean number of its requests in flight (Little's law: throughput × mean E2E; the
-/// engine's batch when this run is its only load).
+/// batch the engine's own (its running requests while busy, where `--engine-metrics` or
+/// `--engine-info` sampled them), else the mean number of the run's requests in flight (Little's
+/// law: throughput × mean E2E; the engine's batch only when this run is its only load and it
+/// queues nothing). The engine's prefill time, where sampled, is the prefill's.
 fn bench_measured(r: &crate::lab::loadgen::BenchReport) -> crate::stats::roofline::Measured {
     let ok = (r.successful > 0).then_some(r.successful as f64);
     let per_request = |throughput: f64| Some(throughput * r.duration_s / ok?);
@@ -667,14 +736,25 @@ fn bench_measured(r: &crate::lab::loadgen::BenchReport) -> crate::stats::rooflin
     let input = per_request(r.total_token_throughput)
         .zip(output)
         .map(|(t, o)| t - o);
-    let in_flight = r.e2e_ms.map(|e2e| r.request_throughput * e2e.mean / 1e3);
+    // The engine's own batch where it was sampled; else the run's requests in flight.
+    let engine_batch = r
+        .hardware
+        .as_ref()
+        .and_then(|h| h.engine.as_ref())
+        .and_then(|e| e.running_mean_busy);
+    let in_flight =
+        engine_batch.or_else(|| r.e2e_ms.map(|e2e| r.request_throughput * e2e.mean / 1e3));
     crate::stats::roofline::Measured {
         tpot_s: r.tpot_ms.map(|d| d.median / 1e3),
         ttft_s: r.ttft_ms.map(|d| d.median / 1e3),
         prompt_tokens: input.filter(|n| *n > 0.0),
         output_tokens: output,
         batch: in_flight.filter(|b| *b > 0.0),
-        engine_prefill_s: None,
+        engine_prefill_s: r
+            .hardware
+            .as_ref()
+            .and_then(|h| h.engine.as_ref())
+            .and_then(|e| e.prefill_seconds),
     }
 }
 

@@ -1,7 +1,8 @@
 //! `inferscope report --html`: one self-contained page (no script, no font, nothing fetched)
 //! from bench results and access logs — each metric's distribution per run or variant as CDFs
 //! overlaid, a sweep's latency and throughput against offered load with the SLO lines and the
-//! knee marked, the figures as tables, and each run's metadata and engine configuration. The
+//! knee marked, the figures as tables, and each run's metadata, engine configuration and
+//! hardware side (GPU power, energy per output token). The
 //! charts are SVG drawn here; every number a table shows carries `data-key`, so a test can hold
 //! the page against the JSON it came from.
 
@@ -96,6 +97,14 @@ impl Series {
             flatten(
                 "engine",
                 &serde_json::to_value(engine).unwrap_or_default(),
+                "",
+                &mut meta,
+            );
+        }
+        if let Some(h) = &r.hardware {
+            flatten(
+                "hardware",
+                &serde_json::to_value(h).unwrap_or_default(),
                 "",
                 &mut meta,
             );

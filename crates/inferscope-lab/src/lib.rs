@@ -22,7 +22,7 @@ pub mod sandbox;
 
 // The layers below under the names the modules use.
 use inferscope_config as config;
-use inferscope_gateway::{accesslog, experiment, stats};
+use inferscope_gateway::{accesslog, experiment, route, stats};
 use inferscope_meter as meter;
 use inferscope_server::{tls, util};
 use inferscope_sim as sim;

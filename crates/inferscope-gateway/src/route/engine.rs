@@ -208,6 +208,16 @@ impl EngineView {
         v
     }
 
+    /// The mean engine prefill time of the requests that finished prefill between `earlier`
+    /// and this scrape, seconds (vLLM's histogram).
+    pub fn prefill_since(&self, earlier: &EngineView) -> Option<f64> {
+        let (c, p) = (self.counters, earlier.counters);
+        mean_since(
+            (c.prefill_sum, c.prefill_count),
+            (p.prefill_sum, p.prefill_count),
+        )
+    }
+
     /// True when the exposition named none of the quantities read (not an engine this knows).
     pub fn is_empty(&self) -> bool {
         self.running.is_none()

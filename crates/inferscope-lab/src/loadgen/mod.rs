@@ -8,6 +8,7 @@
 //! process is `benches/e2e_compare.rs`.
 
 pub mod dataset;
+pub mod hardware;
 pub mod workload;
 
 pub use workload::{synthetic_prompts, Prompt};
@@ -1175,6 +1176,10 @@ pub struct BenchReport {
     /// `/stats/runs/{run_id}`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gateway: Option<crate::stats::TallyStats>,
+    /// `--gpu-metrics`, `--engine-metrics`: the engine and the GPUs through the run, and the
+    /// energy per output token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hardware: Option<hardware::Hardware>,
     /// `--per-request`: every request as the client saw it, in the order they ended (those cut
     /// by `--duration` included, as failures `unfinished`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -1277,6 +1282,7 @@ pub fn summarize(samples: &[Sample], wall: Duration, slo: &[(String, Duration)])
         rate: None,
         roofline: None,
         gateway: None,
+        hardware: None,
         per_request: Vec::new(),
     }
 }
