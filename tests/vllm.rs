@@ -442,3 +442,125 @@ fn bench_against_vllm_gets_the_tokens_it_asks_for_and_says_why_it_failed() {
         "{stdout}"
     );
 }
+
+/// The referee: `vllm bench serve` (from the vLLM environment: `INFERSCOPE_VLLM_PYTHON`, by
+/// default `~/.cache/vllm-cpu-lab/venv/bin/python`, with the served model's tokenizer,
+/// `INFERSCOPE_VLLM_TOKENIZER`, by default `~/.cache/vllm-cpu-lab/models/tiny-llama`) and
+/// `inferscope bench` run the same ShareGPT-layout file against the same vLLM, at the same rate
+/// and seed, with `--ignore-eos`. Both must keep the same 13 of its 16 conversations (vLLM's
+/// filters, lengths by the same tokenizer: vLLM's in-process, ours through `/tokenize`), ask
+/// for and get the same output lengths, and land within 25% of each other's TTFT, TPOT, ITL and
+/// E2E medians. Why not closer: the two runs are separate (each has its own Poisson arrivals, so
+/// its own batches), the client under test is this test build (debug), and vLLM's TPOT runs to the
+/// response's end where ours runs to the last token.
+#[test]
+fn bench_agrees_with_vllm_bench_serve_on_the_same_sharegpt_run() {
+    let url = vllm_url().trim_end_matches('/').to_owned();
+    let home = std::env::var("HOME").unwrap();
+    let python = std::env::var("INFERSCOPE_VLLM_PYTHON")
+        .unwrap_or_else(|_| format!("{home}/.cache/vllm-cpu-lab/venv/bin/python"));
+    let tokenizer = std::env::var("INFERSCOPE_VLLM_TOKENIZER")
+        .unwrap_or_else(|_| format!("{home}/.cache/vllm-cpu-lab/models/tiny-llama"));
+    let data = format!(
+        "{}/tests/fixtures/workloads/sharegpt.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let dir = temp_dir();
+    // vLLM's benchmark as its console script runs it (the script itself needs vLLM's CLI).
+    let theirs = succeeds(std::process::Command::new(&python).args([
+        "-c",
+        "from vllm.utils.argparse_utils import FlexibleArgumentParser\n\
+                 from vllm.benchmarks.serve import add_cli_args, main\n\
+                 import sys\n\
+                 p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))",
+        "--backend",
+        "openai-chat",
+        "--base-url",
+        &url,
+        "--endpoint",
+        "/v1/chat/completions",
+        "--model",
+        "tiny-llama",
+        "--tokenizer",
+        &tokenizer,
+        "--dataset-name",
+        "sharegpt",
+        "--dataset-path",
+        &data,
+        "--num-prompts",
+        "13",
+        "--request-rate",
+        "4",
+        "--seed",
+        "1",
+        "--ignore-eos",
+        "--save-result",
+        "--save-detailed",
+        "--result-dir",
+        dir.to_str().unwrap(),
+        "--result-filename",
+        "vllm.json",
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        "50,99",
+    ]));
+    drop(theirs);
+    let ours = dir.join("ours.json");
+    succeeds(
+        std::process::Command::new(env!("CARGO_BIN_EXE_inferscope")).args([
+            "bench",
+            "--url",
+            &format!("{url}/v1"),
+            "--model",
+            "tiny-llama",
+            "--dataset",
+            &data,
+            "--requests",
+            "13",
+            "--rate",
+            "4",
+            "--seed",
+            "1",
+            "--ignore-eos",
+            "--format",
+            "vllm",
+            "--percentiles",
+            "50,99",
+            "--out",
+            ours.to_str().unwrap(),
+        ]),
+    );
+    let read = |p: std::path::PathBuf| -> Value {
+        serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
+    };
+    let (v, o) = (read(dir.join("vllm.json")), read(ours));
+    let sorted = |doc: &Value, key: &str| {
+        let mut x: Vec<u64> = doc[key]
+            .as_array()
+            .unwrap_or_else(|| panic!("{key}: {doc}"))
+            .iter()
+            .map(|n| n.as_u64().unwrap())
+            .collect();
+        x.sort_unstable();
+        x
+    };
+    assert_eq!(
+        (&v["completed"], &o["completed"]),
+        (&Value::from(13), &Value::from(13))
+    );
+    assert_eq!(sorted(&v, "output_lens"), sorted(&o, "output_lens"));
+    assert_eq!(sorted(&v, "input_lens"), sorted(&o, "input_lens"));
+    assert_eq!(v["total_output_tokens"], o["total_output_tokens"]);
+    let mut lines = Vec::new();
+    for m in ["ttft", "tpot", "itl", "e2el"] {
+        let key = format!("median_{m}_ms");
+        let (a, b) = (v[&key].as_f64().unwrap(), o[&key].as_f64().unwrap());
+        lines.push(format!(
+            "{key}: vllm {a:.3}, inferscope {b:.3} ({:+.1}%)",
+            (b - a) / a * 100.0
+        ));
+        assert!((b - a).abs() <= 0.25 * a, "{}", lines.join("\n"));
+    }
+    eprintln!("{}", lines.join("\n"));
+}
