@@ -1317,3 +1317,65 @@ async fn goodput_counts_requests_meeting_every_objective_per_variant() {
     let offline = comparison(&doc, "int8", "goodput");
     assert_eq!(offline["change_ci"], c["change_ci"], "{offline}");
 }
+
+/// `eval` against a dead port, or where one variant fails every request: each variant's failures
+/// by reason with an example, "no data" in place of an accuracy, no comparison built from
+/// nothing, and a failing exit status (so a pipeline cannot take it for a result).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eval_says_why_a_variant_has_no_data_and_fails_the_run() {
+    let dir = temp_dir();
+    let data = dir.join("quiz.jsonl");
+    let items: Vec<String> = inferscope::sim::quiz::generate(6, 1)
+        .iter()
+        .map(|i| serde_json::to_string(i).unwrap())
+        .collect();
+    std::fs::write(&data, items.join("\n")).unwrap();
+    let eval = |url: String| {
+        let data = data.clone();
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_inferscope"))
+                .args(["eval", "--url", &url, "--dataset", data.to_str().unwrap()])
+                .output()
+                .unwrap()
+        })
+    };
+    let out = eval(format!("http://{DEAD}")).await.unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("| fp16 | no data | - | - | 6 | 6 |"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("fp16: failed 6 × connect, e.g. client error (Connect)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("no comparison: fp16 answered no item"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("accuracy +0.0 points"), "{stdout}");
+    assert!(
+        stderr.contains("fp16: no item answered (6 × connect"),
+        "{stderr}"
+    );
+
+    // A gateway route with no experiment: its answers name no variant, so neither variant's
+    // accuracy is known (it would be one backend's under two names).
+    let (fp16, _) = quiz_sims(0.0, 0.0).await;
+    let gw = start_gateway(&[("fp16", fp16.addr)], &dir, "").await;
+    let out = eval(format!("http://{}", gw.data_addr)).await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains("| fp16 | no data |") && stdout.contains("| int8 | no data |"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("fp16: failed 6 × no variant, e.g. the answer named no variant"),
+        "{stdout}"
+    );
+}

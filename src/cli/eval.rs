@@ -56,6 +56,11 @@ pub(crate) struct Args {
     /// Seed of the generated items.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Exit with status 1 when more than this share of a variant's requests failed (0.01: 1%),
+    /// or when a variant answered no item; the summary is printed first, and not posted
+    /// (--report-to) when it fails so.
+    #[arg(long, default_value_t = 0.01)]
+    max_error_rate: f64,
     /// Extra header NAME:VALUE (repeatable), e.g. authorization:Bearer KEY.
     #[arg(long = "header")]
     headers: Vec<String>,
@@ -98,6 +103,7 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         generate,
         seed,
         headers,
+        max_error_rate,
         ca_file,
         suite,
         report_to,
@@ -219,7 +225,34 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
     } else {
         print!("{}", crate::lab::eval::render(&scores));
     }
+    judge(&scores, max_error_rate)?;
     report(serde_json::to_value(&summary)?).await
+}
+
+/// The run's verdict on itself: an error (exit status 1) when a variant answered no item, or
+/// more than `max_error_rate` of a variant's requests failed, naming the most frequent reason.
+fn judge(scores: &[crate::lab::eval::Score], max_error_rate: f64) -> anyhow::Result<()> {
+    let mut wrong = Vec::new();
+    for s in scores {
+        let top = s
+            .failures
+            .first()
+            .map(|f| format!(" ({} × {}, e.g. {})", f.count, f.reason, f.example))
+            .unwrap_or_default();
+        if s.n > 0 && s.answered() == 0 {
+            wrong.push(format!("{}: no item answered{top}", s.variant));
+        } else if s.failed as f64 > max_error_rate * s.n as f64 {
+            wrong.push(format!(
+                "{}: {} of {} requests failed ({:.1}%), above --max-error-rate {max_error_rate}{top}",
+                s.variant,
+                s.failed,
+                s.n,
+                s.failed as f64 * 100.0 / s.n.max(1) as f64
+            ));
+        }
+    }
+    anyhow::ensure!(wrong.is_empty(), "{}", wrong.join("; "));
+    Ok(())
 }
 
 /// A suite's default name: the file's (or MMLU directory's) name without its extension.

@@ -219,7 +219,17 @@ impl EvalTarget {
             .body(Full::new(Bytes::from(body.to_string())))
             .map_err(|e| NoReply::Final(e.to_string()))?;
         let transient = |e: &dyn std::fmt::Display| NoReply::Transient(e.to_string());
-        let resp = client.request(req).await.map_err(|e| transient(&e))?;
+        let resp = client.request(req).await.map_err(|e| {
+            // The error and its causes: "client error (Connect): Connection refused (os error 111)".
+            let mut text = e.to_string();
+            let mut cause = std::error::Error::source(&e);
+            while let Some(c) = cause {
+                text.push_str(": ");
+                text.push_str(&c.to_string());
+                cause = c.source();
+            }
+            NoReply::Transient(text)
+        })?;
         let status = resp.status();
         let served = resp
             .headers()
@@ -335,9 +345,44 @@ pub struct Score {
     pub per_item: Vec<bool>,
     /// Per category, in first-seen order: (category, correct, asked).
     pub per_category: Vec<(String, usize, usize)>,
+    /// The failed requests of this run by reason, most frequent first (items an earlier run
+    /// of the same `--out` answered are not asked again, so not here).
+    pub failures: Vec<FailureCount>,
+}
+
+/// Failed requests of one reason.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailureCount {
+    /// `connect`, `status 404`, `other variant`, `malformed`, `no answer`.
+    pub reason: String,
+    /// How many.
+    pub count: usize,
+    /// The first one's detail.
+    pub example: String,
+}
+
+fn count_failures(all: &[Failed]) -> Vec<FailureCount> {
+    let mut by: Vec<FailureCount> = Vec::new();
+    for f in all {
+        match by.iter_mut().find(|c| c.reason == f.reason) {
+            Some(c) => c.count += 1,
+            None => by.push(FailureCount {
+                reason: f.reason.clone(),
+                count: 1,
+                example: crate::util::label::bounded(&f.detail, 200).into_owned(),
+            }),
+        }
+    }
+    by.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.reason.cmp(&b.reason)));
+    by
 }
 
 impl Score {
+    /// Items that got an answer (right or wrong).
+    pub fn answered(&self) -> usize {
+        self.n - self.failed
+    }
+
     /// Correct over asked.
     pub fn accuracy(&self) -> f64 {
         if self.n == 0 {
@@ -705,31 +750,79 @@ fn correct(item: &EvalItem, reply: &str) -> bool {
     }
 }
 
-/// The reply to `item` from `variant`, or `None` (failed, after retries of transient failures).
+/// Why an item got no answer: a short reason (`connect`, `status 404`, `other variant`,
+/// `malformed`, `no answer`) and what was seen.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failed {
+    /// The kind, as failures are counted.
+    pub reason: String,
+    /// The error, or the first bytes of the answer.
+    pub detail: String,
+}
+
+impl Failed {
+    fn of(e: NoReply) -> Self {
+        let status = |t: &str| {
+            t.strip_prefix("HTTP ")
+                .and_then(|r| r.split_whitespace().next())
+                .map(|code| format!("status {code}"))
+        };
+        let (reason, detail) = match e {
+            NoReply::Transient(t) => (status(&t).unwrap_or_else(|| "connect".into()), t),
+            NoReply::Final(t) if t.starts_with("not JSON") => ("malformed".into(), t),
+            NoReply::Final(t) => (status(&t).unwrap_or_else(|| "request".into()), t),
+            NoReply::Served(v) if v == "none" => (
+                "no variant".into(),
+                "the answer named no variant: the route has no experiment (compare variants through an experiment route)".into(),
+            ),
+            NoReply::Served(v) => (
+                "other variant".into(),
+                format!("answered by variant {v}: not an experiment route with this variant, or it was rolled back"),
+            ),
+        };
+        Self { reason, detail }
+    }
+
+    fn no_answer() -> Self {
+        Self {
+            reason: "no answer".into(),
+            detail: "the answer held no choice with text".into(),
+        }
+    }
+}
+
+/// The reply to `item` from `variant`, or why there is none (after retries of transient
+/// failures).
 async fn ask(
     client: &HttpClient,
     t: &EvalTarget,
     variant: &str,
     item: &EvalItem,
-) -> Option<String> {
+) -> Result<String, Failed> {
+    // Comparing variants needs answers that say which variant gave them: an answer naming none
+    // (a route with no experiment) would score one backend under every variant's name.
+    let strict = t.variants.len() > 1;
     if item.code.is_some() {
         let body = json!({"model": t.model, "stream": false, "max_tokens": item.max_tokens(),
             "temperature": 0, "prompt": item.prompt(), "stop": &CODE_STOP[..4]});
         let v = t
-            .post_retrying(client, variant, COMPLETIONS_PATH, &body, false)
+            .post_retrying(client, variant, COMPLETIONS_PATH, &body, strict)
             .await
-            .ok()?;
-        return first_choice(v).and_then(|c| c.text);
+            .map_err(Failed::of)?;
+        return first_choice(v)
+            .and_then(|c| c.text)
+            .ok_or_else(Failed::no_answer);
     }
     let body = json!({"model": t.model, "stream": false, "max_tokens": item.max_tokens(),
         "temperature": 0, "messages": [{"role": "user", "content": item.prompt()}]});
     let v = t
-        .post_retrying(client, variant, CHAT_PATH, &body, false)
+        .post_retrying(client, variant, CHAT_PATH, &body, strict)
         .await
-        .ok()?;
+        .map_err(Failed::of)?;
     first_choice(v)
         .and_then(|c| c.message)
         .and_then(|m| m.content)
+        .ok_or_else(Failed::no_answer)
 }
 
 /// The first choice of an OpenAI-style answer (completions: `text`; chat: `message.content`).
@@ -836,6 +929,7 @@ pub async fn run(o: &EvalOptions, items: &[EvalItem]) -> Vec<Score> {
         let todo: Arc<Vec<usize>> =
             Arc::new((0..items.len()).filter(|i| prior[*i].is_none()).collect());
         let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let failures: Arc<parking_lot::Mutex<Vec<Failed>>> = Arc::default();
         let progress = Arc::new(Progress::default());
         let started = std::time::Instant::now();
         let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
@@ -853,6 +947,7 @@ pub async fn run(o: &EvalOptions, items: &[EvalItem]) -> Vec<Score> {
         for _ in 0..t.concurrency.max(1) {
             let (sandbox, cpus, progress) =
                 (o.sandbox.clone(), Arc::clone(&cpus), Arc::clone(&progress));
+            let failures = Arc::clone(&failures);
             let (client, items, ids, per_item, todo, next, t, variant, out) = (
                 client.clone(),
                 Arc::clone(&items),
@@ -869,7 +964,10 @@ pub async fn run(o: &EvalOptions, items: &[EvalItem]) -> Vec<Score> {
                     let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let Some(&i) = todo.get(k) else { return };
                     let item = &items[i];
-                    let reply = ask(&client, &t, &variant, item).await;
+                    let (reply, failure) = match ask(&client, &t, &variant, item).await {
+                        Ok(r) => (Some(r), None),
+                        Err(f) => (None, Some(f)),
+                    };
                     let (ok, why) = match (&item.code, reply.as_deref()) {
                         (Some(task), Some(code)) => {
                             let verdict = match &sandbox {
@@ -893,6 +991,9 @@ pub async fn run(o: &EvalOptions, items: &[EvalItem]) -> Vec<Score> {
                     };
                     let r = (ok, reply.is_none());
                     per_item.lock()[i] = r;
+                    if let Some(f) = failure {
+                        failures.lock().push(f);
+                    }
                     {
                         use std::sync::atomic::Ordering::Relaxed;
                         progress.right.fetch_add(usize::from(r.0), Relaxed);
@@ -950,6 +1051,7 @@ pub async fn run(o: &EvalOptions, items: &[EvalItem]) -> Vec<Score> {
             ci: wilson(k, results.len()),
             per_item: results.iter().map(|r| r.0).collect(),
             per_category,
+            failures: count_failures(&failures.lock()),
         });
     }
     scores
@@ -999,6 +1101,9 @@ pub struct AccuracyVariant {
     pub asked: usize,
     /// Requests that failed (counted as wrong).
     pub failed: usize,
+    /// The failed requests by reason, with an example each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failures: Vec<FailureCount>,
     /// Per category, in first-seen order.
     pub categories: Vec<CategoryScore>,
 }
@@ -1053,6 +1158,7 @@ pub fn summary(scores: &[Score], suite: &str, model: &str) -> AccuracyReport {
             correct: s.correct,
             asked: s.n,
             failed: s.failed,
+            failures: s.failures.clone(),
             categories: s
                 .per_category
                 .iter()
@@ -1064,9 +1170,11 @@ pub fn summary(scores: &[Score], suite: &str, model: &str) -> AccuracyReport {
                 .collect(),
         })
         .collect();
-    let comparisons = match scores.split_first() {
+    // A variant with no answered item has no accuracy to compare (its failures say why).
+    let comparisons = match scores.split_first().filter(|(c, _)| c.answered() > 0) {
         Some((control, rest)) => rest
             .iter()
+            .filter(|s| s.answered() > 0)
             .map(|s| {
                 let (d, (lo, hi)) = paired_difference(&control.per_item, &s.per_item);
                 let (a, b, p) = mcnemar_exact(&control.per_item, &s.per_item);
@@ -1103,6 +1211,14 @@ pub fn summary(scores: &[Score], suite: &str, model: &str) -> AccuracyReport {
 pub fn render(scores: &[Score]) -> String {
     let mut out = String::from("| variant | accuracy | 95% CI | correct | asked | failed requests |\n|---|---|---|---|---|---|\n");
     for s in scores {
+        if s.answered() == 0 {
+            let _ = writeln!(
+                out,
+                "| {} | no data | - | - | {} | {} |",
+                s.variant, s.n, s.failed
+            );
+            continue;
+        }
         let _ = writeln!(
             out,
             "| {} | {:.1}% | [{:.1}%, {:.1}%] | {} | {} | {} |",
@@ -1115,8 +1231,31 @@ pub fn render(scores: &[Score]) -> String {
             s.failed
         );
     }
+    for s in scores {
+        for f in &s.failures {
+            let _ = writeln!(
+                out,
+                "  {}: failed {} × {}, e.g. {}",
+                s.variant, f.count, f.reason, f.example
+            );
+        }
+    }
     if let Some((control, rest)) = scores.split_first() {
         for s in rest {
+            if control.answered() == 0 || s.answered() == 0 {
+                let _ = writeln!(
+                    out,
+                    "- {} vs {}: no comparison: {} answered no item",
+                    s.variant,
+                    control.variant,
+                    if control.answered() == 0 {
+                        &control.variant
+                    } else {
+                        &s.variant
+                    }
+                );
+                continue;
+            }
             let (d, (lo, hi)) = paired_difference(&control.per_item, &s.per_item);
             let (only_control, only_variant, p) = mcnemar_exact(&control.per_item, &s.per_item);
             let _ = writeln!(
