@@ -172,6 +172,14 @@ async fn a_benchmark_is_counted_apart_where_the_route_takes_its_purpose() {
                 "12",
                 "--max-tokens",
                 "4",
+                // Warm-up requests and the counting of the prompts' tokens go through the
+                // gateway too, untagged: not the run's requests.
+                "--warmup",
+                "2",
+                "--dataset-name",
+                "random",
+                "--random-input-len",
+                "8",
                 "--compare-gateway",
                 &admin,
                 "--out",
@@ -198,7 +206,11 @@ async fn a_benchmark_is_counted_apart_where_the_route_takes_its_purpose() {
         let r = report_at(&report);
         let run_id = r.run.as_ref().unwrap().run_id.clone().unwrap();
         if taken {
-            assert_eq!((live, by_purpose("bench")), (Some(5), Some(12)), "{stats}");
+            assert_eq!(live, Some(5), "{stats}");
+            assert!(
+                by_purpose("bench").unwrap() > 14,
+                "the run, its warm-up and its /tokenize calls: {stats}"
+            );
             assert!(!stderr.contains("did not take"), "{stderr}");
             // The client's figures sit beside the gateway's for the same requests: this run's
             // twelve, not the gateway's totals.
@@ -214,7 +226,7 @@ async fn a_benchmark_is_counted_apart_where_the_route_takes_its_purpose() {
             let (status, one) = admin_get(gw.admin_addr, &format!("/stats/runs/{run_id}")).await;
             assert_eq!(status, 200, "{one}");
         } else {
-            assert_eq!((live, by_purpose("live")), (Some(17), Some(17)), "{stats}");
+            assert!(live.unwrap() > 19, "{stats}");
             assert!(
                 stderr.contains("the gateway columns are left out"),
                 "{stderr}"

@@ -604,6 +604,9 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
                 .as_ref()
                 .and_then(|r| r.run_id.clone())
                 .unwrap_or_default();
+            if report.excluded > 0 {
+                eprintln!("note: the gateway's figures include the {} requests sent in the warm-up and cool-down stretches, which the client's leave out", report.excluded);
+            }
             run_figures(
                 admin,
                 &id,
@@ -668,7 +671,9 @@ impl Sampling {
 
 /// The backend's tokenizer for the workload's lengths, or the estimate (said on standard error).
 async fn counter(o: &crate::lab::loadgen::BenchOptions) -> crate::lab::loadgen::workload::Counter {
-    crate::lab::loadgen::workload::Counter::probe(&o.url, &o.model, o.connector.clone(), &o.headers)
+    // Counting is not the run: its requests go untagged.
+    let headers = crate::lab::loadgen::without_run(&o.headers);
+    crate::lab::loadgen::workload::Counter::probe(&o.url, &o.model, o.connector.clone(), &headers)
         .await
 }
 

@@ -666,7 +666,7 @@ pub async fn engine_info(o: &BenchOptions) -> EngineInfo {
     let get = |path: &str| {
         let url = format!("{root}{path}");
         let client = client.clone();
-        let headers = o.headers.clone();
+        let headers = without_run(&o.headers);
         async move {
             let mut req = http::Request::get(url);
             for (k, v) in &headers {
@@ -752,10 +752,15 @@ pub async fn run(o: &BenchOptions) -> (Vec<Sample>, Duration) {
     let samples = Arc::new(Mutex::new(Vec::with_capacity(o.requests)));
     let issued = Arc::new(AtomicUsize::new(0));
     if o.warmup > 0 {
+        // Not the run's requests: untagged, so a gateway does not count them under its id.
+        let untagged = Arc::new(BenchOptions {
+            headers: without_run(&o.headers),
+            ..(*o).clone()
+        });
         let warm: Vec<_> = (0..o.warmup)
             .map(|i| {
                 let client = clients[i % clients.len()].clone();
-                let o = Arc::clone(&o);
+                let o = Arc::clone(&untagged);
                 tokio::spawn(async move {
                     one(&client, &o, &o.prompts[i % o.prompts.len()]).await;
                 })
@@ -1074,6 +1079,16 @@ impl RunInfo {
                 .map(|(_, v)| v.clone()),
         }
     }
+}
+
+/// `headers` without the run id (`x-inferscope-run`): for the requests that are not the run's
+/// own (warm-up, counting tokens, reading the engine).
+pub fn without_run(headers: &[(String, String)]) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .filter(|(k, _)| !k.eq_ignore_ascii_case(crate::stats::runs::RUN_HEADER))
+        .cloned()
+        .collect()
 }
 
 /// A new run id: `bench-` and the start in Unix milliseconds, and four hex digits that tell
