@@ -1544,3 +1544,18 @@ async fn no_gpu_is_said_and_the_run_goes_on() {
     assert!(String::from_utf8_lossy(&run.stdout)
         .contains("hardware: not read: http://127.0.0.1:9/metrics"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_loop_run_ends_with_its_last_request_not_a_gap_later() {
+    // Evenly 2 req/s, three requests: sent at 0, 0.5 and 1 s, each answered in a few ms. The
+    // run lasts about a second; waiting out one more gap would make it 1.5 s and its throughput
+    // a third lower than what was served.
+    let sim = start_sim(exact(1.0, 0.2), 1).await;
+    let o = options(format!("http://{}", sim.addr), Arrivals::Constant(2.0), 3);
+    let (samples, wall) = loadgen::run(&o).await;
+    assert_eq!(samples.len(), 3);
+    assert!(
+        wall >= Duration::from_secs(1) && wall < Duration::from_millis(1300),
+        "{wall:?}"
+    );
+}

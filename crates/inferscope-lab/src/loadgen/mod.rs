@@ -834,6 +834,11 @@ pub async fn run(o: &BenchOptions) -> (Vec<Sample>, Duration) {
                 .map(|n| Arc::new(tokio::sync::Semaphore::new(n.max(1))));
             let mut at = start;
             loop {
+                // Every request sent: the run drains now, not one more gap from now (that idle
+                // gap would be counted in its duration and lower its throughput).
+                if issued.load(Ordering::Relaxed) >= o.requests {
+                    break;
+                }
                 // Asked after the wait: nothing leaves once the run's time is up.
                 tokio::time::sleep_until(at).await;
                 let Some(i) = more() else { break };
