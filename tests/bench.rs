@@ -698,7 +698,16 @@ async fn the_engine_is_read_as_it_describes_itself() {
                 "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",engine=\"0\",gpu_memory_utilization=\"0.9\",num_gpu_blocks=\"2048\"} 1.0\nvllm:num_requests_running{engine=\"0\",model_name=\"tiny-llama\"} 0.0\n"
             }),
         )
-        .route("/info", get(|| async { r#"{"model_id": "tiny-llama", "max_batch_total_tokens": 16000}"# }));
+        .route("/info", get(|| async { r#"{"model_id": "tiny-llama", "max_batch_total_tokens": 16000}"# }))
+        // Ollama's description of the model asked for, on POST.
+        .route(
+            "/api/show",
+            axum::routing::post(|body: String| async move {
+                let asked: serde_json::Value = serde_json::from_str(&body).unwrap();
+                assert_eq!(asked["model"], "demo");
+                r#"{"modelfile": "FROM /models/x", "template": "{{ .Prompt }}", "details": {"family": "llama", "parameter_size": "8.0B", "quantization_level": "Q4_K_M"}, "model_info": {"llama.context_length": 131072}}"#
+            }),
+        );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await });
@@ -733,6 +742,9 @@ async fn the_engine_is_read_as_it_describes_itself() {
         "{info:?}"
     );
     assert!(!info.server_info.contains_key("/props"));
+    let show = &info.server_info["/api/show"];
+    assert_eq!(show["details"]["quantization_level"], "Q4_K_M", "{show}");
+    assert!(show.get("modelfile").is_none() && show.get("template").is_none());
     // Nothing there: nothing claimed.
     let none = loadgen::engine_info(&options(
         format!("http://{DEAD}"),

@@ -203,6 +203,15 @@ async fn the_image_serves_streams_logs_and_reports_health() {
         "65534",
         "runs as non-root"
     );
+    // The binary carries NVML, loaded at run time: with no driver here it says "no GPU" (and
+    // exits 1) rather than "this build has no NVML support".
+    let gpu = p.run(&["exec", &c.id, "inferscope", "gpu"]);
+    let said = String::from_utf8_lossy(&gpu.stderr);
+    assert_eq!(gpu.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("no GPU: NVML could not start"),
+        "the image's binary has NVML: {said}"
+    );
     // The HEALTHCHECK the image declares passes (it runs `inferscope health`).
     let image: Value = serde_json::from_str(&p.ok(&["image", "inspect", &tag])).unwrap();
     let hc = &image[0]["Healthcheck"]["Test"];

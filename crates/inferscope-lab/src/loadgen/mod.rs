@@ -603,7 +603,7 @@ pub struct EngineInfo {
     #[serde(default)]
     pub cache_config: std::collections::BTreeMap<String, String>,
     /// The engine's own description where it has one, by path, as it wrote it: TGI's `/info`,
-    /// SGLang's `/get_server_info`, llama.cpp's `/props`.
+    /// SGLang's `/get_server_info`, llama.cpp's `/props`, Ollama's `/api/show` of the model.
     #[serde(default)]
     pub server_info: std::collections::BTreeMap<String, serde_json::Value>,
 }
@@ -725,6 +725,42 @@ pub async fn engine_info(o: &BenchOptions) -> EngineInfo {
         {
             info.server_info.insert(path.to_owned(), v);
         }
+    }
+    // Ollama describes a model on POST: its details (family, parameter size, quantization
+    // level), parameters and model info; its modelfile, template and licence are left out.
+    let show = async {
+        let mut req = http::Request::post(format!("{root}/api/show"))
+            .header("content-type", "application/json");
+        for (k, v) in &without_run(&o.headers) {
+            req = req.header(k.as_str(), v.as_str());
+        }
+        let req = req
+            .body(Full::new(Bytes::from(
+                json!({"model": o.model}).to_string(),
+            )))
+            .ok()?;
+        let resp = client.request(req).await.ok()?;
+        if !resp.status().is_success() {
+            return None;
+        }
+        let b = http_body_util::Limited::new(resp.into_body(), 4 << 20)
+            .collect()
+            .await
+            .ok()?
+            .to_bytes();
+        let mut v: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&b).ok()?;
+        for bulky in ["modelfile", "template", "license", "tensors"] {
+            v.remove(bulky);
+        }
+        Some(serde_json::Value::Object(v))
+    };
+    if let Some(v) = tokio::time::timeout(Duration::from_secs(2), show)
+        .await
+        .ok()
+        .flatten()
+        .filter(|v| v.get("details").is_some())
+    {
+        info.server_info.insert("/api/show".to_owned(), v);
     }
     info
 }
