@@ -1571,3 +1571,64 @@ async fn an_open_loop_run_ends_with_its_last_request_not_a_gap_later() {
         "{wall:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_to_the_knee_doubles_until_the_slos_break_then_bisects() {
+    // Two at a time, ~25 ms each: about 80 req/s served; far past it, requests queue and miss
+    // a 50 ms TTFT.
+    let sim = start_sim(
+        inferscope::sim::Profile {
+            max_batch: Some(2),
+            ..exact(5.0, 2.0)
+        },
+        1,
+    )
+    .await;
+    let url = format!("http://{}", sim.addr);
+    let file = temp_dir().join("knee.json");
+    let out = tokio::task::spawn_blocking({
+        let file = file.clone();
+        move || {
+            bench_cli(
+                &[
+                    "--url",
+                    &url,
+                    "--sweep-to-knee",
+                    "10",
+                    "--knee-steps",
+                    "2",
+                    "--requests",
+                    "30",
+                    "--max-tokens",
+                    "10",
+                    "--slo",
+                    "ttft=50ms",
+                    "--out",
+                    file.to_str().unwrap(),
+                ],
+                &[],
+            )
+        }
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: loadgen::SweepReport = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    let rates: Vec<f64> = doc.runs.iter().map(|r| r.rate.unwrap()).collect();
+    assert!(rates.windows(2).all(|w| w[0] < w[1]), "by rate: {rates:?}");
+    // Doublings from 10 until one missed, then two bisections between it and the last good.
+    let c = doc.capacity.unwrap();
+    let (good, (bad, attained)) = (c.rate.unwrap(), c.next.unwrap());
+    assert!(attained < 0.9 && good < bad, "{c:?}");
+    let doublings = rates
+        .iter()
+        .filter(|r| [10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0].contains(r))
+        .count();
+    assert_eq!(rates.len(), doublings + 2, "{rates:?}");
+    assert!(stdout.contains("capacity: "), "{stdout}");
+}

@@ -84,6 +84,15 @@ pub(crate) struct Args {
     /// Requests sent in this last stretch of the sending are left out likewise.
     #[arg(long)]
     cooldown_time: Option<String>,
+    /// Sweep to saturation from this rate (open loop, needs --slo): doubling until a rate
+    /// misses the SLOs, then --knee-steps bisections between the last rate that met them and
+    /// the first that did not; the capacity found is printed and kept like --sweep's.
+    #[arg(long, value_name = "RATE", requires = "slo", conflicts_with_all = ["rate", "concurrency", "sweep"])]
+    sweep_to_knee: Option<f64>,
+    /// Bisections of --sweep-to-knee between the last rate that met the SLOs and the first that
+    /// did not (each halves the interval the knee is known to be in).
+    #[arg(long, default_value_t = 3)]
+    knee_steps: u32,
     /// With --sweep and --slo: the share of requests that must meet every SLO for a rate to
     /// count; the highest such rate is the capacity printed and kept (`capacity`).
     #[arg(long, default_value_t = 0.9)]
@@ -235,6 +244,8 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         warmup_time,
         cooldown_time,
         slo_attainment,
+        sweep_to_knee,
+        knee_steps,
         concurrency,
         requests,
         duration,
@@ -323,7 +334,7 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         (None, c) => Arrivals::Concurrency(c.unwrap_or(1)),
     };
     anyhow::ensure!(
-        format != "vllm" || sweep.is_empty(),
+        format != "vllm" || (sweep.is_empty() && sweep_to_knee.is_none()),
         "--format vllm writes one run: not with --sweep"
     );
     anyhow::ensure!(
@@ -530,9 +541,20 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         }
         false => None,
     };
-    if !sweep.is_empty() {
+    if !sweep.is_empty() || sweep_to_knee.is_some() {
+        anyhow::ensure!(
+            sweep_to_knee.is_none_or(|r| r > 0.0),
+            "--sweep-to-knee: a rate above 0"
+        );
+        // The rates: the list given, or each chosen from what the last run showed.
+        let mut knee = sweep_to_knee.map(|r| loadgen::KneeSearch::new(r, knee_steps));
+        let mut fixed = sweep.iter().copied();
         let mut rows = Vec::new();
-        for r in &sweep {
+        while let Some(r) = match &knee {
+            Some(k) => k.next(),
+            None => fixed.next(),
+        } {
+            let r = &r;
             let mut o = opts.clone();
             // Each rate's requests under an id of their own.
             for (k, v) in &mut o.headers {
@@ -559,8 +581,18 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
                 report.per_request = samples;
             }
             report.engine = engine.clone();
+            if let Some(k) = &mut knee {
+                let attained = report.slo_attainment.unwrap_or(0.0);
+                eprintln!(
+                    "\nrate {r:.2} req/s: {:.0}% of requests met the SLOs",
+                    attained * 100.0
+                );
+                k.record(*r, attained >= slo_attainment);
+            }
             rows.push(report);
         }
+        // Rows by rate, as a curve reads.
+        rows.sort_by(|a, b| a.rate.unwrap_or(0.0).total_cmp(&b.rate.unwrap_or(0.0)));
         print!("{}", loadgen::render_sweep(&rows));
         let capacity = loadgen::capacity(&rows, slo_attainment);
         match &capacity {

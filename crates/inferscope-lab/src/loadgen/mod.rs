@@ -1719,10 +1719,67 @@ pub fn csv_sweep(rows: &[BenchReport]) -> String {
     out
 }
 
+/// `--sweep-to-knee`: the rates a sweep to saturation runs, each chosen from what the last
+/// showed — doubling from the start until a rate misses the SLOs (halving instead when the start
+/// already misses them), then bisecting between the highest rate that met them and the lowest
+/// that did not.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KneeSearch {
+    next: Option<f64>,
+    good: Option<f64>,
+    bad: Option<f64>,
+    bisections_left: u32,
+    doublings_left: u32,
+}
+
+impl KneeSearch {
+    /// From `start` requests per second, with `bisections` steps between the last good and
+    /// the first bad rate once both are known (and at most 16 doublings or halvings).
+    pub fn new(start: f64, bisections: u32) -> Self {
+        Self {
+            next: Some(start),
+            good: None,
+            bad: None,
+            bisections_left: bisections,
+            doublings_left: 16,
+        }
+    }
+
+    /// The rate to run next (`None`: the search is over).
+    pub fn next(&self) -> Option<f64> {
+        self.next
+    }
+
+    /// What the run at `rate` showed: whether it met the SLOs.
+    pub fn record(&mut self, rate: f64, met: bool) {
+        if met {
+            self.good = Some(self.good.map_or(rate, |g| g.max(rate)));
+        } else {
+            self.bad = Some(self.bad.map_or(rate, |b| b.min(rate)));
+        }
+        self.next = match (self.good, self.bad) {
+            (Some(g), Some(b)) if self.bisections_left > 0 && g < b => {
+                self.bisections_left -= 1;
+                Some((g + b) / 2.0)
+            }
+            (Some(_), Some(_)) => None,
+            (Some(g), None) if self.doublings_left > 0 => {
+                self.doublings_left -= 1;
+                Some(g * 2.0)
+            }
+            (None, Some(b)) if self.doublings_left > 0 => {
+                self.doublings_left -= 1;
+                Some(b / 2.0)
+            }
+            _ => None,
+        };
+    }
+}
+
 /// A sweep's runs and the capacity they show (`--sweep … --out`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SweepReport {
-    /// One run per rate, in the order swept.
+    /// One run per rate, by rate.
     pub runs: Vec<BenchReport>,
     /// The knee: `None` without `--slo`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1826,6 +1883,36 @@ mod tests {
             assert!((mean - k).abs() < 0.05 * k.max(1.0), "k {k}: mean {mean}");
             assert!((var - k).abs() < 0.1 * k.max(1.0), "k {k}: variance {var}");
         }
+    }
+
+    #[test]
+    fn a_knee_search_doubles_then_bisects() {
+        use super::KneeSearch;
+        // Met up to 20 req/s: 4, 8, 16 meet, 32 misses; then 24 misses, 20 meets, 22 misses.
+        let knee = 20.0;
+        let mut k = KneeSearch::new(4.0, 3);
+        let mut ran = Vec::new();
+        while let Some(r) = k.next() {
+            ran.push(r);
+            k.record(r, r <= knee);
+        }
+        assert_eq!(ran, [4.0, 8.0, 16.0, 32.0, 24.0, 20.0, 22.0]);
+        // A start that already misses: halves until one meets, then bisects.
+        let mut k = KneeSearch::new(8.0, 1);
+        let mut ran = Vec::new();
+        while let Some(r) = k.next() {
+            ran.push(r);
+            k.record(r, r <= 3.0);
+        }
+        assert_eq!(ran, [8.0, 4.0, 2.0, 3.0]);
+        // Never missing: stops after its doublings.
+        let mut k = KneeSearch::new(1.0, 3);
+        let mut n = 0;
+        while let Some(r) = k.next() {
+            n += 1;
+            k.record(r, true);
+        }
+        assert_eq!(n, 17);
     }
 
     #[test]
