@@ -325,3 +325,73 @@ async fn the_simulators_prefill_time_leaves_out_the_queue_as_vllms_does() {
     let queued = sample("vllm:request_queue_time_seconds_sum") / 4.0;
     assert!(queued > 0.1, "mean queue time {queued} s");
 }
+
+/// A DCGM exporter of one GPU drawing `watts`: its energy counter (millijoules) grows with the
+/// wall clock at that power, its sampled power reads the same.
+async fn metered_gpu(watts: f64) -> std::net::SocketAddr {
+    use axum::routing::get;
+    let start = std::time::Instant::now();
+    let app = axum::Router::new().route(
+        "/metrics",
+        get(move || async move {
+            let mj = 5e8 + watts * start.elapsed().as_secs_f64() * 1000.0;
+            format!("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{gpu=\"0\"}} {mj:.0}\nDCGM_FI_DEV_POWER_USAGE{{gpu=\"0\"}} {watts}\nDCGM_FI_DEV_GPU_UTIL{{gpu=\"0\"}} 90\n")
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_variant_has_its_gpus_power_and_joules_per_output_token() {
+    // fp16's GPU draws 300 W, int8's 150 W; each variant's backend owns its GPU.
+    // Traffic over two seconds: the tokens served per second need a span of one.
+    let (fp16, int8) = (
+        start_sim(exact(1.0, 3.0), 1).await,
+        start_sim(exact(1.0, 3.0), 2).await,
+    );
+    let (g16, g8) = (metered_gpu(300.0).await, metered_gpu(150.0).await);
+    let yaml = format!(
+        "backends:\n  - {{ name: fp16, url: \"http://{}\", metrics: {{ interval: 50ms, gpu_url: \"http://{g16}/metrics\" }} }}\n  - {{ name: int8, url: \"http://{}\", metrics: {{ interval: 50ms, gpu_url: \"http://{g8}/metrics\" }} }}\nroutes:\n  - name: chat\n    experiment:\n      name: int8-vs-fp16\n      sticky_key: \"header:x-user-id\"\n      variants:\n        - {{ name: fp16, backends: [fp16], weight: 50, control: true }}\n        - {{ name: int8, backends: [int8], weight: 50 }}\n",
+        fp16.addr, int8.addr
+    );
+    let gw = start_yaml(&yaml).await;
+    for i in 0..32 {
+        let r = post(
+            gw.data_addr,
+            "/v1/chat/completions",
+            &chat(true, 20, ""),
+            &[("x-user-id", &format!("u{i}"))],
+        )
+        .await;
+        assert_eq!(r.status, 200);
+    }
+    // Several scrapes, so the counter's mean is over more than one interval.
+    let admin = gw.admin_addr;
+    until(
+        Duration::from_secs(10),
+        "both variants' power from their GPUs' counters",
+        || async move {
+            let doc: Value =
+                serde_json::from_str(&admin_get(admin, "/experiments").await.1).unwrap();
+            let v = &doc["experiments"][0]["variants"];
+            v[0]["gpu_watts"].is_number() && v[1]["gpu_watts"].is_number()
+        },
+    )
+    .await;
+    let doc: Value = serde_json::from_str(&admin_get(admin, "/experiments").await.1).unwrap();
+    for v in doc["experiments"][0]["variants"].as_array().unwrap() {
+        let want = if v["variant"] == "fp16" { 300.0 } else { 150.0 };
+        let w = v["gpu_watts"].as_f64().unwrap();
+        assert!((w - want).abs() < 0.1 * want, "{v}");
+        let served = v["served_output_tokens_per_s"].as_f64().unwrap();
+        let j = v["joules_per_output_token"].as_f64().unwrap();
+        assert!(
+            (j - w / served).abs() <= 1e-3 * j.max(1e-3) + 1e-4,
+            "{j} vs {w} / {served}"
+        );
+    }
+    gw.shutdown();
+}

@@ -614,6 +614,32 @@ fn keys_json(limiter: &crate::access::Limiter) -> serde_json::Value {
     })
 }
 
+/// Each variant's GPU power, watts: the sum over its backends of their GPUs' mean power from a
+/// fresh scrape. Left out for a variant one of whose backends has no GPU figures, or serves
+/// another variant too (its GPUs' energy would not be this variant's alone).
+fn variant_watts(x: &crate::route::Experiment) -> std::collections::BTreeMap<String, f64> {
+    let arms: Vec<(&str, &[Arc<crate::route::Backend>])> =
+        x.split.named().map(|(n, p)| (n, p.backends())).collect();
+    let shared = |b: &crate::route::Backend| {
+        arms.iter()
+            .filter(|(_, bs)| bs.iter().any(|o| o.name == b.name))
+            .count()
+            > 1
+    };
+    arms.iter()
+        .filter_map(|(name, backends)| {
+            let mut watts = 0.0;
+            for b in *backends {
+                if shared(b) {
+                    return None;
+                }
+                watts += b.fresh_scrape()?.gpu.as_ref()?.mean_watts()?;
+            }
+            (!backends.is_empty()).then(|| ((*name).to_owned(), watts))
+        })
+        .collect()
+}
+
 /// Every experiment: per-variant summaries and comparisons with the control.
 fn experiments_json(router: &Router, rec: &Recorder) -> String {
     use crate::experiment::{quality, ExperimentView, ShadowView};
@@ -630,6 +656,7 @@ fn experiments_json(router: &Router, rec: &Recorder) -> String {
                 let mut summary =
                     crate::experiment::summarize(&x.name, &x.control, &arms, x.min_samples);
                 quality::add_costs(&mut summary, &x.prices);
+                quality::add_energy(&mut summary, &variant_watts(x));
                 let feedback = rec.experiments.feedback.summary(&r.name);
                 let results = rec.experiments.quality.results(&r.name);
                 let shadow = x.shadow.as_ref().map(|sh| {

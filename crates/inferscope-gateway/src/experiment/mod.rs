@@ -478,6 +478,8 @@ pub fn summarize(
                 e2e_unstreamed: None,
                 cost_per_million_output_tokens: None,
                 cost_basis: None,
+                gpu_watts: None,
+                joules_per_output_token: None,
             };
             for (metric, r) in Metric::LATENCY.into_iter().zip(&a.samples) {
                 let mut sorted = r.values().to_vec();

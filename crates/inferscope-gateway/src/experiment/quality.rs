@@ -246,6 +246,22 @@ pub fn add_costs(summary: &mut Summary, prices: &BTreeMap<String, VariantPrice>)
     }
 }
 
+/// Adds each variant's GPU power and energy per output token (`gpu_watts`,
+/// `joules_per_output_token`) from `watts` by variant: the power over the output tokens its
+/// backends served per second.
+pub fn add_energy(summary: &mut Summary, watts: &BTreeMap<String, f64>) {
+    for v in &mut summary.variants {
+        let Some(w) = watts.get(&v.variant) else {
+            continue;
+        };
+        v.gpu_watts = Some((w * 10.0).round() / 10.0);
+        v.joules_per_output_token = v
+            .served_output_tokens_per_s
+            .filter(|t| *t > 0.0)
+            .map(|t| ((w / t) * 1e4).round() / 1e4);
+    }
+}
+
 /// `x` with its sign (U+2212 for minus), `decimals` places.
 fn signed(x: f64, decimals: usize) -> String {
     let s = format!("{:.*}", decimals, x.abs());
@@ -589,6 +605,10 @@ pub fn verdicts(
                     format!("{bt} vs {bc}")
                 };
                 parts.push(format!("{t:.2} vs {c:.2} per M output tokens ({basis})"));
+            }
+            let energy = |v: &VariantSummary| v.joules_per_output_token;
+            if let (Some(t), Some(c)) = (field(variant, energy), field(control, energy)) {
+                parts.push(format!("{t:.3} vs {c:.3} J per output token"));
             }
             let decision = accept.map(|_| Decision::of(&checks));
             let mut row = format!("{variant}: {}", parts.join("; "));

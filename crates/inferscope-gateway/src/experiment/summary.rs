@@ -130,6 +130,15 @@ pub struct VariantSummary {
     /// What that cost rests on (`list price`, `at the load served`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost_basis: Option<String>,
+    /// Power of the variant's backends' GPUs, watts (the last minute's mean from their energy
+    /// counter, else their sampled draw), where each backend's GPUs are scraped and serve this
+    /// variant alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_watts: Option<f64>,
+    /// That power over the output tokens the variant's backends served per second: joules per
+    /// output token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub joules_per_output_token: Option<f64>,
 }
 
 impl VariantSummary {

@@ -108,6 +108,16 @@ pub struct GpuView {
     /// Energy the GPUs used since their driver loaded, joules, summed (DCGM's and NVML's
     /// counter): its difference over a run is the run's energy.
     pub energy_joules: Option<f64>,
+    /// Mean power over the last minute from that counter, watts (set by the scrape loop; a
+    /// sampled `power_watts` misses what happens between scrapes, the counter does not).
+    pub energy_watts: Option<f64>,
+}
+
+impl GpuView {
+    /// Mean power: from the energy counter where there is one, else the sampled draw.
+    pub fn mean_watts(&self) -> Option<f64> {
+        self.energy_watts.or(self.power_watts)
+    }
 }
 
 /// The latest scrape of a backend.
@@ -238,6 +248,7 @@ impl GpuView {
             "power_watts": self.power_watts,
             "sm_clock_hz": self.sm_clock_hz,
             "energy_joules": self.energy_joules,
+            "energy_watts": self.energy_watts,
         })
     }
 

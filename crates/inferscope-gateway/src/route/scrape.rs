@@ -47,6 +47,8 @@ async fn run(backend: Weak<Backend>, cfg: MetricsConfig) {
     let mut said_no_gpu = false;
     // Busy batch sizes over the same minute, for the roofline.
     let mut batches: std::collections::VecDeque<(Instant, f64)> = Default::default();
+    // The GPUs' energy counter over the same minute: its mean power.
+    let mut energy: std::collections::VecDeque<(Instant, f64)> = Default::default();
     loop {
         tick.tick().await;
         let Some(b) = backend.upgrade() else { return };
@@ -78,6 +80,25 @@ async fn run(backend: Weak<Backend>, cfg: MetricsConfig) {
         }
         while batches.front().is_some_and(|(t, _)| old(t)) {
             batches.pop_front();
+        }
+        while energy.front().is_some_and(|(t, _)| old(t)) {
+            energy.pop_front();
+        }
+        let mut gpu = gpu;
+        if let Some(g) = &mut gpu {
+            if let Some(j) = g.energy_joules {
+                // A counter that went back (a driver reload) starts the minute again.
+                if energy.back().is_some_and(|(_, last)| j < *last) {
+                    energy.clear();
+                }
+                energy.push_back((now, j));
+            }
+            g.energy_watts = match (energy.front(), energy.back()) {
+                (Some((t0, j0)), Some((t1, j1))) if t1 > t0 => {
+                    Some((j1 - j0) / t1.duration_since(*t0).as_secs_f64())
+                }
+                _ => None,
+            };
         }
         let mut engine = engine.map(|t| EngineView::parse(&t, history.front().map(|(_, v)| v)));
         if let Some(e) = &mut engine {

@@ -107,6 +107,11 @@ impl<T> Split<T> {
     pub fn arms(&self) -> impl Iterator<Item = &T> {
         self.arms.iter().map(|a| &a.2)
     }
+
+    /// Every arm with its name.
+    pub fn named(&self) -> impl Iterator<Item = (&str, &T)> {
+        self.arms.iter().map(|a| (&*a.0, &a.2))
+    }
 }
 
 #[cfg(test)]
