@@ -265,10 +265,10 @@ fn bench_cli(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
     cmd.output().unwrap()
 }
 
-/// `inferscope bench ARGS --out FILE` off the runtime (what it measures may run on it): its
-/// output, and the report it wrote (`None`: none).
-async fn bench_run(args: &[&str]) -> (std::process::Output, Option<loadgen::BenchReport>) {
-    let file = temp_dir().join("run.json");
+/// `inferscope bench ARGS --out FILE` off the runtime (what it measures may run on it), the
+/// file named `name` in a new directory: its output, and the file's path.
+async fn bench_file(args: &[&str], name: &str) -> (std::process::Output, std::path::PathBuf) {
+    let file = temp_dir().join(name);
     let mut all: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
     all.extend(["--out".to_owned(), file.display().to_string()]);
     let out = tokio::task::spawn_blocking(move || {
@@ -277,6 +277,12 @@ async fn bench_run(args: &[&str]) -> (std::process::Output, Option<loadgen::Benc
     })
     .await
     .unwrap();
+    (out, file)
+}
+
+/// `bench_file` in the report's own format: the output, and the report written (`None`: none).
+async fn bench_run(args: &[&str]) -> (std::process::Output, Option<loadgen::BenchReport>) {
+    let (out, file) = bench_file(args, "run.json").await;
     let report = std::fs::read(&file)
         .ok()
         .map(|b| serde_json::from_slice(&b).unwrap());
@@ -1297,31 +1303,22 @@ async fn bursty_arrivals_bunch_up_at_the_same_mean_rate() {
 async fn a_sweep_prints_and_keeps_its_capacity() {
     let sim = start_sim(exact(1.0, 0.2), 1).await;
     let url = format!("http://{}", sim.addr);
-    let file = temp_dir().join("sweep.json");
-    let out = tokio::task::spawn_blocking({
-        let file = file.clone();
-        move || {
-            bench_cli(
-                &[
-                    "--url",
-                    &url,
-                    "--sweep",
-                    "5,10",
-                    "--requests",
-                    "6",
-                    "--slo",
-                    "ttft=10s",
-                    "--max-tokens",
-                    "4",
-                    "--out",
-                    file.to_str().unwrap(),
-                ],
-                &[],
-            )
-        }
-    })
-    .await
-    .unwrap();
+    let (out, file) = bench_file(
+        &[
+            "--url",
+            &url,
+            "--sweep",
+            "5,10",
+            "--requests",
+            "6",
+            "--slo",
+            "ttft=10s",
+            "--max-tokens",
+            "4",
+        ],
+        "sweep.json",
+    )
+    .await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -1375,29 +1372,20 @@ async fn every_request_is_kept_on_request_as_json_or_csv() {
         r.ttft_ms
     );
 
-    let file = temp_dir().join("run.csv");
-    let out = tokio::task::spawn_blocking({
-        let file = file.clone();
-        move || {
-            bench_cli(
-                &[
-                    "--url",
-                    &url,
-                    "--requests",
-                    "3",
-                    "--max-tokens",
-                    "4",
-                    "--format",
-                    "csv",
-                    "--out",
-                    file.to_str().unwrap(),
-                ],
-                &[],
-            )
-        }
-    })
-    .await
-    .unwrap();
+    let (out, file) = bench_file(
+        &[
+            "--url",
+            &url,
+            "--requests",
+            "3",
+            "--max-tokens",
+            "4",
+            "--format",
+            "csv",
+        ],
+        "run.csv",
+    )
+    .await;
     assert!(out.status.success());
     let text = std::fs::read_to_string(&file).unwrap();
     let mut lines = text.lines();
@@ -1585,33 +1573,24 @@ async fn a_sweep_to_the_knee_doubles_until_the_slos_break_then_bisects() {
     )
     .await;
     let url = format!("http://{}", sim.addr);
-    let file = temp_dir().join("knee.json");
-    let out = tokio::task::spawn_blocking({
-        let file = file.clone();
-        move || {
-            bench_cli(
-                &[
-                    "--url",
-                    &url,
-                    "--sweep-to-knee",
-                    "10",
-                    "--knee-steps",
-                    "2",
-                    "--requests",
-                    "30",
-                    "--max-tokens",
-                    "10",
-                    "--slo",
-                    "ttft=50ms",
-                    "--out",
-                    file.to_str().unwrap(),
-                ],
-                &[],
-            )
-        }
-    })
-    .await
-    .unwrap();
+    let (out, file) = bench_file(
+        &[
+            "--url",
+            &url,
+            "--sweep-to-knee",
+            "10",
+            "--knee-steps",
+            "2",
+            "--requests",
+            "30",
+            "--max-tokens",
+            "10",
+            "--slo",
+            "ttft=50ms",
+        ],
+        "knee.json",
+    )
+    .await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

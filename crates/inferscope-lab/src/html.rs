@@ -84,31 +84,7 @@ impl Series {
                 pick(&|s| vec![s.e2e]),
             ]
         };
-        let mut meta = Vec::new();
-        if let Some(run) = &r.run {
-            flatten(
-                "run",
-                &serde_json::to_value(run).unwrap_or_default(),
-                "",
-                &mut meta,
-            );
-        }
-        if let Some(engine) = &r.engine {
-            flatten(
-                "engine",
-                &serde_json::to_value(engine).unwrap_or_default(),
-                "",
-                &mut meta,
-            );
-        }
-        if let Some(h) = &r.hardware {
-            flatten(
-                "hardware",
-                &serde_json::to_value(h).unwrap_or_default(),
-                "",
-                &mut meta,
-            );
-        }
+        let meta = report_meta(r);
         Self {
             name: name.to_owned(),
             curves,
@@ -152,6 +128,21 @@ impl Series {
             meta: Vec::new(),
         }
     }
+}
+
+/// A bench report's description as rows: its run, the engine's own, its hardware side.
+fn report_meta(r: &BenchReport) -> Vec<(String, String, String)> {
+    let mut meta = Vec::new();
+    for (section, v) in [
+        ("run", r.run.as_ref().map(serde_json::to_value)),
+        ("engine", r.engine.as_ref().map(serde_json::to_value)),
+        ("hardware", r.hardware.as_ref().map(serde_json::to_value)),
+    ] {
+        if let Some(Ok(v)) = v {
+            flatten(section, &v, "", &mut meta);
+        }
+    }
+    meta
 }
 
 /// `v`'s leaves as (section, dotted key, value) rows.
@@ -491,54 +482,36 @@ pub fn render(p: &Page) -> String {
     for (name, sw) in &p.sweeps {
         sweep(&mut s, name, sw);
     }
-    let metas: Vec<&Series> = p.series.iter().filter(|se| !se.meta.is_empty()).collect();
-    if !metas.is_empty() {
+    // What was run: each run's description, and each sweep's (its first rate's).
+    let mut tables: Vec<(String, Vec<(String, String, String)>)> = p
+        .series
+        .iter()
+        .filter(|se| !se.meta.is_empty())
+        .map(|se| (se.name.clone(), se.meta.clone()))
+        .collect();
+    tables.extend(p.sweeps.iter().filter_map(|(name, sw)| {
+        let r = sw.runs.first()?;
+        Some((format!("{name} (its first rate)"), report_meta(r)))
+    }));
+    if !tables.is_empty() {
         s.push_str("<h2>What was run</h2>\n");
-        for se in metas {
-            let _ = write!(s, "<h3>{}</h3><table data-meta=\"{}\"><tr><th>section</th><th>key</th><th>value</th></tr>", esc(&se.name), esc(&se.name));
-            for (sec, k, v) in &se.meta {
-                let _ = write!(
-                    s,
-                    "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
-                    esc(sec),
-                    esc(k),
-                    esc(v)
-                );
-            }
-            s.push_str("</table>\n");
-        }
     }
-    for (name, sw) in &p.sweeps {
-        if let Some(r) = sw.runs.first() {
-            let mut meta = Vec::new();
-            if let Some(run) = &r.run {
-                flatten(
-                    "run",
-                    &serde_json::to_value(run).unwrap_or_default(),
-                    "",
-                    &mut meta,
-                );
-            }
-            if let Some(e) = &r.engine {
-                flatten(
-                    "engine",
-                    &serde_json::to_value(e).unwrap_or_default(),
-                    "",
-                    &mut meta,
-                );
-            }
-            let _ = write!(s, "<h3>{} (its first rate)</h3><table data-meta=\"{}\"><tr><th>section</th><th>key</th><th>value</th></tr>", esc(name), esc(name));
-            for (sec, k, v) in &meta {
-                let _ = write!(
-                    s,
-                    "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
-                    esc(sec),
-                    esc(k),
-                    esc(v)
-                );
-            }
-            s.push_str("</table>\n");
+    for (name, rows) in &tables {
+        let _ = write!(
+            s,
+            "<h3>{n}</h3><table data-meta=\"{n}\"><tr><th>section</th><th>key</th><th>value</th></tr>",
+            n = esc(name)
+        );
+        for (sec, k, v) in rows {
+            let _ = write!(
+                s,
+                "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
+                esc(sec),
+                esc(k),
+                esc(v)
+            );
         }
+        s.push_str("</table>\n");
     }
     let _ = writeln!(
         s,
