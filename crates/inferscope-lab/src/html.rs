@@ -130,8 +130,11 @@ impl Series {
     }
 }
 
+/// A row of what was run: section, dotted key, value.
+type MetaRow = (String, String, String);
+
 /// A bench report's description as rows: its run, the engine's own, its hardware side.
-fn report_meta(r: &BenchReport) -> Vec<(String, String, String)> {
+fn report_meta(r: &BenchReport) -> Vec<MetaRow> {
     let mut meta = Vec::new();
     for (section, v) in [
         ("run", r.run.as_ref().map(serde_json::to_value)),
@@ -483,7 +486,7 @@ pub fn render(p: &Page) -> String {
         sweep(&mut s, name, sw);
     }
     // What was run: each run's description, and each sweep's (its first rate's).
-    let mut tables: Vec<(String, Vec<(String, String, String)>)> = p
+    let mut tables: Vec<(String, Vec<MetaRow>)> = p
         .series
         .iter()
         .filter(|se| !se.meta.is_empty())
