@@ -723,7 +723,17 @@ async fn the_engine_is_read_as_it_describes_itself() {
         1,
     ))
     .await;
-    assert_eq!(info.vllm_version.as_deref(), Some("0.99.1"));
+    assert_eq!(info.version.as_deref(), Some("0.99.1"));
+    assert_eq!(
+        info.engine.as_deref(),
+        Some("vllm"),
+        "told by its metric names"
+    );
+    assert!(
+        info.summary().starts_with("vLLM 0.99.1, tiny-llama"),
+        "{}",
+        info.summary()
+    );
     assert_eq!(info.models.len(), 1);
     assert_eq!(
         (info.models[0].id.as_str(), info.models[0].max_model_len),
@@ -751,6 +761,37 @@ async fn the_engine_is_read_as_it_describes_itself() {
     let show = &info.server_info["/api/show"];
     assert_eq!(show["details"]["quantization_level"], "Q4_K_M", "{show}");
     assert!(show.get("modelfile").is_none() && show.get("template").is_none());
+    // trtllm-serve: its /version, and its /metrics as JSON iteration statistics.
+    let trt = axum::Router::new()
+        .route("/version", get(|| async { r#"{"version": "0.20.0"}"# }))
+        .route(
+            "/metrics",
+            get(|| async {
+                r#"[{"iter": 41, "numActiveRequests": 3, "maxBatchSizeRuntime": 64}, {"iter": 42, "numActiveRequests": 5, "maxBatchSizeRuntime": 64, "kvCacheStats": {"usedNumBlocks": 120, "maxNumBlocks": 4096}}]"#
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let trt_addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, trt).await });
+    let info = loadgen::engine_info(&options(
+        format!("http://{trt_addr}"),
+        Arrivals::Concurrency(1),
+        1,
+    ))
+    .await;
+    assert_eq!(
+        (info.engine.as_deref(), info.version.as_deref()),
+        (Some("tensorrt-llm"), Some("0.20.0"))
+    );
+    assert_eq!(
+        info.server_info["/metrics"]["iter"], 42,
+        "the latest iteration"
+    );
+    assert!(
+        info.summary().starts_with("TensorRT-LLM 0.20.0"),
+        "{}",
+        info.summary()
+    );
     // Nothing there: nothing claimed.
     let none = loadgen::engine_info(&options(
         format!("http://{DEAD}"),

@@ -137,7 +137,7 @@ pub(crate) struct Args {
     purpose: String,
     /// Before the run, read what the engine says of itself into the report (`engine`): vLLM's
     /// /version, /v1/models and the cache config on /metrics, TGI's /info, SGLang's
-    /// /get_server_info, llama.cpp's /props, Ollama's /api/show. For a --url at the engine itself: through a gateway
+    /// /get_server_info, llama.cpp's /props, Ollama's /api/show, trtllm-serve's /version and iteration statistics. For a --url at the engine itself: through a gateway
     /// these requests would be the gateway's traffic too.
     #[arg(long)]
     engine_info: bool,

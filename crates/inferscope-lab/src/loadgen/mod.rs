@@ -592,9 +592,17 @@ async fn attempt(
 /// to TTFT, TPOT and tokens/s. Each part is what answered; a gateway or a hosted API answers few.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct EngineInfo {
-    /// vLLM's `/version`.
+    /// Which engine answered (`vllm`, `sglang`, `tensorrt-llm`, `tgi`, `llama.cpp`, `ollama`),
+    /// told by the names on its `/metrics` or the paths that described it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub vllm_version: Option<String>,
+    pub engine: Option<String>,
+    /// Its `/version` (vLLM's, SGLang's, `trtllm-serve`'s).
+    #[serde(
+        default,
+        alias = "vllm_version",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub version: Option<String>,
     /// `/v1/models`: the models served, with `max_model_len` where the engine says it (vLLM).
     #[serde(default)]
     pub models: Vec<ServedModel>,
@@ -603,7 +611,8 @@ pub struct EngineInfo {
     #[serde(default)]
     pub cache_config: std::collections::BTreeMap<String, String>,
     /// The engine's own description where it has one, by path, as it wrote it: TGI's `/info`,
-    /// SGLang's `/get_server_info`, llama.cpp's `/props`, Ollama's `/api/show` of the model.
+    /// SGLang's `/get_server_info`, llama.cpp's `/props`, Ollama's `/api/show` of the model,
+    /// `trtllm-serve`'s latest iteration statistics (its JSON `/metrics`).
     #[serde(default)]
     pub server_info: std::collections::BTreeMap<String, serde_json::Value>,
 }
@@ -621,7 +630,8 @@ pub struct ServedModel {
 impl EngineInfo {
     /// Nothing answered.
     pub fn is_empty(&self) -> bool {
-        self.vllm_version.is_none()
+        self.version.is_none()
+            && self.engine.is_none()
             && self.models.is_empty()
             && self.cache_config.is_empty()
             && self.server_info.is_empty()
@@ -630,8 +640,19 @@ impl EngineInfo {
     /// One line for the terminal: the version, the models, the main cache settings.
     pub fn summary(&self) -> String {
         let mut parts = Vec::new();
-        if let Some(v) = &self.vllm_version {
-            parts.push(format!("vLLM {v}"));
+        let name = match self.engine.as_deref() {
+            Some("vllm") => "vLLM",
+            Some("sglang") => "SGLang",
+            Some("tensorrt-llm") => "TensorRT-LLM",
+            Some("tgi") => "TGI",
+            Some("llama.cpp") => "llama.cpp",
+            Some("ollama") => "Ollama",
+            _ => "engine",
+        };
+        match (&self.engine, &self.version) {
+            (_, Some(v)) => parts.push(format!("{name} {v}")),
+            (Some(_), None) => parts.push(name.to_owned()),
+            _ => {}
         }
         for m in &self.models {
             parts.push(match m.max_model_len {
@@ -697,7 +718,7 @@ pub async fn engine_info(o: &BenchOptions) -> EngineInfo {
         data: Vec<ServedModel>,
     }
     if let Some(b) = get("/version").await {
-        info.vllm_version = serde_json::from_slice::<Version>(&b)
+        info.version = serde_json::from_slice::<Version>(&b)
             .ok()
             .map(|v| v.version);
     }
@@ -708,6 +729,28 @@ pub async fn engine_info(o: &BenchOptions) -> EngineInfo {
     }
     if let Some(b) = get("/metrics").await {
         let text = String::from_utf8_lossy(&b);
+        // The engine by its metric names; trtllm-serve answers JSON, its iteration statistics.
+        info.engine = [
+            ("vllm:", "vllm"),
+            ("sglang:", "sglang"),
+            ("trtllm_", "tensorrt-llm"),
+            ("trtllm:", "tensorrt-llm"),
+            ("nv_trt_llm_", "tensorrt-llm"),
+            ("tgi_", "tgi"),
+            ("llamacpp:", "llama.cpp"),
+        ]
+        .iter()
+        .find(|(prefix, _)| {
+            crate::util::promtext::samples(&text).any(|s| s.name.starts_with(prefix))
+        })
+        .map(|(_, name)| (*name).to_owned());
+        if let Ok(serde_json::Value::Array(stats)) = serde_json::from_slice::<serde_json::Value>(&b)
+        {
+            if let Some(latest) = stats.into_iter().rev().find(|v| v.get("iter").is_some()) {
+                info.engine = Some("tensorrt-llm".into());
+                info.server_info.insert("/metrics".into(), latest);
+            }
+        }
         let series =
             crate::util::promtext::samples(&text).find(|s| s.name == "vllm:cache_config_info");
         info.cache_config = series.map_or_else(Default::default, |s| {
@@ -761,6 +804,18 @@ pub async fn engine_info(o: &BenchOptions) -> EngineInfo {
         .filter(|v| v.get("details").is_some())
     {
         info.server_info.insert("/api/show".to_owned(), v);
+    }
+    // Where the metrics did not tell, the paths that described the engine do.
+    if info.engine.is_none() {
+        info.engine = [
+            ("/get_server_info", "sglang"),
+            ("/info", "tgi"),
+            ("/props", "llama.cpp"),
+            ("/api/show", "ollama"),
+        ]
+        .iter()
+        .find(|(path, _)| info.server_info.contains_key(*path))
+        .map(|(_, name)| (*name).to_owned());
     }
     info
 }
