@@ -1,5 +1,6 @@
 //! The backend's own view of itself: its engine's Prometheus metrics (vLLM, SGLang, TGI,
-//! llama.cpp, TensorRT-LLM: Triton's backend and `trtllm-serve`) and its GPUs' (NVIDIA DCGM exporter, nvidia_gpu_exporter), scraped every
+//! llama.cpp, TensorRT-LLM: Triton's backend and `trtllm-serve`'s Prometheus names or its JSON
+//! iteration statistics) and its GPUs' (NVIDIA DCGM exporter, nvidia_gpu_exporter), scraped every
 //! `metrics.interval` and kept on the backend — for `/stats`, `/metrics`, the `least_queue`
 //! balancer, and each request's record at the moment it was sent.
 
@@ -163,6 +164,9 @@ impl EngineView {
     /// Reads an engine's exposition; `base` (an earlier scrape) turns counters into rates and
     /// means since then.
     pub fn parse(text: &str, base: Option<&EngineView>) -> Self {
+        if text.trim_start().starts_with('[') {
+            return Self::iterations(text);
+        }
         let mut v = EngineView::default();
         let mut sglang_rate = None;
         for s in samples(text) {
@@ -216,6 +220,40 @@ impl EngineView {
         }
         v.prefix_cache_hit_rate = v.prefix_cache_hit_rate.or(sglang_rate);
         v
+    }
+
+    /// `trtllm-serve`'s `/metrics`: JSON, the iteration statistics since the last read; the
+    /// latest iteration's active and queued requests and KV-cache blocks in use.
+    fn iterations(text: &str) -> Self {
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Iteration {
+            num_active_requests: Option<f64>,
+            num_queued_requests: Option<f64>,
+            kv_cache_stats: Option<KvStats>,
+        }
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct KvStats {
+            used_num_blocks: Option<f64>,
+            max_num_blocks: Option<f64>,
+        }
+        let Some(last) = serde_json::from_str::<Vec<Iteration>>(text)
+            .ok()
+            .and_then(|v| v.into_iter().last())
+        else {
+            return Self::default();
+        };
+        let kv = last.kv_cache_stats.and_then(|k| {
+            let (used, max) = (k.used_num_blocks?, k.max_num_blocks?);
+            (max > 0.0).then(|| (used / max).clamp(0.0, 1.0))
+        });
+        Self {
+            running: last.num_active_requests,
+            waiting: last.num_queued_requests,
+            kv_cache_usage: kv,
+            ..Self::default()
+        }
     }
 
     /// The mean engine prefill time of the requests that finished prefill between `earlier`
