@@ -62,7 +62,10 @@ fn every_engine_is_read_by_its_own_names() {
     assert!(near(serve.kv_cache_usage, 0.5));
     // trtllm-serve's own /metrics: JSON iteration statistics, the latest iteration read.
     let iterations = EngineView::parse(&fixture("trtllm-serve-iterations.json"), None);
-    assert_eq!((iterations.running, iterations.waiting), (Some(7.0), Some(2.0)));
+    assert_eq!(
+        (iterations.running, iterations.waiting),
+        (Some(7.0), Some(2.0))
+    );
     assert!(near(iterations.kv_cache_usage, 0.5));
     assert!(EngineView::parse("[]", None).is_empty());
 }

@@ -134,7 +134,10 @@ async fn bench_and_report_give_the_roofline_too() {
     // 8 GB a step at about 10 ms a token, against the L40S's 864 GB/s: near 800 GB/s.
     assert!(line.contains("of 864 GB/s"), "{line}");
     assert!(line.contains("memory-bound"), "{line}");
-    assert!(text.contains("roofline: prefill at at least"), "{text}");
+    assert!(
+        text.contains("roofline: prefill at ") && text.contains("% or more of peak compute"),
+        "{text}"
+    );
     let log = dir.join("access.jsonl");
     stop_and_read_log(gw, &dir).await;
     let out = inferscope(&[

@@ -244,8 +244,8 @@ pub fn assess(model: &ModelSpec, peak: Peak, m: Measured) -> Assessment {
         let lower = source == "ttft";
         let words = format!(
             "prefill at {}{} of peak compute ({:.1} of {:.0} TFLOP/s, {n:.0} prompt tokens in {:.1} ms{})",
-            if lower { "at least " } else { "" },
             pct(mfu),
+            if lower { " or more" } else { "" },
             flops / 1e12,
             peak.flops / 1e12,
             secs * 1e3,
@@ -358,7 +358,12 @@ mod tests {
         let p = v.prefill.unwrap_or_else(|| panic!("prefill"));
         assert_eq!(p.source, "ttft");
         assert!((p.achieved_tflops - 160.0).abs() < 1e-6);
-        assert!(p.words.starts_with("prefill at at least 16%"));
+        assert!(
+            p.words
+                .starts_with("prefill at 16% or more of peak compute"),
+            "{}",
+            p.words
+        );
     }
 
     #[test]
