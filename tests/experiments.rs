@@ -1379,3 +1379,124 @@ async fn eval_says_why_a_variant_has_no_data_and_fails_the_run() {
         "{stdout}"
     );
 }
+
+/// `inferscope verdict` against a gateway: each limit by name and suite with its state, the
+/// decision, and the exit status a pipeline gates on (0 accept, 1 reject, 2 undecided).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verdict_gives_each_limit_by_suite_and_an_exit_status_to_gate_on() {
+    let (fp16, int8) = quiz_sims(0.0, 0.0).await;
+    let dir = temp_dir();
+    let yaml = format!(
+        "access_log: {{ path: {:?} }}\nbackends:\n  - {{ name: fp16, url: \"http://{}\" }}\n  - {{ name: int8, url: \"http://{}\" }}\nroutes:\n  - name: chat\n    experiment:\n      name: int8-vs-fp16\n      sticky_key: \"header:x-user-id\"\n      min_samples: 10\n      accept: {{ accuracy_drop_max_points: 1.0 }}\n      variants:\n        - {{ name: fp16, backends: [fp16], weight: 50, control: true }}\n        - {{ name: int8, backends: [int8], weight: 50 }}\n",
+        dir.join("access.jsonl"),
+        fp16.addr,
+        int8.addr
+    );
+    let gw = start_yaml(&yaml).await;
+    let admin = format!("http://{}", gw.admin_addr);
+    for i in 0..20 {
+        let r = post(
+            gw.data_addr,
+            "/v1/chat/completions",
+            &chat(true, 4, ""),
+            &[("x-user-id", &format!("u{i}"))],
+        )
+        .await;
+        assert_eq!(r.status, 200);
+    }
+    let verdict = |admin: String| {
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_inferscope"))
+                .args(["verdict", "--admin", &admin])
+                .output()
+                .unwrap()
+        })
+    };
+    // No eval posted yet: undecided, exit 2.
+    let out = verdict(admin.clone()).await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(2), "{stdout}");
+    assert!(
+        stdout.contains("accuracy_drop_max_points 1: undecided: no data"),
+        "{stdout}"
+    );
+    assert!(stdout.ends_with("decision: undecided\n"), "{stdout}");
+    // Two suites: gsm8k within the limit, mmlu past it.
+    let post_result = |suite: &str, d: f64, lo: f64, hi: f64| {
+        format!(
+            r#"{{"kind":"accuracy","suite":"{suite}","model":"m","control":"fp16","variants":[{{"variant":"fp16","value":0.8,"n":400}},{{"variant":"int8","value":{},"n":400}}],"comparisons":[{{"variant":"int8","difference":{d},"ci95":[{lo},{hi}]}}]}}"#,
+            0.8 + d
+        )
+    };
+    for body in [
+        post_result("gsm8k", 0.0, -0.005, 0.005),
+        post_result("mmlu", -0.05, -0.08, -0.02),
+    ] {
+        let r = post(gw.admin_addr, "/experiments/quality", &body, &[]).await;
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body()));
+    }
+    let out = verdict(admin.clone()).await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.starts_with("experiment int8-vs-fp16 on route chat, control fp16\nint8: reject\n"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("accuracy_drop_max_points 1 on gsm8k: met: gsm8k"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("accuracy_drop_max_points 1 on mmlu: BROKEN: mmlu \u{2212}5.0 pts [\u{2212}8.0, \u{2212}2.0]"), "{stdout}");
+    assert!(stdout.ends_with("decision: reject\n"), "{stdout}");
+    // The same for machines.
+    let admin2 = admin.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_inferscope"))
+            .args(["verdict", "--admin", &admin2, "--json"])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["decision"], "reject");
+    let checks = doc["variants"][0]["checks"].as_array().unwrap();
+    let suites: Vec<&str> = checks.iter().filter_map(|c| c["suite"].as_str()).collect();
+    assert_eq!(suites, ["gsm8k", "mmlu"]);
+    // Nothing there: exit 3, never 0.
+    let out = verdict(format!("http://{DEAD}")).await.unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    // Offline: the access log and the saved eval result, judged the same way.
+    stop_and_read_log(gw, &dir).await;
+    let quality = dir.join("mmlu.json");
+    std::fs::write(&quality, post_result("mmlu", -0.05, -0.08, -0.02)).unwrap();
+    let (log, quality) = (dir.join("access.jsonl"), quality);
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_inferscope"))
+            .args([
+                "verdict",
+                log.to_str().unwrap(),
+                "--control",
+                "fp16",
+                "--quality",
+            ])
+            .arg(&quality)
+            .args(["--accept", "accuracy_drop_max_points=1"])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("accuracy_drop_max_points 1 on mmlu: BROKEN"),
+        "{stdout}"
+    );
+}

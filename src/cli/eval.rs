@@ -261,7 +261,7 @@ fn suite_name(path: &std::path::Path) -> String {
         .file_name()
         .map_or_else(|| "suite".into(), |s| s.to_string_lossy().into_owned());
     let mut stem = name.as_str();
-    for ext in [".gz", ".jsonl", ".json", ".csv"] {
+    for ext in [".gz", ".jsonl", ".json", ".csv", ".txt"] {
         stem = stem.strip_suffix(ext).unwrap_or(stem);
     }
     stem.to_owned()

@@ -17,6 +17,7 @@ mod health;
 mod report;
 mod serve;
 mod sim;
+mod verdict;
 
 /// A streaming-aware measuring gateway for LLM inference.
 #[derive(Debug, Parser)]
@@ -54,6 +55,11 @@ enum Cmd {
     /// compare accuracy; with --perplexity, score a reference text's perplexity per variant (or,
     /// with --generate N, print a quiz dataset the simulator can answer).
     Eval(eval::Args),
+    /// An experiment's decision for a rollout pipeline: per variant each `accept:` limit (and
+    /// its suite) met, broken or undecided with its interval; exit 0 accept, 1 reject, 2
+    /// undecided, 3 when it could not be read. From a gateway (--admin) or offline from access
+    /// logs with --quality and --accept.
+    Verdict(verdict::Args),
     /// Validate a config file — and what `serve` would need of this machine: `api_key_env`
     /// variables set, access-log and feedback paths writable, telemetry complete — exit 0, or
     /// print the error (file:line:column: key: problem) and exit 2.
@@ -81,6 +87,7 @@ pub fn main() -> ExitCode {
         Cmd::Report(args) => report::exec(&args),
         Cmd::Eval(args) => on_runtime(eval::exec(args)),
         Cmd::Check(args) => check::exec(&args),
+        Cmd::Verdict(args) => verdict::exec(&args),
     }
 }
 

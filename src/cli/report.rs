@@ -290,7 +290,7 @@ fn with_rooflines(
 }
 
 /// The eval results given to `report --quality`, each checked as the admin API checks a post.
-fn read_quality(
+pub(crate) fn read_quality(
     files: &[PathBuf],
 ) -> anyhow::Result<Vec<crate::experiment::quality::QualityResult>> {
     files
@@ -305,7 +305,7 @@ fn read_quality(
 }
 
 /// `report --accept KEY=VALUE,...`, the keys of an experiment's `accept:`.
-fn parse_accept(s: Option<&str>) -> anyhow::Result<Option<crate::config::AcceptConfig>> {
+pub(crate) fn parse_accept(s: Option<&str>) -> anyhow::Result<Option<crate::config::AcceptConfig>> {
     let Some(s) = s else { return Ok(None) };
     let mut a = crate::config::AcceptConfig::default();
     for pair in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {

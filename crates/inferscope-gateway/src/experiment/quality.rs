@@ -349,6 +349,9 @@ impl Decision {
 pub struct Check {
     /// The limit's key (`tpot_change_max`, `accuracy_drop_max_points`, …).
     pub limit: String,
+    /// The suite or corpus a quality limit was judged on (one check per suite).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suite: Option<String>,
     /// Its value.
     pub max: f64,
     /// What was observed, as the row shows it.
@@ -386,6 +389,7 @@ fn at_most(ci: Option<[f64; 2]>, max: f64) -> State {
 fn check(limit: &str, max: f64, observed: String, state: State, why: &str) -> Check {
     Check {
         limit: limit.to_string(),
+        suite: None,
         max,
         observed,
         state,
@@ -497,13 +501,10 @@ pub fn verdicts(
                                     "the interval straddles the largest drop (more items narrow it)"
                                 }
                             };
-                            checks.push(check(
-                                "accuracy_drop_max_points",
-                                max,
-                                shown.clone(),
-                                state,
-                                why,
-                            ));
+                            checks.push(Check {
+                                suite: Some(r.suite.clone()),
+                                ..check("accuracy_drop_max_points", max, shown.clone(), state, why)
+                            });
                         }
                         parts.push(shown);
                     }
@@ -526,7 +527,10 @@ pub fn verdicts(
                                 }
                                 State::Undecided => "the interval straddles the largest rise",
                             };
-                            checks.push(check("ppl_rise_max", max, shown.clone(), state, why));
+                            checks.push(Check {
+                                suite: Some(r.suite.clone()),
+                                ..check("ppl_rise_max", max, shown.clone(), state, why)
+                            });
                         }
                         parts.push(shown);
                     }
