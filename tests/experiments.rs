@@ -1482,7 +1482,7 @@ async fn verdict_gives_each_limit_by_suite_and_an_exit_status_to_gate_on() {
                 "--quality",
             ])
             .arg(&quality)
-            .args(["--accept", "accuracy_drop_max_points=1"])
+            .args(["--accept", "accuracy_drop_max_points=1,ppl_rise_max=0.5"])
             .output()
             .unwrap()
     })
@@ -1497,6 +1497,13 @@ async fn verdict_gives_each_limit_by_suite_and_an_exit_status_to_gate_on() {
     );
     assert!(
         stdout.contains("accuracy_drop_max_points 1 on mmlu: BROKEN"),
+        "{stdout}"
+    );
+    // What is missing is to come from a file here, not from a post.
+    assert!(
+        stdout.contains(
+            "ppl_rise_max 0.5: undecided: no data (no perplexity result given (--quality FILE"
+        ),
         "{stdout}"
     );
 }

@@ -1277,7 +1277,17 @@ pub fn render(scores: &[Score]) -> String {
                 s.variant
             );
         }
-        if !control.per_category.is_empty() {
+        // A table by category where categories group items; a suite whose every item is its
+        // own category (HumanEval's tasks) would print one row per item: its size is said
+        // instead, the rows are in --json.
+        let singles = control.per_category.iter().all(|c| c.2 == 1);
+        if !control.per_category.is_empty() && singles && control.per_category.len() > 1 {
+            let _ = writeln!(
+                out,
+                "\n({} categories of one item each, as HumanEval's tasks: not tabled here; each is in --json)",
+                control.per_category.len()
+            );
+        } else if !control.per_category.is_empty() {
             out.push_str("\n| category | asked |");
             for s in scores {
                 let _ = write!(out, " {} |", s.variant);
@@ -1312,6 +1322,44 @@ pub fn render(scores: &[Score]) -> String {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    fn score(variant: &str, cats: &[(&str, usize, usize)]) -> Score {
+        let n = cats.iter().map(|c| c.2).sum();
+        let correct = cats.iter().map(|c| c.1).sum();
+        Score {
+            variant: variant.into(),
+            correct,
+            n,
+            failed: 0,
+            ci: wilson(correct, n),
+            per_item: (0..n).map(|i| i < correct).collect(),
+            per_category: cats
+                .iter()
+                .map(|(c, k, n)| ((*c).to_string(), *k, *n))
+                .collect(),
+            failures: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn categories_are_tabled_where_they_group_items_and_counted_where_each_is_one() {
+        let grouped = [
+            score("fp16", &[("algebra", 3, 4), ("law", 1, 2)]),
+            score("int8", &[("algebra", 2, 4), ("law", 1, 2)]),
+        ];
+        let text = render(&grouped);
+        assert!(
+            text.contains("| category | asked |") && text.contains("| algebra | 4 |"),
+            "{text}"
+        );
+        let tasks: Vec<(String, usize, usize)> =
+            (0..164).map(|i| (format!("HumanEval/{i}"), 1, 1)).collect();
+        let tasks: Vec<(&str, usize, usize)> =
+            tasks.iter().map(|(c, k, n)| (c.as_str(), *k, *n)).collect();
+        let text = render(&[score("fp16", &tasks), score("int8", &tasks)]);
+        assert!(!text.contains("| HumanEval/0 |"), "{text}");
+        assert!(text.contains("(164 categories of one item each"), "{text}");
+    }
 
     #[test]
     fn the_progress_line_counts_what_is_done() {

@@ -236,7 +236,14 @@ pub fn report(o: &ReportOptions) -> Result<String, ReportError> {
         s
     };
     let verdicts = |summary: &Summary| {
-        crate::experiment::quality::verdicts(summary, &o.quality, &[], None, o.accept.as_ref())
+        crate::experiment::quality::verdicts(
+            summary,
+            &o.quality,
+            &[],
+            None,
+            o.accept.as_ref(),
+            crate::experiment::quality::ResultsFrom::Files,
+        )
     };
     // The label columns other than the grouping one (which is the first column already).
     let label_cols: Vec<(usize, &str)> = ["model", "backend", "variant"]

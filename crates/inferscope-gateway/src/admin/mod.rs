@@ -663,8 +663,14 @@ fn experiments_json(router: &Router, rec: &Recorder) -> String {
                     let ag = sh.agreement();
                     (sh.variant.as_ref(), ag.exact, ag.pairs)
                 });
-                let verdicts =
-                    quality::verdicts(&summary, &results, &feedback, shadow, x.accept.as_deref());
+                let verdicts = quality::verdicts(
+                    &summary,
+                    &results,
+                    &feedback,
+                    shadow,
+                    x.accept.as_deref(),
+                    quality::ResultsFrom::Posted,
+                );
                 Some(ExperimentView {
                     summary,
                     route: r.name.to_string(),

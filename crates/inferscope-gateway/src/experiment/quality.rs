@@ -397,16 +397,27 @@ fn check(limit: &str, max: f64, observed: String, state: State, why: &str) -> Ch
     }
 }
 
+/// Where a verdict's quality results come from: what a missing one's check tells the reader to
+/// do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResultsFrom {
+    /// Posted to the admin API (`eval --report-to`).
+    Posted,
+    /// Files given to `report` or `verdict` (`--quality`, from `eval --json`).
+    Files,
+}
+
 /// The joined verdict of every non-control variant: one row each, from the latency comparisons in
 /// `summary` (`summarize`'s output), the quality `results`, the `feedback` summary and the shadow
 /// agreement (`shadow`: the shadow variant's name, its exact matches and pairs), judged against
-/// `accept` where given.
+/// `accept` where given; `from` says where missing results are to come from.
 pub fn verdicts(
     summary: &Summary,
     results: &[QualityResult],
     feedback: &[FeedbackMean],
     shadow: Option<(&str, u64, u64)>,
     accept: Option<&AcceptConfig>,
+    from: ResultsFrom,
 ) -> Vec<VerdictRow> {
     let control = summary.control.as_str();
     let field =
@@ -541,13 +552,23 @@ pub fn verdicts(
                     accuracy_seen,
                     "accuracy_drop_max_points",
                     accept.and_then(|a| a.accuracy_drop_max_points),
-                    "no accuracy result posted (inferscope eval --report-to)",
+                    match from {
+                        ResultsFrom::Posted => "no accuracy result posted (inferscope eval --report-to)",
+                        ResultsFrom::Files => "no accuracy result given (--quality FILE, from inferscope eval --json)",
+                    },
                 ),
                 (
                     ppl_seen,
                     "ppl_rise_max",
                     accept.and_then(|a| a.ppl_rise_max),
-                    "no perplexity result posted (inferscope eval --perplexity --report-to)",
+                    match from {
+                        ResultsFrom::Posted => {
+                            "no perplexity result posted (inferscope eval --perplexity --report-to)"
+                        }
+                        ResultsFrom::Files => {
+                            "no perplexity result given (--quality FILE, from inferscope eval --perplexity --json)"
+                        }
+                    },
                 ),
             ] {
                 if let (false, Some(max)) = (seen, max) {
@@ -706,9 +727,16 @@ mod tests {
                 Some(ci),
             ));
         }
-        verdicts(&summary(tpot), &results, &[], None, Some(&accept()))
-            .pop()
-            .unwrap()
+        verdicts(
+            &summary(tpot),
+            &results,
+            &[],
+            None,
+            Some(&accept()),
+            ResultsFrom::Posted,
+        )
+        .pop()
+        .unwrap()
     }
 
     #[test]
