@@ -195,6 +195,18 @@ fn environment(c: &Config, env: &dyn Fn(&str) -> Option<String>) -> Result<(), I
     if let Some(f) = &c.feedback {
         writable(&f.path).map_err(|m| (vec![K("feedback"), K("path")], m))?;
     }
+    if let Some(dir) = &c.state_dir {
+        // The directory is made at start where it is missing; its file must be appendable.
+        if dir.is_file() {
+            return err(
+                vec![K("state_dir")],
+                format!("{} is a file, not a directory", dir.display()),
+            );
+        }
+        if dir.is_dir() {
+            writable(&dir.join("quality.jsonl")).map_err(|m| (vec![K("state_dir")], m))?;
+        }
+    }
     let telemetry = super::telemetry::resolve(c.telemetry.as_ref(), |k| env(k))
         .map_err(|m| (vec![K("telemetry")], m.to_string()))?;
     if let Some(files) = telemetry.and_then(|t| t.tls) {

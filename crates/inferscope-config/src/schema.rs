@@ -52,6 +52,11 @@ pub struct Config {
     /// Where `POST /feedback` appends accepted quality signals (JSON lines); absent: kept in memory.
     #[serde(default)]
     pub feedback: Option<FeedbackConfig>,
+    /// A directory for what must survive a restart: the eval results posted to
+    /// `POST /experiments/quality` (`quality.jsonl`, each synced before it is acknowledged and
+    /// read back at start). Absent: kept in memory, and a restart forgets them.
+    #[serde(default)]
+    pub state_dir: Option<PathBuf>,
     /// OpenTelemetry export (traces and metrics over OTLP). Absent: the `OTEL_*` environment
     /// variables decide; with neither, telemetry is off.
     #[serde(default)]

@@ -324,6 +324,18 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
     if let Some(f) = &config.feedback {
         recorder.experiments.feedback.persist_to(f.path.clone());
     }
+    if let Some(dir) = &config.state_dir {
+        let kept = std::fs::create_dir_all(dir).and_then(|()| {
+            recorder
+                .experiments
+                .quality
+                .persist_to(dir.join("quality.jsonl"))
+        });
+        match kept {
+            Ok(n) => tracing::info!(dir = %dir.display(), "state: {n} quality results read back"),
+            Err(e) => anyhow::bail!("state_dir {}: {e}", dir.display()),
+        }
+    }
     // The routing side learns from records through its observer; a guardrail trip becomes an
     // OpenTelemetry event (weakly: the recorder owns the observer).
     let routes = Arc::new(RouterSlot::new(router));

@@ -807,6 +807,9 @@ async fn quality(
             .unwrap_or_default(),
         ),
         Err(e @ QualityError::Full(_)) => json_error(StatusCode::CONFLICT, &e.to_string()),
+        Err(e @ QualityError::Store(_)) => {
+            json_error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string())
+        }
         Err(e) => json_error(StatusCode::BAD_REQUEST, &e.to_string()),
     }
 }

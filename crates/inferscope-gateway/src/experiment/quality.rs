@@ -104,6 +104,9 @@ pub enum QualityError {
     /// Too many suites on this route already.
     #[error("route `{0}` holds {MAX_RESULTS_PER_ROUTE} results already; post to an existing suite name to replace one")]
     Full(String),
+    /// It could not be kept in the state directory (so it was not taken: post it again).
+    #[error("could not keep it in {0}")]
+    Store(String),
 }
 
 impl QualityResult {
@@ -161,15 +164,104 @@ impl QualityResult {
 /// One route's results, by kind and suite.
 type Suites = BTreeMap<(QualityKind, String), QualityResult>;
 
-/// The latest result of each suite, per route (in memory: a restart forgets them; post again).
+/// The latest result of each suite, per route: in memory, and with a state directory
+/// (`state_dir:`) also appended to its `quality.jsonl`, synced before the post is answered and
+/// read back at start, so a restart keeps them.
 #[derive(Debug, Default)]
 pub struct Quality {
     by_route: Mutex<HashMap<Arc<str>, Suites>>,
+    /// The file, and the lines it holds (compacted to the latest per suite past `MAX_LINES`).
+    file: Mutex<Option<(std::path::PathBuf, usize)>>,
 }
 
+/// A `quality.jsonl` line: the route and the result filed for it.
+#[derive(Debug, Serialize, Deserialize)]
+struct Kept {
+    route: String,
+    result: QualityResult,
+}
+
+/// Lines `quality.jsonl` grows to before it is rewritten with the latest result per suite.
+const MAX_LINES: usize = 4096;
+
 impl Quality {
-    /// Keeps `r` as route `route`'s result for its suite, replacing an earlier one.
+    /// Keeps results in `path` from now on, after reading back what it holds (a torn last line,
+    /// as a crash mid-write leaves, is skipped); returns how many results were read back.
+    pub fn persist_to(&self, path: std::path::PathBuf) -> std::io::Result<usize> {
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(e),
+        };
+        // A torn last line is cut off, so the next append starts a line of its own.
+        let whole = text.rfind('\n').map_or(0, |i| i + 1);
+        if whole < text.len() {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)?
+                .set_len(whole as u64)?;
+        }
+        let mut lines = 0;
+        for line in text[..whole].lines().filter(|l| !l.trim().is_empty()) {
+            lines += 1;
+            let Ok(k) = serde_json::from_str::<Kept>(line) else {
+                continue;
+            };
+            if k.result.check().is_ok() {
+                let _ = self.insert(&Arc::from(k.route.as_str()), k.result);
+            }
+        }
+        *self.file.lock() = Some((path, lines));
+        Ok(self.by_route.lock().values().map(BTreeMap::len).sum())
+    }
+
+    /// Keeps `r` as route `route`'s result for its suite, replacing an earlier one; with a state
+    /// directory, only once it is on disk.
     pub fn post(&self, route: &Arc<str>, r: QualityResult) -> Result<(), QualityError> {
+        {
+            let all = self.by_route.lock();
+            let full = all.get(route).is_some_and(|m| {
+                !m.contains_key(&(r.kind, r.suite.clone())) && m.len() >= MAX_RESULTS_PER_ROUTE
+            });
+            if full {
+                return Err(QualityError::Full(route.to_string()));
+            }
+        }
+        let mut file = self.file.lock();
+        if let Some((path, lines)) = file.as_mut() {
+            let line = serde_json::to_string(&Kept {
+                route: route.to_string(),
+                result: r.clone(),
+            })
+            .map_err(|e| QualityError::Store(e.to_string()))?;
+            append_synced(path, &line)
+                .map_err(|e| QualityError::Store(format!("{}: {e}", path.display())))?;
+            *lines += 1;
+        }
+        self.insert(route, r)?;
+        if let Some((path, lines)) = file.as_mut().filter(|(_, n)| *n > MAX_LINES) {
+            // Past the bound: the latest per suite, written aside and renamed over it.
+            let all = self.by_route.lock();
+            let kept: Vec<String> = all
+                .iter()
+                .flat_map(|(route, m)| {
+                    m.values().filter_map(|r| {
+                        serde_json::to_string(&Kept {
+                            route: route.to_string(),
+                            result: r.clone(),
+                        })
+                        .ok()
+                    })
+                })
+                .collect();
+            if rewrite(path, &kept).is_ok() {
+                *lines = kept.len();
+            }
+        }
+        Ok(())
+    }
+
+    fn insert(&self, route: &Arc<str>, r: QualityResult) -> Result<(), QualityError> {
         let mut all = self.by_route.lock();
         let results = all.entry(Arc::clone(route)).or_default();
         let key = (r.kind, r.suite.clone());
@@ -260,6 +352,30 @@ pub fn add_energy(summary: &mut Summary, watts: &BTreeMap<String, f64>) {
             .filter(|t| *t > 0.0)
             .map(|t| ((w / t) * 1e4).round() / 1e4);
     }
+}
+
+/// Appends `line` to `path` and syncs it before returning.
+fn append_synced(path: &std::path::Path, line: &str) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    f.write_all(format!("{line}\n").as_bytes())?;
+    f.sync_data()
+}
+
+/// Replaces `path` with `lines`: written to a file beside it, synced, renamed over it.
+fn rewrite(path: &std::path::Path, lines: &[String]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let tmp = path.with_extension("jsonl.tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    for l in lines {
+        f.write_all(l.as_bytes())?;
+        f.write_all(b"\n")?;
+    }
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
 }
 
 /// `x` with its sign (U+2212 for minus), `decimals` places.
