@@ -1560,3 +1560,46 @@ async fn posted_quality_results_survive_a_restart() {
     assert_eq!(suites, ["gsm8k", "mmlu"], "{doc}");
     gw.shutdown();
 }
+
+/// `eval --report-to` a fleet: every replica's admin API takes the result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eval_result_is_posted_to_every_replica_of_a_fleet() {
+    let (fp16, int8) = quiz_sims(0.0, 0.0).await;
+    let (d1, d2) = (temp_dir(), temp_dir());
+    let a = start_yaml(&yaml(&d1, fp16.addr, int8.addr, 10)).await;
+    let b = start_yaml(&yaml(&d2, fp16.addr, int8.addr, 10)).await;
+    let data = d1.join("quiz.jsonl");
+    let items: Vec<String> = inferscope::sim::quiz::generate(8, 3)
+        .iter()
+        .map(|i| serde_json::to_string(i).unwrap())
+        .collect();
+    std::fs::write(&data, items.join("\n")).unwrap();
+    let (url, admins) = (
+        format!("http://{}", a.data_addr),
+        format!("http://{},http://{}", a.admin_addr, b.admin_addr),
+    );
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_inferscope"))
+            .args(["eval", "--url", &url, "--dataset", data.to_str().unwrap()])
+            .args(["--suite", "quiz", "--report-to", &admins])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for gw in [&a, &b] {
+        let (_, body) = admin_get(gw.admin_addr, "/experiments").await;
+        let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            doc["experiments"][0]["quality"][0]["suite"], "quiz",
+            "{doc}"
+        );
+    }
+    a.shutdown();
+    b.shutdown();
+}

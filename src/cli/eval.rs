@@ -72,9 +72,11 @@ pub(crate) struct Args {
     #[arg(long)]
     suite: Option<String>,
     /// Post the summary to this admin URL (`POST /experiments/quality`), where it joins the
-    /// latency comparison in the experiment's verdict (`/experiments`, the dashboard).
-    #[arg(long, value_name = "ADMIN_URL")]
-    report_to: Option<String>,
+    /// latency comparison in the experiment's verdict (`/experiments`, the dashboard); a fleet's
+    /// replicas each (repeatable, or comma-separated): every one must answer before the run and
+    /// take the result after it.
+    #[arg(long, value_name = "ADMIN_URL", value_delimiter = ',')]
+    report_to: Vec<String>,
     /// For --report-to: the admin bearer token, from this environment variable.
     #[arg(long, value_name = "VAR")]
     report_token_env: Option<String>,
@@ -122,7 +124,7 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         }
         None => None,
     };
-    if let Some(admin) = &report_to {
+    for admin in &report_to {
         // Before a long run, not after it: the admin API answers, and takes the token.
         admin_call(
             admin,
@@ -132,17 +134,19 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
             None,
         )
         .await
-        .context("--report-to: the admin API must answer before the eval runs")?;
+        .with_context(|| {
+            format!("--report-to {admin}: the admin API must answer before the eval runs")
+        })?;
     }
     let ca_file_for_report = ca_file.clone();
     // Posts the summary where --report-to says, after printing it.
     let report = |summary: serde_json::Value| async move {
-        if let Some(admin) = &report_to {
+        for admin in &report_to {
             let answer = admin_call(
                 admin,
                 "/experiments/quality",
                 report_token.as_deref(),
-                ca_file_for_report,
+                ca_file_for_report.clone(),
                 Some(&summary),
             )
             .await
