@@ -1603,3 +1603,109 @@ async fn an_eval_result_is_posted_to_every_replica_of_a_fleet() {
     a.shutdown();
     b.shutdown();
 }
+
+/// `on_reject: fallback`, end to end on the simulator: int8 answers a fifth of the quiz wrong,
+/// the eval posts that, the verdict turns `reject`, and int8's traffic goes to fp16 with no
+/// person involved — a trip on the dashboard's guardrails, undone by a person's reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_variant_falls_back_to_the_control_by_itself() {
+    let (fp16, int8) = quiz_sims(0.0, 0.2).await;
+    let yaml = format!(
+        "backends:\n  - {{ name: fp16, url: \"http://{}\" }}\n  - {{ name: int8, url: \"http://{}\" }}\nroutes:\n  - name: chat\n    experiment:\n      name: int8-vs-fp16\n      allow_override: true\n      sticky_key: \"header:x-user-id\"\n      accept: {{ accuracy_drop_max_points: 1.0 }}\n      on_reject: fallback\n      variants:\n        - {{ name: fp16, backends: [fp16], weight: 50, control: true }}\n        - {{ name: int8, backends: [int8], weight: 50 }}\n",
+        fp16.addr, int8.addr
+    );
+    let gw = start_yaml(&yaml).await;
+    let served = |gw: std::net::SocketAddr| async move {
+        let mut by = std::collections::BTreeMap::<String, usize>::new();
+        for i in 0..40 {
+            let r = post(
+                gw,
+                "/v1/chat/completions",
+                &chat(true, 2, ""),
+                &[("x-user-id", &format!("u{i}"))],
+            )
+            .await;
+            let v = r.headers["x-inferscope-variant"]
+                .to_str()
+                .unwrap()
+                .to_owned();
+            *by.entry(v).or_default() += 1;
+        }
+        by
+    };
+    let before = served(gw.data_addr).await;
+    assert!(before.get("int8").copied().unwrap_or(0) > 5, "{before:?}");
+    // The eval: 200 quiz items per variant, posted to the admin API.
+    let dir = temp_dir();
+    let data = dir.join("quiz.jsonl");
+    let items: Vec<String> = inferscope::sim::quiz::generate(200, 5)
+        .iter()
+        .map(|i| serde_json::to_string(i).unwrap())
+        .collect();
+    std::fs::write(&data, items.join("\n")).unwrap();
+    let (url, admin) = (
+        format!("http://{}", gw.data_addr),
+        format!("http://{}", gw.admin_addr),
+    );
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_inferscope"))
+            .args(["eval", "--url", &url, "--dataset", data.to_str().unwrap()])
+            .args([
+                "--suite",
+                "quiz",
+                "--concurrency",
+                "16",
+                "--report-to",
+                &admin,
+            ])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Rolled back already when the post was answered.
+    let (_, body) = admin_get(gw.admin_addr, "/experiments").await;
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let x = &doc["experiments"][0];
+    assert_eq!(x["verdicts"][0]["decision"], "reject", "{x}");
+    let tripped = &x["guardrails"]["tripped"][0];
+    assert_eq!(tripped["variant"], "int8", "{x}");
+    assert_eq!(
+        tripped["rule"],
+        "verdict: reject (accuracy_drop_max_points 1 on quiz)"
+    );
+    let after = served(gw.data_addr).await;
+    assert_eq!(
+        after.get("int8"),
+        None,
+        "int8's traffic went to fp16: {after:?}"
+    );
+    assert_eq!(after.get("fp16"), Some(&40));
+    // A person undoes it.
+    let r = post(
+        gw.admin_addr,
+        "/experiments/reset",
+        r#"{"route":"chat","variant":"int8"}"#,
+        &[("content-type", "application/json")],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body()));
+    // The same evidence does not roll it back again (a negative: the verdict is judged every
+    // second, so a window of a second and a half).
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let (_, body) = admin_get(gw.admin_addr, "/experiments").await;
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        doc["experiments"][0]["guardrails"]["tripped"],
+        serde_json::json!([]),
+        "{doc}"
+    );
+    let back = served(gw.data_addr).await;
+    assert!(back.get("int8").copied().unwrap_or(0) > 5, "{back:?}");
+    gw.shutdown();
+}

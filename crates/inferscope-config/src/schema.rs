@@ -117,6 +117,18 @@ mod defaults {
     }
 }
 
+impl GuardrailsConfig {
+    /// No rule: what an experiment whose only rollback is its verdict's (`on_reject:
+    /// fallback`) holds.
+    pub fn without_rules() -> Self {
+        Self {
+            window: defaults::guard_window(),
+            min_samples: defaults::guard_samples(),
+            rules: Vec::new(),
+        }
+    }
+}
+
 /// Admin listener.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
@@ -892,8 +904,21 @@ pub struct ExperimentConfig {
     /// Thresholds the joined verdict (latency, quality) is judged against.
     #[serde(default)]
     pub accept: Option<AcceptConfig>,
+    /// What the gateway does itself when a variant's verdict turns `reject` (a limit of
+    /// `accept:` broken on its interval): `fallback` moves its traffic to the control, as a
+    /// guardrail trip does (undone by `POST /experiments/reset`). Absent: nothing; a person acts.
+    #[serde(default)]
+    pub on_reject: Option<OnReject>,
     /// The variants.
     pub variants: Vec<VariantConfig>,
+}
+
+/// `experiment.on_reject:`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OnReject {
+    /// The rejected variant's traffic goes to the control.
+    Fallback,
 }
 
 /// `experiment.accept:` — when a variant is good enough. Each limit is judged on its 95%

@@ -446,6 +446,24 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
     tokio::spawn(
         Arc::clone(&heartbeat).run(move || busy.in_flight() <= 0, stopped(data_rx.clone())),
     );
+    // `on_reject: fallback`: verdicts judged every second (latency moves with traffic; a posted
+    // eval result is judged at once, by the admin API).
+    tokio::spawn({
+        let (routes, rec) = (Arc::clone(&routes), Arc::downgrade(&recorder));
+        let stop = stopped(data_rx.clone());
+        async move {
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+            tokio::pin!(stop);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    () = &mut stop => return,
+                }
+                let Some(rec) = rec.upgrade() else { return };
+                admin::fall_back_on_rejects(&routes.load(), &rec);
+            }
+        }
+    });
     let admin_service = hyper_util::service::TowerToHyperService::new(admin::router(admin_state));
     let admin_opts = ServerOptions {
         header_read_timeout: Some(limits.header_read_timeout),

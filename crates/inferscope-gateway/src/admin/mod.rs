@@ -642,7 +642,7 @@ fn variant_watts(x: &crate::route::Experiment) -> std::collections::BTreeMap<Str
 
 /// Every experiment: per-variant summaries and comparisons with the control.
 fn experiments_json(router: &Router, rec: &Recorder) -> String {
-    use crate::experiment::{quality, ExperimentView, ShadowView};
+    use crate::experiment::ExperimentView;
     #[derive(serde::Serialize)]
     struct Doc {
         experiments: Vec<ExperimentView>,
@@ -651,42 +651,88 @@ fn experiments_json(router: &Router, rec: &Recorder) -> String {
         .routes()
         .iter()
         .filter_map(|r| match &r.target {
-            crate::route::Target::Experiment(x) => {
-                let arms = rec.experiments.arms(&r.name);
-                let mut summary =
-                    crate::experiment::summarize(&x.name, &x.control, &arms, x.min_samples);
-                quality::add_costs(&mut summary, &x.prices);
-                quality::add_energy(&mut summary, &variant_watts(x));
-                let feedback = rec.experiments.feedback.summary(&r.name);
-                let results = rec.experiments.quality.results(&r.name);
-                let shadow = x.shadow.as_ref().map(|sh| {
-                    let ag = sh.agreement();
-                    (sh.variant.as_ref(), ag.exact, ag.pairs)
-                });
-                let verdicts = quality::verdicts(
-                    &summary,
-                    &results,
-                    &feedback,
-                    shadow,
-                    x.accept.as_deref(),
-                    quality::ResultsFrom::Posted,
-                );
-                Some(ExperimentView {
-                    summary,
-                    route: r.name.to_string(),
-                    left_out: rec.experiments.left_out(&r.name),
-                    feedback,
-                    guardrails: x.guard.as_ref().map(|g| g.view()),
-                    quality: results,
-                    accept: x.accept.as_deref().map(|a| a.limits().collect()),
-                    verdicts,
-                    shadow: x.shadow.as_deref().map(ShadowView::of),
-                })
-            }
+            crate::route::Target::Experiment(x) => Some(experiment_view(&r.name, x, rec)),
             crate::route::Target::Pool(_) => None,
         })
         .collect();
     serde_json::to_string(&Doc { experiments }).unwrap_or_default()
+}
+
+/// One experiment as `/experiments` has it: its summary with costs and energy, what its
+/// comparisons leave out, feedback, guardrails, quality results, and its verdict rows.
+fn experiment_view(
+    route: &Arc<str>,
+    x: &crate::route::Experiment,
+    rec: &Recorder,
+) -> crate::experiment::ExperimentView {
+    use crate::experiment::{quality, ExperimentView, ShadowView};
+    let arms = rec.experiments.arms(route);
+    let mut summary = crate::experiment::summarize(&x.name, &x.control, &arms, x.min_samples);
+    quality::add_costs(&mut summary, &x.prices);
+    quality::add_energy(&mut summary, &variant_watts(x));
+    let feedback = rec.experiments.feedback.summary(route);
+    let results = rec.experiments.quality.results(route);
+    let shadow = x.shadow.as_ref().map(|sh| {
+        let ag = sh.agreement();
+        (sh.variant.as_ref(), ag.exact, ag.pairs)
+    });
+    let verdicts = quality::verdicts(
+        &summary,
+        &results,
+        &feedback,
+        shadow,
+        x.accept.as_deref(),
+        quality::ResultsFrom::Posted,
+    );
+    ExperimentView {
+        summary,
+        route: route.to_string(),
+        left_out: rec.experiments.left_out(route),
+        feedback,
+        guardrails: x.guard.as_ref().map(|g| g.view()),
+        quality: results,
+        accept: x.accept.as_deref().map(|a| a.limits().collect()),
+        verdicts,
+        shadow: x.shadow.as_deref().map(ShadowView::of),
+    }
+}
+
+/// `on_reject: fallback`: every experiment that has it and a variant whose verdict is `reject`
+/// now has that variant rolled back to the control (a guardrail trip, with the broken limits as
+/// its rule: logged, counted, an OpenTelemetry event, on the dashboard, undone by
+/// `POST /experiments/reset`, after which the same evidence does not roll it back again: the
+/// next posted result may). Returns the rollbacks made.
+pub fn fall_back_on_rejects(router: &Router, rec: &Recorder) -> Vec<(String, String, String)> {
+    use crate::experiment::quality::{Decision, State};
+    let mut made = Vec::new();
+    for r in router.routes() {
+        let crate::route::Target::Experiment(x) = &r.target else {
+            continue;
+        };
+        let Some(guard) = x.guard.as_ref().filter(|_| x.fallback_on_reject) else {
+            continue;
+        };
+        for row in experiment_view(&r.name, x, rec).verdicts {
+            if row.decision != Some(Decision::Reject) || guard.tripped(&row.variant) {
+                continue;
+            }
+            let broken: Vec<String> = row
+                .checks
+                .iter()
+                .filter(|c| c.state == State::Broken)
+                .map(|c| match &c.suite {
+                    Some(s) => format!("{} {} on {s}", c.limit, c.max),
+                    None => format!("{} {}", c.limit, c.max),
+                })
+                .collect();
+            let rule = format!("verdict: reject ({})", broken.join(", "));
+            if let Some(trip) = guard.trip(&row.variant, &rule) {
+                rec.guardrail_tripped(&r.name, &row.variant, &trip);
+                made.push((r.name.to_string(), row.variant.clone(), rule));
+            }
+        }
+    }
+    made
 }
 
 /// `POST /feedback {request_id, name, value}`.
@@ -797,15 +843,23 @@ async fn quality(
     }
     let name = Arc::clone(&route.name);
     match state.recorder.experiments.quality.post(&name, result) {
-        Ok(()) => reply(
-            StatusCode::OK,
-            "application/json",
-            serde_json::to_string(&crate::experiment::quality::Filed {
-                route: name.to_string(),
-                experiment: x.name.to_string(),
-            })
-            .unwrap_or_default(),
-        ),
+        Ok(()) => {
+            // A result that turns the verdict to reject rolls back at once where asked to (a
+            // variant a person put back too: this is new evidence).
+            if let Some(g) = &x.guard {
+                g.clear_pardons();
+            }
+            fall_back_on_rejects(&router, &state.recorder);
+            reply(
+                StatusCode::OK,
+                "application/json",
+                serde_json::to_string(&crate::experiment::quality::Filed {
+                    route: name.to_string(),
+                    experiment: x.name.to_string(),
+                })
+                .unwrap_or_default(),
+            )
+        }
         Err(e @ QualityError::Full(_)) => json_error(StatusCode::CONFLICT, &e.to_string()),
         Err(e @ QualityError::Store(_)) => {
             json_error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string())

@@ -43,6 +43,9 @@ struct State {
     /// Feedback per variant: (when, signal name, value).
     feedback: HashMap<Arc<str>, VecDeque<(Instant, String, f64)>>,
     tripped: HashMap<Arc<str>, Trip>,
+    /// Variants a person put back (`reset`): a verdict does not roll them back again until
+    /// new evidence comes (`clear_pardons`, at a posted result).
+    pardoned: std::collections::HashSet<Arc<str>>,
     last_eval: Option<Instant>,
     trips_total: u64,
 }
@@ -216,6 +219,28 @@ impl Guardrails {
         new
     }
 
+    /// Rolls `variant` back for `rule` (a reason other than the configured rules: a `reject`
+    /// verdict); `None` when it is the control or already rolled back.
+    pub fn trip(&self, variant: &str, rule: &str) -> Option<Trip> {
+        if variant == self.control.as_ref() {
+            return None;
+        }
+        let mut s = self.state.lock();
+        if s.tripped.contains_key(variant) || s.pardoned.contains(variant) {
+            return None;
+        }
+        tracing::warn!(variant = %variant, rule = %rule, control = %self.control, "variant rolled back to the control");
+        s.trips_total += 1;
+        let trip = Trip {
+            at: SystemTime::now(),
+            rule: rule.to_owned(),
+            value: 0.0,
+            n: 0,
+        };
+        s.tripped.insert(Arc::from(variant), trip.clone());
+        Some(trip)
+    }
+
     /// Un-trips `variant` (all variants when `None`) and clears its window. Returns the variants
     /// that were reset.
     pub fn reset(&self, variant: Option<&str>) -> Vec<String> {
@@ -230,9 +255,15 @@ impl Guardrails {
             s.tripped.remove(n);
             s.windows.remove(n);
             s.feedback.remove(n);
+            s.pardoned.insert(Arc::clone(n));
             tracing::info!(variant = %n, "guardrail reset: variant back in the experiment");
         }
         names.iter().map(|n| n.to_string()).collect()
+    }
+
+    /// New evidence (a posted result): a verdict may roll back a variant a person put back.
+    pub fn clear_pardons(&self) {
+        self.state.lock().pardoned.clear();
     }
 
     /// Trips since start.

@@ -180,6 +180,8 @@ pub struct Experiment {
     pub accept: Option<Box<crate::config::AcceptConfig>>,
     /// What each variant's output costs, where its backends are priced.
     pub prices: std::collections::BTreeMap<String, crate::experiment::quality::VariantPrice>,
+    /// A `reject` verdict rolls the variant back to the control (`on_reject: fallback`).
+    pub fallback_on_reject: bool,
     /// Variants and their assignment.
     pub split: Split<Pool>,
 }
@@ -406,14 +408,23 @@ impl Router {
                                 salt,
                             )))
                         }),
-                        guard: x.guardrails.as_ref().map(|g| {
-                            let control = x
-                                .variants
-                                .iter()
-                                .find(|v| v.control)
-                                .map_or("", |v| v.name.as_str());
-                            Arc::new(crate::experiment::Guardrails::new(g.clone(), control))
-                        }),
+                        // A verdict's fallback rolls back as a guardrail does: it needs one.
+                        guard: x
+                            .guardrails
+                            .clone()
+                            .or_else(|| {
+                                (x.on_reject == Some(crate::config::OnReject::Fallback))
+                                    .then(crate::config::GuardrailsConfig::without_rules)
+                            })
+                            .map(|g| {
+                                let control = x
+                                    .variants
+                                    .iter()
+                                    .find(|v| v.control)
+                                    .map_or("", |v| v.name.as_str());
+                                Arc::new(crate::experiment::Guardrails::new(g, control))
+                            }),
+                        fallback_on_reject: x.on_reject == Some(crate::config::OnReject::Fallback),
                         split: Split::new(
                             x.sticky_key.clone(),
                             x.variants
