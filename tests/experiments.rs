@@ -1709,3 +1709,80 @@ async fn a_rejected_variant_falls_back_to_the_control_by_itself() {
     assert!(back.get("int8").copied().unwrap_or(0) > 5, "{back:?}");
     gw.shutdown();
 }
+
+/// With `state_dir:`, a rollback survives a restart, and so does a person's putting it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollback_and_its_reset_survive_a_restart() {
+    let (fp16, int8) = quiz_sims(0.0, 0.0).await;
+    let dir = temp_dir();
+    let yaml = format!(
+        "state_dir: {:?}\nbackends:\n  - {{ name: fp16, url: \"http://{}\" }}\n  - {{ name: int8, url: \"http://{}\" }}\nroutes:\n  - name: chat\n    experiment:\n      name: int8-vs-fp16\n      accept: {{ accuracy_drop_max_points: 1.0 }}\n      on_reject: fallback\n      variants:\n        - {{ name: fp16, backends: [fp16], weight: 50, control: true }}\n        - {{ name: int8, backends: [int8], weight: 50 }}\n",
+        dir.join("state"),
+        fp16.addr,
+        int8.addr
+    );
+    let tripped = |admin: std::net::SocketAddr| async move {
+        let (_, body) = admin_get(admin, "/experiments").await;
+        let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+        doc["experiments"][0]["guardrails"]["tripped"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| {
+                (
+                    t["variant"].as_str().unwrap().to_owned(),
+                    t["rule"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let gw = start_yaml(&yaml).await;
+    // Traffic for the verdict rows, then a result that breaks the limit.
+    for i in 0..10 {
+        chat_ok(gw.data_addr, true, 2).await;
+        let _ = i;
+    }
+    let broken = r#"{"kind":"accuracy","suite":"quiz","route":"chat","model":"m","control":"fp16","variants":[{"variant":"fp16","value":0.99,"n":500},{"variant":"int8","value":0.8,"n":500}],"comparisons":[{"variant":"int8","difference":-0.19,"ci95":[-0.23,-0.15]}]}"#;
+    let r = post(gw.admin_addr, "/experiments/quality", broken, &[]).await;
+    assert_eq!(r.status, 200);
+    let rule = "verdict: reject (accuracy_drop_max_points 1 on quiz)".to_owned();
+    assert_eq!(
+        tripped(gw.admin_addr).await,
+        [("int8".to_owned(), rule.clone())]
+    );
+    gw.shutdown();
+    assert!(gw.wait().await);
+    let gw = start_yaml(&yaml).await;
+    assert_eq!(
+        tripped(gw.admin_addr).await,
+        [("int8".to_owned(), rule)],
+        "rolled back across the restart"
+    );
+    let r = post(
+        gw.admin_addr,
+        "/experiments/reset",
+        r#"{"route":"chat","variant":"int8"}"#,
+        &[("content-type", "application/json")],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    gw.shutdown();
+    assert!(gw.wait().await);
+    let gw = start_yaml(&yaml).await;
+    // Put back across the restart, and not rolled back again by the same evidence once traffic
+    // gives the verdict rows again (judged every second: a window of a second and a half).
+    for _ in 0..10 {
+        chat_ok(gw.data_addr, true, 2).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    assert_eq!(
+        tripped(gw.admin_addr).await,
+        [],
+        "put back across the restart"
+    );
+    // New evidence: rolled back again.
+    let r = post(gw.admin_addr, "/experiments/quality", broken, &[]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(tripped(gw.admin_addr).await.len(), 1);
+    gw.shutdown();
+}

@@ -53,8 +53,9 @@ pub struct Config {
     #[serde(default)]
     pub feedback: Option<FeedbackConfig>,
     /// A directory for what must survive a restart: the eval results posted to
-    /// `POST /experiments/quality` (`quality.jsonl`, each synced before it is acknowledged and
-    /// read back at start). Absent: kept in memory, and a restart forgets them.
+    /// `POST /experiments/quality` (`quality.jsonl`), and the variants rolled back (guardrails,
+    /// `on_reject: fallback`) and put back (`rollbacks.jsonl`); each synced before it is
+    /// acknowledged, read back at start. Absent: kept in memory, and a restart forgets them.
     #[serde(default)]
     pub state_dir: Option<PathBuf>,
     /// OpenTelemetry export (traces and metrics over OTLP). Absent: the `OTEL_*` environment

@@ -75,6 +75,8 @@ pub struct Reloader {
     pub counters: Arc<ReloadCounters>,
     keys: Arc<arc_swap::ArcSwapOption<crate::access::Keys>>,
     limiter: Arc<crate::access::Limiter>,
+    /// The state directory's rollbacks, rolled back again in each new router.
+    rollbacks: Option<std::path::PathBuf>,
 }
 
 impl Reloader {
@@ -127,6 +129,9 @@ impl Reloader {
             let router = Arc::new(router);
             crate::route::spawn_probes(&new, router.backends());
             crate::route::spawn_scrapes(&new, router.backends());
+            if let Some(file) = &self.rollbacks {
+                admin::reapply_rollbacks(&router, &crate::experiment::Rollbacks::read(file));
+            }
             self.routes.store(router);
             *self.current.lock() = new;
             Ok::<(), ReloadError>(())
@@ -324,20 +329,31 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
     if let Some(f) = &config.feedback {
         recorder.experiments.feedback.persist_to(f.path.clone());
     }
+    let mut rollbacks = crate::experiment::InForce::default();
     if let Some(dir) = &config.state_dir {
         let kept = std::fs::create_dir_all(dir).and_then(|()| {
-            recorder
+            let n = recorder
                 .experiments
                 .quality
-                .persist_to(dir.join("quality.jsonl"))
+                .persist_to(dir.join("quality.jsonl"))?;
+            rollbacks = recorder
+                .experiments
+                .rollbacks
+                .persist_to(dir.join("rollbacks.jsonl"))?;
+            Ok(n)
         });
         match kept {
-            Ok(n) => tracing::info!(dir = %dir.display(), "state: {n} quality results read back"),
+            Ok(n) => tracing::info!(
+                dir = %dir.display(),
+                "state: {n} quality results and {} rollbacks read back",
+                rollbacks.0.len()
+            ),
             Err(e) => anyhow::bail!("state_dir {}: {e}", dir.display()),
         }
     }
     // The routing side learns from records through its observer; a guardrail trip becomes an
     // OpenTelemetry event (weakly: the recorder owns the observer).
+    admin::reapply_rollbacks(&router, &rollbacks);
     let routes = Arc::new(RouterSlot::new(router));
     let weak = Arc::downgrade(&recorder);
     let observer = Arc::new(Observer::new(
@@ -396,6 +412,7 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
     let accepting = Arc::new(AtomicBool::new(true));
     let connections = Arc::new(server::ConnCounters::default());
     let reloader = Arc::new(Reloader {
+        rollbacks: config.state_dir.as_ref().map(|d| d.join("rollbacks.jsonl")),
         path: overrides.config_path.clone(),
         current: parking_lot::Mutex::new(Arc::clone(&config)),
         sims: tokio::sync::Mutex::new(sim_table),

@@ -116,9 +116,13 @@ impl Recorder {
         self.log.send(rec);
     }
 
-    /// A guardrail rolled `variant` back: exported as an OpenTelemetry event when telemetry is on
-    /// (the log line and the metric come from the guardrail itself).
+    /// A guardrail (or a verdict) rolled `variant` back: kept where a state directory is, and
+    /// exported as an OpenTelemetry event when telemetry is on (the log line and the metric come
+    /// from the guardrail itself).
     pub fn guardrail_tripped(&self, route: &str, variant: &str, trip: &crate::experiment::Trip) {
+        self.experiments
+            .rollbacks
+            .tripped(route, variant, &trip.rule);
         if let Some(t) = &self.telemetry {
             t.event(
                 "inferscope.guardrail.tripped",

@@ -697,6 +697,24 @@ fn experiment_view(
     }
 }
 
+/// Rolls back again what was rolled back before a restart or a reload (`rollbacks`, read from
+/// the state directory), where the route's experiment still has the variant.
+pub fn reapply_rollbacks(router: &Router, rollbacks: &crate::experiment::InForce) {
+    let (tripped, pardoned) = rollbacks;
+    for (route, variant) in pardoned {
+        if let Some(g) = router.guardrails(route) {
+            g.pardon(variant);
+        }
+    }
+    for (route, variant, rule) in tripped {
+        if let Some(g) = router.guardrails(route) {
+            if g.trip(variant, rule).is_some() {
+                tracing::info!(route = %route, variant = %variant, "rolled back as before the restart");
+            }
+        }
+    }
+}
+
 /// `on_reject: fallback`: every experiment that has it and a variant whose verdict is `reject`
 /// now has that variant rolled back to the control (a guardrail trip, with the broken limits as
 /// its rule: logged, counted, an OpenTelemetry event, on the dashboard, undone by
@@ -848,6 +866,7 @@ async fn quality(
             // variant a person put back too: this is new evidence).
             if let Some(g) = &x.guard {
                 g.clear_pardons();
+                state.recorder.experiments.rollbacks.evidence(&name);
             }
             fall_back_on_rejects(&router, &state.recorder);
             reply(
@@ -903,6 +922,7 @@ async fn reset(
     match state.routes.load().guardrails(&b.route) {
         Some(g) => {
             let reset = g.reset(b.variant.as_deref());
+            state.recorder.experiments.rollbacks.reset(&b.route, &reset);
             reply(
                 StatusCode::OK,
                 "application/json",

@@ -261,6 +261,11 @@ impl Guardrails {
         names.iter().map(|n| n.to_string()).collect()
     }
 
+    /// Marks `variant` as put back by a person (as before a restart).
+    pub fn pardon(&self, variant: &str) {
+        self.state.lock().pardoned.insert(Arc::from(variant));
+    }
+
     /// New evidence (a posted result): a verdict may roll back a variant a person put back.
     pub fn clear_pardons(&self) {
         self.state.lock().pardoned.clear();

@@ -373,6 +373,133 @@ pub struct Experiments {
     pub feedback: Feedback,
     /// Eval results posted to `/experiments/quality`.
     pub quality: quality::Quality,
+    /// Variants rolled back (by a guardrail or a verdict) and put back, kept where a state
+    /// directory is.
+    pub rollbacks: Rollbacks,
+}
+
+/// Rollbacks kept across a restart: each trip and each reset appended (synced) to the state
+/// directory's `rollbacks.jsonl`, replayed at start and after a reload.
+#[derive(Debug, Default)]
+pub struct Rollbacks {
+    file: Mutex<Option<std::path::PathBuf>>,
+}
+
+/// A `rollbacks.jsonl` line: a variant rolled back for `rule`; or (`rule` absent) put back by a
+/// person, which a verdict respects until new evidence; or (`evidence`) new evidence posted for
+/// the route.
+#[derive(Debug, Serialize, serde::Deserialize)]
+struct RollbackLine {
+    route: String,
+    #[serde(default)]
+    variant: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    rule: Option<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    evidence: bool,
+}
+
+/// What `rollbacks.jsonl` holds in force: (route, variant, rule) rolled back, and (route,
+/// variant) put back by a person since the route's last evidence.
+pub type InForce = (Vec<(String, String, String)>, Vec<(String, String)>);
+
+impl Rollbacks {
+    /// Keeps rollbacks in `path` from now on; returns those in force there: (route, variant,
+    /// rule), the last word on each pair winning (a torn last line skipped).
+    pub fn persist_to(&self, path: std::path::PathBuf) -> std::io::Result<InForce> {
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(e),
+        };
+        let whole = text.rfind('\n').map_or(0, |i| i + 1);
+        if whole < text.len() {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)?
+                .set_len(whole as u64)?;
+        }
+        *self.file.lock() = Some(path);
+        Ok(Self::in_force(&text[..whole]))
+    }
+
+    /// The rollbacks `path` holds in force (for a reload: the file as it is now).
+    pub fn read(path: &std::path::Path) -> InForce {
+        std::fs::read_to_string(path)
+            .map(|t| Self::in_force(&t))
+            .unwrap_or_default()
+    }
+
+    fn in_force(text: &str) -> InForce {
+        let (mut tripped, mut pardoned): InForce = Default::default();
+        for l in text.lines() {
+            let Ok(r) = serde_json::from_str::<RollbackLine>(l) else {
+                continue;
+            };
+            if r.evidence {
+                pardoned.retain(|(route, _)| *route != r.route);
+                continue;
+            }
+            tripped.retain(|(route, v, _)| !(*route == r.route && *v == r.variant));
+            pardoned.retain(|(route, v)| !(*route == r.route && *v == r.variant));
+            match r.rule {
+                Some(rule) => tripped.push((r.route, r.variant, rule)),
+                None => pardoned.push((r.route, r.variant)),
+            }
+        }
+        (tripped, pardoned)
+    }
+
+    /// `variant` of `route` was rolled back for `rule`.
+    pub fn tripped(&self, route: &str, variant: &str, rule: &str) {
+        self.append(RollbackLine {
+            route: route.into(),
+            variant: variant.into(),
+            rule: Some(rule.into()),
+            evidence: false,
+        });
+    }
+
+    /// `variants` of `route` were put back.
+    pub fn reset(&self, route: &str, variants: &[String]) {
+        for v in variants {
+            self.append(RollbackLine {
+                route: route.into(),
+                variant: v.clone(),
+                rule: None,
+                evidence: false,
+            });
+        }
+    }
+
+    /// New evidence was posted for `route`: what a person put back may be rolled back again.
+    pub fn evidence(&self, route: &str) {
+        self.append(RollbackLine {
+            route: route.into(),
+            variant: String::new(),
+            rule: None,
+            evidence: true,
+        });
+    }
+
+    fn append(&self, line: RollbackLine) {
+        let file = self.file.lock();
+        let Some(path) = file.as_ref() else { return };
+        let written = serde_json::to_string(&line)
+            .map_err(std::io::Error::other)
+            .and_then(|l| {
+                use std::io::Write as _;
+                let mut f = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)?;
+                f.write_all(format!("{l}\n").as_bytes())?;
+                f.sync_data()
+            });
+        if let Err(e) = written {
+            tracing::warn!(file = %path.display(), "a rollback could not be kept: {e}");
+        }
+    }
 }
 
 impl Experiments {
