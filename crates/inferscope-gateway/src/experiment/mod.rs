@@ -7,6 +7,7 @@
 pub mod compare;
 mod feedback;
 mod guard;
+mod journal;
 pub mod quality;
 pub mod shadow;
 mod summary;
@@ -407,20 +408,9 @@ impl Rollbacks {
     /// Keeps rollbacks in `path` from now on; returns those in force there: (route, variant,
     /// rule), the last word on each pair winning (a torn last line skipped).
     pub fn persist_to(&self, path: std::path::PathBuf) -> std::io::Result<InForce> {
-        let text = match std::fs::read_to_string(&path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-            Err(e) => return Err(e),
-        };
-        let whole = text.rfind('\n').map_or(0, |i| i + 1);
-        if whole < text.len() {
-            std::fs::OpenOptions::new()
-                .write(true)
-                .open(&path)?
-                .set_len(whole as u64)?;
-        }
+        let text = journal::read(&path)?;
         *self.file.lock() = Some(path);
-        Ok(Self::in_force(&text[..whole]))
+        Ok(Self::in_force(&text))
     }
 
     /// The rollbacks `path` holds in force (for a reload: the file as it is now).
@@ -487,15 +477,7 @@ impl Rollbacks {
         let Some(path) = file.as_ref() else { return };
         let written = serde_json::to_string(&line)
             .map_err(std::io::Error::other)
-            .and_then(|l| {
-                use std::io::Write as _;
-                let mut f = std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)?;
-                f.write_all(format!("{l}\n").as_bytes())?;
-                f.sync_data()
-            });
+            .and_then(|l| journal::append(path, &l));
         if let Err(e) = written {
             tracing::warn!(file = %path.display(), "a rollback could not be kept: {e}");
         }

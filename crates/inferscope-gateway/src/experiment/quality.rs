@@ -188,21 +188,9 @@ impl Quality {
     /// Keeps results in `path` from now on, after reading back what it holds (a torn last line,
     /// as a crash mid-write leaves, is skipped); returns how many results were read back.
     pub fn persist_to(&self, path: std::path::PathBuf) -> std::io::Result<usize> {
-        let text = match std::fs::read_to_string(&path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-            Err(e) => return Err(e),
-        };
-        // A torn last line is cut off, so the next append starts a line of its own.
-        let whole = text.rfind('\n').map_or(0, |i| i + 1);
-        if whole < text.len() {
-            std::fs::OpenOptions::new()
-                .write(true)
-                .open(&path)?
-                .set_len(whole as u64)?;
-        }
+        let text = super::journal::read(&path)?;
         let mut lines = 0;
-        for line in text[..whole].lines().filter(|l| !l.trim().is_empty()) {
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
             lines += 1;
             let Ok(k) = serde_json::from_str::<Kept>(line) else {
                 continue;
@@ -234,7 +222,7 @@ impl Quality {
                 result: r.clone(),
             })
             .map_err(|e| QualityError::Store(e.to_string()))?;
-            append_synced(path, &line)
+            super::journal::append(path, &line)
                 .map_err(|e| QualityError::Store(format!("{}: {e}", path.display())))?;
             *lines += 1;
         }
@@ -254,7 +242,7 @@ impl Quality {
                     })
                 })
                 .collect();
-            if rewrite(path, &kept).is_ok() {
+            if super::journal::rewrite(path, &kept).is_ok() {
                 *lines = kept.len();
             }
         }
@@ -352,30 +340,6 @@ pub fn add_energy(summary: &mut Summary, watts: &BTreeMap<String, f64>) {
             .filter(|t| *t > 0.0)
             .map(|t| ((w / t) * 1e4).round() / 1e4);
     }
-}
-
-/// Appends `line` to `path` and syncs it before returning.
-fn append_synced(path: &std::path::Path, line: &str) -> std::io::Result<()> {
-    use std::io::Write as _;
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)?;
-    f.write_all(format!("{line}\n").as_bytes())?;
-    f.sync_data()
-}
-
-/// Replaces `path` with `lines`: written to a file beside it, synced, renamed over it.
-fn rewrite(path: &std::path::Path, lines: &[String]) -> std::io::Result<()> {
-    use std::io::Write as _;
-    let tmp = path.with_extension("jsonl.tmp");
-    let mut f = std::fs::File::create(&tmp)?;
-    for l in lines {
-        f.write_all(l.as_bytes())?;
-        f.write_all(b"\n")?;
-    }
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)
 }
 
 /// `x` with its sign (U+2212 for minus), `decimals` places.
