@@ -169,10 +169,12 @@ async fn humaneval_is_completed_on_each_variant_and_scored_by_running_it() {
         failed_tests.iter().all(|l| l["why"] == "AssertionError"),
         "{failed_tests:?}"
     );
+    // One category per task: their count, not a row each (the rows are in --json).
     assert!(
-        report.contains("| Sample/10 | 1 | 0.0% | 0.0% |"),
+        report.contains("(12 categories of one item each, as HumanEval's tasks"),
         "{report}"
     );
+    assert_eq!(scores[0].per_category.len(), 12);
     // Asked as HumanEval is: the prompt completed greedily, stopped at the next statement.
     let asked: serde_json::Value = serde_json::from_slice(&fp16.truth()[0].request).unwrap();
     assert_eq!(asked["temperature"], 0);
