@@ -614,10 +614,16 @@ fn keys_json(limiter: &crate::access::Limiter) -> serde_json::Value {
     })
 }
 
-/// Each variant's GPU power, watts: the sum over its backends of their GPUs' mean power from a
-/// fresh scrape. Left out for a variant one of whose backends has no GPU figures, or serves
-/// another variant too (its GPUs' energy would not be this variant's alone).
-fn variant_watts(x: &crate::route::Experiment) -> std::collections::BTreeMap<String, f64> {
+/// Each variant's GPU power, watts, and the output tokens per second its GPUs produced, both
+/// over the last minute: the power is the sum over its backends of their GPUs' mean power from a
+/// fresh scrape; the tokens are every request those backends answered in the window (live,
+/// eval, bench: all of them drew the power). Left out for a variant one of whose backends has no
+/// GPU figures, or serves another variant too (its GPUs' energy would not be this variant's
+/// alone).
+fn variant_energy(
+    x: &crate::route::Experiment,
+    stats: &crate::stats::Stats,
+) -> std::collections::BTreeMap<String, (f64, f64)> {
     let arms: Vec<(&str, &[Arc<crate::route::Backend>])> =
         x.split.named().map(|(n, p)| (n, p.backends())).collect();
     let shared = |b: &crate::route::Backend| {
@@ -628,14 +634,22 @@ fn variant_watts(x: &crate::route::Experiment) -> std::collections::BTreeMap<Str
     };
     arms.iter()
         .filter_map(|(name, backends)| {
-            let mut watts = 0.0;
+            let (mut watts, mut tokens, mut secs) = (0.0, 0u64, 0.0f64);
             for b in *backends {
                 if shared(b) {
                     return None;
                 }
                 watts += b.fresh_scrape()?.gpu.as_ref()?.mean_watts()?;
+                let (t, s) = stats.window_output_tokens(&b.name);
+                tokens += t;
+                secs = secs.max(s);
             }
-            (!backends.is_empty()).then(|| ((*name).to_owned(), watts))
+            let per_s = if secs > 0.0 {
+                tokens as f64 / secs
+            } else {
+                0.0
+            };
+            (!backends.is_empty()).then(|| ((*name).to_owned(), (watts, per_s)))
         })
         .collect()
 }
@@ -669,7 +683,7 @@ fn experiment_view(
     let arms = rec.experiments.arms(route);
     let mut summary = crate::experiment::summarize(&x.name, &x.control, &arms, x.min_samples);
     quality::add_costs(&mut summary, &x.prices);
-    quality::add_energy(&mut summary, &variant_watts(x));
+    quality::add_energy(&mut summary, &variant_energy(x, &rec.stats));
     let feedback = rec.experiments.feedback.summary(route);
     let results = rec.experiments.quality.results(route);
     let shadow = x.shadow.as_ref().map(|sh| {

@@ -327,18 +327,15 @@ pub fn add_costs(summary: &mut Summary, prices: &BTreeMap<String, VariantPrice>)
 }
 
 /// Adds each variant's GPU power and energy per output token (`gpu_watts`,
-/// `joules_per_output_token`) from `watts` by variant: the power over the output tokens its
-/// backends served per second.
-pub fn add_energy(summary: &mut Summary, watts: &BTreeMap<String, f64>) {
+/// `joules_per_output_token`) from `energy` by variant: (watts, output tokens per second its
+/// GPUs produced), both over the same last minute.
+pub fn add_energy(summary: &mut Summary, energy: &BTreeMap<String, (f64, f64)>) {
     for v in &mut summary.variants {
-        let Some(w) = watts.get(&v.variant) else {
+        let Some((w, per_s)) = energy.get(&v.variant) else {
             continue;
         };
         v.gpu_watts = Some((w * 10.0).round() / 10.0);
-        v.joules_per_output_token = v
-            .served_output_tokens_per_s
-            .filter(|t| *t > 0.0)
-            .map(|t| ((w / t) * 1e4).round() / 1e4);
+        v.joules_per_output_token = (*per_s > 0.0).then(|| ((w / per_s) * 1e4).round() / 1e4);
     }
 }
 

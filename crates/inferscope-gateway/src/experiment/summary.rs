@@ -135,8 +135,9 @@ pub struct VariantSummary {
     /// variant alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_watts: Option<f64>,
-    /// That power over the output tokens the variant's backends served per second: joules per
-    /// output token.
+    /// That power over the output tokens per second its backends produced in the same minute
+    /// (every request they answered: evals and benchmarks drew power too): joules per output
+    /// token.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub joules_per_output_token: Option<f64>,
 }

@@ -163,6 +163,23 @@ impl Stats {
         f(groups.entry(key).or_default(), epoch);
     }
 
+    /// Output tokens of every request `backend` answered over the window (every group: every
+    /// purpose, every variant), and the window's length in seconds; counters only, no histogram
+    /// copied.
+    pub fn window_output_tokens(&self, backend: &str) -> (u64, f64) {
+        let elapsed = self.start.elapsed();
+        let epoch = elapsed.as_secs() / SLOT_SECS;
+        let groups = self.lock();
+        let tokens = groups
+            .iter()
+            .filter(|(k, _)| *k.backend == *backend)
+            .flat_map(|(_, g)| g.slots.iter().flatten())
+            .filter(|(e, _)| epoch.saturating_sub(*e) < SLOTS as u64)
+            .map(|(_, t)| t.output_tokens)
+            .sum();
+        (tokens, elapsed.as_secs_f64().min(WINDOW_SECS as f64))
+    }
+
     /// Copies every group's tallies (window = slots of the last 60 s).
     pub fn snapshot(&self) -> Snapshot {
         let elapsed = self.start.elapsed();
