@@ -519,20 +519,23 @@ fn metrics(state: &SimState) -> String {
         "_total",
         load(&e.generation_tokens) as f64,
     );
-    let (sum, n) = (load(&e.prefill_us) as f64 / 1e6, load(&e.prefills) as f64);
-    out.push_str(&format!(
-        "# TYPE vllm:request_prefill_time_seconds histogram\n\
-         vllm:request_prefill_time_seconds_bucket{{engine=\"0\",le=\"+Inf\"}} {n:?}\n\
-         vllm:request_prefill_time_seconds_sum{labels} {sum:?}\n\
-         vllm:request_prefill_time_seconds_count{labels} {n:?}\n"
-    ));
-    let (sum, n) = (load(&e.queue_us) as f64 / 1e6, load(&e.scheduled) as f64);
-    out.push_str(&format!(
-        "# TYPE vllm:request_queue_time_seconds histogram\n\
-         vllm:request_queue_time_seconds_bucket{{engine=\"0\",le=\"+Inf\"}} {n:?}\n\
-         vllm:request_queue_time_seconds_sum{labels} {sum:?}\n\
-         vllm:request_queue_time_seconds_count{labels} {n:?}\n"
-    ));
+    // Histograms of seconds, by their sum and count (a single `+Inf` bucket).
+    for (name, micros, count) in [
+        (
+            "vllm:request_prefill_time_seconds",
+            &e.prefill_us,
+            &e.prefills,
+        ),
+        ("vllm:request_queue_time_seconds", &e.queue_us, &e.scheduled),
+    ] {
+        let (sum, n) = (load(micros) as f64 / 1e6, load(count) as f64);
+        out.push_str(&format!(
+            "# TYPE {name} histogram\n\
+             {name}_bucket{{engine=\"0\",le=\"+Inf\"}} {n:?}\n\
+             {name}_sum{labels} {sum:?}\n\
+             {name}_count{labels} {n:?}\n"
+        ));
+    }
     out
 }
 

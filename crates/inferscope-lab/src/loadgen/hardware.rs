@@ -5,7 +5,7 @@
 
 use crate::route::engine::{EngineView, GpuView};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde::{Deserialize, Serialize};
@@ -145,24 +145,8 @@ async fn get(
     client: &Client<crate::tls::Connector, Full<Bytes>>,
     url: &str,
 ) -> Result<String, String> {
-    let req = http::Request::get(url)
-        .body(Full::new(Bytes::new()))
-        .map_err(|e| e.to_string())?;
-    let read = async {
-        let resp = client.request(req).await.map_err(|e| e.to_string())?;
-        if !resp.status().is_success() {
-            return Err(format!("status {}", resp.status().as_u16()));
-        }
-        let b = http_body_util::Limited::new(resp.into_body(), 16 << 20)
-            .collect()
-            .await
-            .map_err(|e| e.to_string())?
-            .to_bytes();
-        Ok(String::from_utf8_lossy(&b).into_owned())
-    };
-    tokio::time::timeout(Duration::from_secs(2), read)
-        .await
-        .map_err(|_| "no answer in 2 s".to_string())?
+    let b = super::get_body(client, url, &[], 16 << 20).await?;
+    Ok(String::from_utf8_lossy(&b).into_owned())
 }
 
 /// The hardware side of a run, as the report keeps it.

@@ -684,29 +684,10 @@ pub async fn engine_info(o: &BenchOptions) -> EngineInfo {
     let root = base.strip_suffix("/v1").unwrap_or(base);
     let client: Client<crate::tls::Connector, Full<Bytes>> =
         Client::builder(TokioExecutor::new()).build(o.connector.clone());
+    let headers = without_run(&o.headers);
     let get = |path: &str| {
-        let url = format!("{root}{path}");
-        let client = client.clone();
-        let headers = without_run(&o.headers);
-        async move {
-            let mut req = http::Request::get(url);
-            for (k, v) in &headers {
-                req = req.header(k.as_str(), v.as_str());
-            }
-            let req = req.body(Full::new(Bytes::new())).ok()?;
-            let read = async {
-                let resp = client.request(req).await.ok()?;
-                if !resp.status().is_success() {
-                    return None;
-                }
-                let body = http_body_util::Limited::new(resp.into_body(), 4 << 20);
-                body.collect().await.ok().map(|b| b.to_bytes())
-            };
-            tokio::time::timeout(Duration::from_secs(2), read)
-                .await
-                .ok()
-                .flatten()
-        }
+        let (url, client, headers) = (format!("{root}{path}"), client.clone(), headers.clone());
+        async move { get_body(&client, &url, &headers, 4 << 20).await.ok() }
     };
     let mut info = EngineInfo::default();
     #[derive(Deserialize)]
@@ -818,6 +799,37 @@ pub async fn engine_info(o: &BenchOptions) -> EngineInfo {
         .map(|(_, name)| (*name).to_owned());
     }
     info
+}
+
+/// `GET url` with `headers`: the body of a 2xx answer (at most `limit` bytes, within two
+/// seconds), or why not.
+pub(crate) async fn get_body(
+    client: &Client<crate::tls::Connector, Full<Bytes>>,
+    url: &str,
+    headers: &[(String, String)],
+    limit: usize,
+) -> Result<Bytes, String> {
+    let mut req = http::Request::get(url);
+    for (k, v) in headers {
+        req = req.header(k.as_str(), v.as_str());
+    }
+    let req = req
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| e.to_string())?;
+    let read = async {
+        let resp = client.request(req).await.map_err(|e| error_chain(&e))?;
+        if !resp.status().is_success() {
+            return Err(format!("status {}", resp.status().as_u16()));
+        }
+        http_body_util::Limited::new(resp.into_body(), limit)
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .map_err(|e| e.to_string())
+    };
+    tokio::time::timeout(Duration::from_secs(2), read)
+        .await
+        .map_err(|_| "no answer in 2 s".to_string())?
 }
 
 /// Runs the benchmark; returns every sample and the wall time of the run.
