@@ -387,6 +387,7 @@ async fn eval_recovers_each_variants_accuracy_within_its_interval() {
         out: None,
         sandbox: None,
         progress: false,
+        scoring: inferscope::lab::eval::Scoring::Generate,
     };
     let scores = inferscope::lab::eval::run(&opts, &items).await;
     let report = inferscope::lab::eval::render(&scores);
@@ -408,6 +409,121 @@ async fn eval_recovers_each_variants_accuracy_within_its_interval() {
     assert_eq!(log.iter().filter(|l| l["variant"] == "int8").count(), 200);
 }
 
+/// `--scoring loglikelihood` on the simulator, whose echoed log-probabilities favour the letter it
+/// believes (right, or wrong at int8's error rate): MMLU by each choice's log-likelihood in the
+/// backend's tokens, GSM8K by a completion after train's first five solutions, strict and
+/// flexible.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eval_scores_as_lm_evaluation_harness_does_by_log_likelihood_and_extraction() {
+    use inferscope::lab::eval;
+    let (fp16, int8) = quiz_sims(0.0, 0.3).await;
+    let dir = temp_dir();
+    let gw = start_yaml(&yaml(&dir, fp16.addr, int8.addr, 10)).await;
+    let opts = eval::EvalOptions {
+        target: target(gw.data_addr, 8),
+        out: Some(dir.join("items.jsonl")),
+        sandbox: None,
+        progress: false,
+        scoring: eval::Scoring::Loglikelihood,
+    };
+    let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data");
+    let mmlu = eval::load_path(&data.join("mmlu"), 5).unwrap();
+    let scores = eval::run(&opts, &mmlu).await;
+    let report = eval::render(&scores);
+    println!("{report}");
+    assert_eq!((scores[0].failed, scores[1].failed), (0, 0), "{report}");
+    assert_eq!(scores[0].metric, "acc");
+    assert_eq!(
+        scores[0].correct, 60,
+        "fp16 favours every right letter: {report}"
+    );
+    let wrong = 60 - scores[1].correct;
+    assert!((8..=30).contains(&wrong), "int8 about 30% wrong: {report}");
+    // Letters are one character each: acc_norm picks as acc does.
+    assert_eq!(
+        scores[1].also,
+        [("acc_norm".to_owned(), scores[1].per_item.clone())]
+    );
+    assert!(
+        report.contains("Scored as lm-evaluation-harness scores (acc; also acc_norm)"),
+        "{report}"
+    );
+    let summary = eval::summary(&scores, "mmlu", "demo");
+    assert_eq!(summary.path, eval::COMPLETIONS_PATH);
+    assert_eq!(summary.scoring, eval::Scoring::Loglikelihood);
+    // Each choice asked in token ids with the prompt echoed, one token generated, no start token.
+    let asked: Vec<serde_json::Value> = fp16
+        .truth()
+        .iter()
+        .map(|t| serde_json::from_slice(&t.request).unwrap())
+        .collect();
+    assert_eq!(asked.len(), 60 * 4, "one request per choice");
+    for a in &asked {
+        assert!(
+            a["prompt"]
+                .as_array()
+                .is_some_and(|p| p.iter().all(|t| t.is_u64())),
+            "{a}"
+        );
+        assert_eq!(
+            (a["echo"].as_bool(), a["max_tokens"].as_u64()),
+            (Some(true), Some(1))
+        );
+    }
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(dir.join("items.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    for l in lines.iter().filter(|l| l["variant"] == "fp16") {
+        let lls: Vec<f64> = l["loglikelihoods"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        let best = lls.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        assert_eq!(lls.len(), 4);
+        assert_eq!(l["reply"].as_str().unwrap().len(), 1, "{l}");
+        assert!(lls.iter().filter(|x| **x == best).count() == 1, "{l}");
+    }
+
+    // GSM8K as released: test.jsonl beside train.jsonl, whose first five solutions are the shots.
+    let gsm = dir.join("gsm8k");
+    std::fs::create_dir(&gsm).unwrap();
+    let sample = data_file("gsm8k-sample.jsonl");
+    let lines: Vec<&str> = sample.lines().collect();
+    std::fs::write(gsm.join("train.jsonl"), lines[..5].join("\n")).unwrap();
+    std::fs::write(gsm.join("test.jsonl"), lines[5..].join("\n")).unwrap();
+    let items = eval::load_path(&gsm.join("test.jsonl"), 5).unwrap();
+    assert_eq!(items.len(), 35);
+    let shots = items[0].shots.as_deref().unwrap();
+    assert!(
+        shots.starts_with("Question: Ana has 58 shells") && shots.matches("\n#### ").count() == 5
+    );
+    let opts = eval::EvalOptions { out: None, ..opts };
+    let before = fp16.truth().len();
+    let scores = eval::run(&opts, &items).await;
+    let report = eval::render(&scores);
+    println!("{report}");
+    assert_eq!(scores[0].metric, "strict-match");
+    assert_eq!(scores[0].correct, 35, "{report}");
+    assert_eq!(scores[0].also[0].0, "flexible-extract");
+    assert!(scores[0].also[0].1.iter().all(|x| *x), "{report}");
+    assert!(
+        scores[1].correct < 35,
+        "int8 is off by one at its error rate: {report}"
+    );
+    let asked: serde_json::Value = serde_json::from_slice(&fp16.truth()[before].request).unwrap();
+    assert_eq!(asked["max_tokens"], 256);
+    assert_eq!(asked["stop"][0], "Question:");
+    let log = stop_and_read_log(gw, &dir).await;
+    assert!(
+        log.iter().all(|l| l["outcome"] == "ok"),
+        "every request answered"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eval_reads_mmlu_and_gsm8k_as_released_with_categories_and_mcnemar() {
     use inferscope::lab::eval;
@@ -420,6 +536,7 @@ async fn eval_reads_mmlu_and_gsm8k_as_released_with_categories_and_mcnemar() {
         out: None,
         sandbox: None,
         progress: false,
+        scoring: inferscope::lab::eval::Scoring::Generate,
     };
     let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data");
 
@@ -512,6 +629,7 @@ async fn eval_retries_transient_failures_and_resumes_from_its_out_file() {
         out: Some(out.clone()),
         sandbox: None,
         progress: false,
+        scoring: inferscope::lab::eval::Scoring::Generate,
     };
     let first = eval::run(&opts, &items).await;
     let report = eval::render(&first);

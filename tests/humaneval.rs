@@ -142,6 +142,7 @@ async fn humaneval_is_completed_on_each_variant_and_scored_by_running_it() {
         out: Some(dir.join("items.jsonl")),
         sandbox: Some(std::sync::Arc::new(sandbox().await)),
         progress: false,
+        scoring: inferscope::lab::eval::Scoring::Generate,
     };
     let scores = eval::run(&opts, &items).await;
     let report = eval::render(&scores);

@@ -12,9 +12,18 @@ pub(crate) struct Args {
     /// (test/ and dev/).
     #[arg(long, required_unless_present_any = ["generate", "perplexity"])]
     dataset: Option<PathBuf>,
-    /// MMLU: answered dev examples before each question.
+    /// MMLU: answered dev examples before each question (the subject's first N in dev/);
+    /// GSM8K: solved examples before each question (the first N of a `train.jsonl` beside the
+    /// dataset, where there is one).
     #[arg(long, default_value_t = 5)]
     shots: usize,
+    /// `loglikelihood`: as lm-evaluation-harness scores, for numbers a model card quotes:
+    /// multiple choice by each choice's log-likelihood (acc, acc_norm), GSM8K by a greedy
+    /// completion with strict and flexible extraction; on /v1/completions with the backend's
+    /// /tokenize, no start token. `generate`: answered by chat (first letter, final number),
+    /// for endpoints without prompt log-probabilities.
+    #[arg(long, value_enum, default_value_t = ScoringArg::Generate)]
+    scoring: ScoringArg,
     /// Ask only the first N items.
     #[arg(long)]
     limit: Option<usize>,
@@ -87,10 +96,18 @@ pub(crate) struct Args {
     allow_code_execution: bool,
 }
 
+/// `--scoring`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub(crate) enum ScoringArg {
+    Generate,
+    Loglikelihood,
+}
+
 pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
     let Args {
         dataset,
         shots,
+        scoring,
         limit,
         out,
         json,
@@ -198,6 +215,13 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
     let path = dataset.context("--dataset is required")?;
     let mut items = crate::lab::eval::load_path(&path, shots)?;
     items.truncate(limit.unwrap_or(usize::MAX));
+    let scoring = match scoring {
+        ScoringArg::Generate => crate::lab::eval::Scoring::Generate,
+        ScoringArg::Loglikelihood => crate::lab::eval::Scoring::Loglikelihood,
+    };
+    if let Some(why) = scoring.unfit(&items) {
+        anyhow::bail!("{}: {why}", path.display());
+    }
     let model = target.model.clone();
     let sandbox = if items.iter().any(|i| i.code.is_some()) {
         anyhow::ensure!(
@@ -219,6 +243,7 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         out,
         sandbox,
         progress: true,
+        scoring,
     };
     let scores = crate::lab::eval::run(&opts, &items).await;
     let suite = suite.unwrap_or_else(|| suite_name(&path));

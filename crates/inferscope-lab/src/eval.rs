@@ -25,6 +25,7 @@
 //! the report gives McNemar's exact test on the discordant items and a per-category breakdown.
 
 use crate::experiment::quality::{QualityComparison, QualityKind, QualityVariant};
+use crate::harness;
 use crate::sim::quiz;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -110,6 +111,72 @@ enum Kind {
     Code,
 }
 
+/// How items are scored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scoring {
+    /// Each item answered by generation (chat): multiple choice by the reply's first A–D letter,
+    /// GSM8K by its final number. Works with every endpoint, but is not lm-evaluation-harness's
+    /// number.
+    #[default]
+    Generate,
+    /// As lm-evaluation-harness scores (`harness`): multiple choice by each choice's
+    /// log-likelihood (`acc`, `acc_norm`), GSM8K by a greedy completion with its strict and
+    /// flexible extraction, both on `/v1/completions` in the backend's tokens.
+    Loglikelihood,
+}
+
+impl Scoring {
+    /// Its name, as `--scoring` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Generate => "generate",
+            Self::Loglikelihood => "loglikelihood",
+        }
+    }
+
+    /// Why `items` cannot be scored this way, if they cannot.
+    pub fn unfit(self, items: &[EvalItem]) -> Option<String> {
+        if self == Self::Generate {
+            return None;
+        }
+        let (i, item) = items
+            .iter()
+            .enumerate()
+            .find(|(_, it)| matches!(it.kind(), Kind::Exact | Kind::Code))?;
+        Some(format!(
+            "--scoring loglikelihood scores multiple choice and GSM8K items; item {} is {} (use --scoring generate)",
+            i + 1,
+            if item.kind() == Kind::Code {
+                "a programming task"
+            } else {
+                "an exact-answer question"
+            }
+        ))
+    }
+
+    /// The metric an item's `correct` stands for, and the others kept beside it.
+    fn metrics(self, items: &[EvalItem]) -> (String, Vec<&'static str>) {
+        let mut kinds: Vec<Kind> = items.iter().map(EvalItem::kind).collect();
+        kinds.dedup();
+        let one = match kinds.as_slice() {
+            [k] => Some(*k),
+            _ => None,
+        };
+        match (self, one) {
+            (Self::Loglikelihood, Some(Kind::Choice)) => ("acc".into(), vec!["acc_norm"]),
+            (Self::Loglikelihood, Some(Kind::Numeric)) => {
+                ("strict-match".into(), vec!["flexible-extract"])
+            }
+            (_, Some(Kind::Choice)) => ("first letter".into(), vec![]),
+            (_, Some(Kind::Numeric)) => ("final number".into(), vec![]),
+            (_, Some(Kind::Exact)) => ("exact".into(), vec![]),
+            (_, Some(Kind::Code)) => ("pass@1".into(), vec![]),
+            _ => ("mixed".into(), vec![]),
+        }
+    }
+}
+
 impl EvalItem {
     fn kind(&self) -> Kind {
         if self.code.is_some() {
@@ -123,12 +190,16 @@ impl EvalItem {
         }
     }
 
-    /// The prompt it is asked with.
-    fn prompt(&self) -> String {
-        match (self.kind(), &self.shots) {
-            (Kind::Choice, Some(shots)) => format!("{shots}{}", mmlu_block(self, None)),
-            (Kind::Choice, None) => quiz::prompt(&self.question, &self.choices),
-            (Kind::Numeric, _) => format!("Question: {}\nAnswer:", self.question),
+    /// The prompt it is asked with: MMLU's layout (and lm-evaluation-harness's) for multiple
+    /// choice with shots or scored by log-likelihood, else the quiz's; GSM8K's after its shots.
+    fn prompt(&self, scoring: Scoring) -> String {
+        let shots = self.shots.as_deref().unwrap_or("");
+        match (self.kind(), scoring) {
+            (Kind::Choice, Scoring::Generate) if self.shots.is_none() => {
+                quiz::prompt(&self.question, &self.choices)
+            }
+            (Kind::Choice, _) => format!("{shots}{}", mmlu_block(self, None)),
+            (Kind::Numeric, _) => format!("{shots}{}", gsm8k_block(self, false)),
             (Kind::Exact | Kind::Code, _) => self.question.clone(),
         }
     }
@@ -144,11 +215,12 @@ impl EvalItem {
     }
 }
 
-/// An item in MMLU's layout, answered (`Some(letter)`) or asked.
+/// An item in MMLU's layout, answered (`Some(letter)`) or asked: the question stripped, the
+/// choices as they are (lm-evaluation-harness's `doc_to_text`).
 fn mmlu_block(item: &EvalItem, answer: Option<&str>) -> String {
     let mut b = format!("{}\n", item.question.trim());
     for (l, c) in ['A', 'B', 'C', 'D'].iter().zip(&item.choices) {
-        let _ = writeln!(b, "{l}. {}", c.trim());
+        let _ = writeln!(b, "{l}. {c}");
     }
     match answer {
         Some(a) => {
@@ -157,6 +229,16 @@ fn mmlu_block(item: &EvalItem, answer: Option<&str>) -> String {
         None => b.push_str("Answer:"),
     }
     b
+}
+
+/// A GSM8K item in lm-evaluation-harness's layout, answered (a shot: the whole solution after
+/// the target delimiter, then the few-shot delimiter) or asked.
+fn gsm8k_block(item: &EvalItem, answered: bool) -> String {
+    if answered {
+        format!("Question: {}\nAnswer: {}\n\n", item.question, item.answer)
+    } else {
+        format!("Question: {}\nAnswer:", item.question)
+    }
 }
 
 /// Whom an evaluation asks, and how: the gateway, the model, the variants (each request forced
@@ -298,6 +380,8 @@ pub struct EvalOptions {
     pub out: Option<std::path::PathBuf>,
     /// Where code answers run (HumanEval); without it code items count as wrong.
     pub sandbox: Option<Arc<crate::sandbox::Sandbox>>,
+    /// How items are scored.
+    pub scoring: Scoring,
     /// Show progress on standard error: a line redrawn in place on a terminal, and each
     /// variant's final count.
     pub progress: bool,
@@ -348,6 +432,13 @@ pub struct Score {
     /// The failed requests of this run by reason, most frequent first (items an earlier run
     /// of the same `--out` answered are not asked again, so not here).
     pub failures: Vec<FailureCount>,
+    /// How the items were scored.
+    pub scoring: Scoring,
+    /// What `correct` counts: `acc`, `strict-match` (scored as lm-evaluation-harness), `first
+    /// letter`, `final number`, `exact`, `pass@1`.
+    pub metric: String,
+    /// The other metrics, per item (`acc_norm`; `flexible-extract`).
+    pub also: Vec<(String, Vec<bool>)>,
 }
 
 /// Failed requests of one reason.
@@ -630,7 +721,28 @@ pub fn load_path(path: &Path, shots: usize) -> Result<Vec<EvalItem>, DatasetErro
     if path.extension().is_some_and(|x| x == "csv") {
         return load_mmlu_file(path, shots);
     }
-    load_dataset(&read(path)?).map_err(|e| DatasetError { file: name, ..e })
+    let mut items = load_dataset(&read(path)?).map_err(|e| DatasetError { file: name, ..e })?;
+    // GSM8K's release keeps `train.jsonl` beside `test.jsonl`: its first `shots` solutions are
+    // the few-shot examples (lm-evaluation-harness samples five of train at random with seed
+    // 1234; with `fewshot_config: sampler: first_n` it takes these).
+    let train = path.with_file_name("train.jsonl");
+    let gsm8k = !items.is_empty() && items.iter().all(|i| i.kind() == Kind::Numeric);
+    if gsm8k && shots > 0 && train.is_file() && path.file_name() != train.file_name() {
+        let examples = load_dataset(&read(&train)?).map_err(|e| DatasetError {
+            file: train.display().to_string(),
+            ..e
+        })?;
+        let prefix: Arc<str> = examples
+            .iter()
+            .take(shots)
+            .map(|e| gsm8k_block(e, true))
+            .collect::<String>()
+            .into();
+        for it in &mut items {
+            it.shots = Some(Arc::clone(&prefix));
+        }
+    }
+    Ok(items)
 }
 
 /// 95% Wilson score interval for `k` successes in `n`.
@@ -789,6 +901,36 @@ impl Failed {
             detail: "the answer held no choice with text".into(),
         }
     }
+
+    fn no_logprobs(answer: &Value) -> Self {
+        let text: String = answer.to_string().chars().take(200).collect();
+        Self {
+            reason: "no logprobs".into(),
+            detail: format!("the answer held no prompt log-probabilities for the choice (this endpoint cannot score by log-likelihood: use --scoring generate): {text}"),
+        }
+    }
+}
+
+/// What came back for an item.
+enum Reply {
+    /// Text, judged by `correct` or by running it.
+    Text(String),
+    /// Judged already (scored as lm-evaluation-harness scores).
+    Scored(Scored),
+}
+
+/// An item scored as lm-evaluation-harness scores it.
+struct Scored {
+    /// The first metric (`acc`, `strict-match`).
+    correct: bool,
+    /// The others (`acc_norm`, `flexible-extract`).
+    also: Vec<bool>,
+    /// The pick (a letter) or the completion.
+    text: String,
+    /// Multiple choice: each choice's log-likelihood.
+    loglikelihoods: Vec<f64>,
+    /// GSM8K: the strict and the flexible answer.
+    extracted: Vec<String>,
 }
 
 /// The reply to `item` from `variant`, or why there is none (after retries of transient
@@ -798,23 +940,39 @@ async fn ask(
     t: &EvalTarget,
     variant: &str,
     item: &EvalItem,
-) -> Result<String, Failed> {
+    scoring: Scoring,
+) -> Result<Reply, Failed> {
     // Comparing variants needs answers that say which variant gave them: an answer naming none
     // (a route with no experiment) would score one backend under every variant's name.
     let strict = t.variants.len() > 1;
+    match (scoring, item.kind()) {
+        (Scoring::Loglikelihood, Kind::Choice) => {
+            return multiple_choice(client, t, variant, item, strict)
+                .await
+                .map(Reply::Scored)
+        }
+        (Scoring::Loglikelihood, Kind::Numeric) => {
+            return gsm8k(client, t, variant, item, strict)
+                .await
+                .map(Reply::Scored)
+        }
+        _ => {}
+    }
+    let prompt = item.prompt(scoring);
     if item.code.is_some() {
         let body = json!({"model": t.model, "stream": false, "max_tokens": item.max_tokens(),
-            "temperature": 0, "prompt": item.prompt(), "stop": &CODE_STOP[..4]});
+            "temperature": 0, "prompt": prompt, "stop": &CODE_STOP[..4]});
         let v = t
             .post_retrying(client, variant, COMPLETIONS_PATH, &body, strict)
             .await
             .map_err(Failed::of)?;
         return first_choice(v)
             .and_then(|c| c.text)
+            .map(Reply::Text)
             .ok_or_else(Failed::no_answer);
     }
     let body = json!({"model": t.model, "stream": false, "max_tokens": item.max_tokens(),
-        "temperature": 0, "messages": [{"role": "user", "content": item.prompt()}]});
+        "temperature": 0, "messages": [{"role": "user", "content": prompt}]});
     let v = t
         .post_retrying(client, variant, CHAT_PATH, &body, strict)
         .await
@@ -822,7 +980,139 @@ async fn ask(
     first_choice(v)
         .and_then(|c| c.message)
         .and_then(|m| m.content)
+        .map(Reply::Text)
         .ok_or_else(Failed::no_answer)
+}
+
+/// `text` in `variant`'s backend's tokens, with no start token (`/tokenize`,
+/// `add_special_tokens: false`, as vLLM and the simulator answer it).
+async fn tokenize(
+    client: &HttpClient,
+    t: &EvalTarget,
+    variant: &str,
+    text: &str,
+    strict: bool,
+) -> Result<Vec<u64>, Failed> {
+    let body = json!({"model": t.model, "prompt": text, "add_special_tokens": false});
+    let v = t
+        .post_retrying(client, variant, TOKENIZE_PATH, &body, strict)
+        .await
+        .map_err(|e| match e {
+            NoReply::Final(d) if d.starts_with("HTTP 404") => Failed {
+                reason: "no /tokenize".into(),
+                detail: format!("log-likelihood scoring sends the backend's own tokens and this backend does not tokenize (use --scoring generate): {d}"),
+            },
+            e => Failed::of(e),
+        })?;
+    v.get("tokens")
+        .and_then(Value::as_array)
+        .and_then(|a| a.iter().map(Value::as_u64).collect())
+        .ok_or_else(|| Failed {
+            reason: "malformed".into(),
+            detail: format!(
+                "/tokenize gave no token ids: {}",
+                v.to_string().chars().take(200).collect::<String>()
+            ),
+        })
+}
+
+/// A multiple-choice item scored by each choice's log-likelihood (`harness`): one request per
+/// choice, as the harness asks them.
+async fn multiple_choice(
+    client: &HttpClient,
+    t: &EvalTarget,
+    variant: &str,
+    item: &EvalItem,
+    strict: bool,
+) -> Result<Scored, Failed> {
+    let prompt = item.prompt(Scoring::Loglikelihood);
+    let letters: Vec<String> = ('A'..='D')
+        .take(item.choices.len())
+        .map(String::from)
+        .collect();
+    let (context, _) = harness::split_pair(&prompt, "");
+    let context_ids = tokenize(client, t, variant, context, strict).await?;
+    let mut lls = Vec::with_capacity(letters.len());
+    for letter in &letters {
+        let (context, continuation) = harness::split_pair(&prompt, &format!(" {letter}"));
+        let whole = tokenize(
+            client,
+            t,
+            variant,
+            &format!("{context}{continuation}"),
+            strict,
+        )
+        .await?;
+        let (seq, from) = harness::sequence(&context_ids, &whole);
+        let to = seq.len();
+        let body = json!({"model": t.model, "prompt": seq, "temperature": 0, "max_tokens": 1,
+            "logprobs": 1, "seed": harness::SEED, "echo": true});
+        let answer = t
+            .post_retrying(client, variant, COMPLETIONS_PATH, &body, strict)
+            .await
+            .map_err(Failed::of)?;
+        let ll = harness::continuation_logprob(&answer, from, to)
+            .ok_or_else(|| Failed::no_logprobs(&answer))?;
+        lls.push(ll);
+    }
+    let gold = item
+        .answer
+        .trim()
+        .chars()
+        .next()
+        .and_then(|c| letters.iter().position(|l| l.starts_with(c)));
+    let names: Vec<&str> = letters.iter().map(String::as_str).collect();
+    let pick = harness::pick(&lls);
+    let pick_norm = harness::pick_normalized(&lls, &names);
+    Ok(Scored {
+        correct: gold.is_some() && pick == gold,
+        also: vec![gold.is_some() && pick_norm == gold],
+        text: pick.map_or_else(String::new, |i| letters[i].clone()),
+        loglikelihoods: lls,
+        extracted: Vec::new(),
+    })
+}
+
+/// A GSM8K item completed greedily after its shots and scored strict and flexible (`harness`).
+async fn gsm8k(
+    client: &HttpClient,
+    t: &EvalTarget,
+    variant: &str,
+    item: &EvalItem,
+    strict: bool,
+) -> Result<Scored, Failed> {
+    let mut ids = tokenize(
+        client,
+        t,
+        variant,
+        &item.prompt(Scoring::Loglikelihood),
+        strict,
+    )
+    .await?;
+    let room = harness::MAX_LENGTH - harness::MAX_GEN_TOKS;
+    if ids.len() > room {
+        ids.drain(..ids.len() - room);
+    }
+    let body = json!({"prompt": ids, "model": t.model, "max_tokens": harness::MAX_GEN_TOKS,
+        "temperature": 0, "stop": harness::GSM8K_STOP, "seed": harness::SEED});
+    let v = t
+        .post_retrying(client, variant, COMPLETIONS_PATH, &body, strict)
+        .await
+        .map_err(Failed::of)?;
+    let text = first_choice(v)
+        .and_then(|c| c.text)
+        .ok_or_else(Failed::no_answer)?;
+    let (strict_answer, flexible) = (
+        harness::strict_match(&text),
+        harness::flexible_extract(&text),
+    );
+    Ok(Scored {
+        correct: harness::exact_match(&strict_answer, &item.answer),
+        also: vec![harness::exact_match(&flexible, &item.answer)],
+        text,
+        loglikelihoods: Vec::new(),
+        extracted: vec![strict_answer, flexible],
+    })
 }
 
 /// The first choice of an OpenAI-style answer (completions: `text`; chat: `message.content`).
@@ -880,21 +1170,39 @@ pub struct OutLine {
     /// Why a code answer failed, where it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub why: Option<String>,
+    /// The other metrics' verdicts (`acc_norm`; `flexible-extract`), in the summary's order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub also: Vec<bool>,
+    /// Scored by log-likelihood: each choice's, in choice order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub loglikelihoods: Vec<f64>,
+    /// GSM8K scored as the harness scores: the strict and the flexible answer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extracted: Vec<String>,
 }
 
-/// What an `--out` file already holds: (variant, index) → (id, correct), for answered items.
-fn done_items(path: &Path) -> std::collections::HashMap<(String, usize), (String, bool)> {
+/// An item's result: right, failed, and the other metrics' verdicts.
+type ItemResult = (bool, bool, Vec<bool>);
+
+/// What an `--out` file already holds: (variant, index) → (id, correct, other metrics), for
+/// answered items.
+type Done = std::collections::HashMap<(String, usize), (String, bool, Vec<bool>)>;
+
+fn done_items(path: &Path) -> Done {
     let text = crate::util::fs::read_to_string(path, crate::util::fs::DATA_CAP).unwrap_or_default();
     text.lines()
         .filter_map(|l| serde_json::from_str::<OutLine>(l).ok())
         .filter(|l| !l.failed)
-        .map(|l| ((l.variant, l.index), (l.id, l.correct)))
+        .map(|l| ((l.variant, l.index), (l.id, l.correct, l.also)))
         .collect()
 }
 
 /// Runs every item through every variant.
 pub async fn run(o: &EvalOptions, items: &[EvalItem]) -> Vec<Score> {
     let t = &o.target;
+    let scoring = o.scoring;
+    let (metric, also_names) = scoring.metrics(items);
+    let n_also = also_names.len();
     let client = t.client();
     let items = Arc::new(items.to_vec());
     let ids: Arc<Vec<String>> = Arc::new(items.iter().map(item_id).collect());
@@ -913,18 +1221,24 @@ pub async fn run(o: &EvalOptions, items: &[EvalItem]) -> Vec<Score> {
     ));
     let mut scores = Vec::new();
     for variant in &t.variants {
-        // Items a previous run answered (same variant, index and item) are not asked again.
-        let prior: Vec<Option<bool>> = (0..items.len())
+        // Items a previous run answered (same variant, index and item, scored the same way)
+        // are not asked again.
+        let prior: Vec<Option<(bool, Vec<bool>)>> = (0..items.len())
             .map(|i| match done.get(&(variant.clone(), i)) {
-                Some((id, ok)) if *id == ids[i] => Some(*ok),
+                Some((id, ok, also)) if *id == ids[i] && also.len() == n_also => {
+                    Some((*ok, also.clone()))
+                }
                 _ => None,
             })
             .collect();
-        let per_item = Arc::new(parking_lot::Mutex::new(
+        let per_item: Arc<parking_lot::Mutex<Vec<ItemResult>>> = Arc::new(parking_lot::Mutex::new(
             prior
                 .iter()
-                .map(|p| (p.unwrap_or(false), false))
-                .collect::<Vec<_>>(),
+                .map(|p| match p {
+                    Some((ok, also)) => (*ok, false, also.clone()),
+                    None => (false, false, vec![false; n_also]),
+                })
+                .collect(),
         ));
         let todo: Arc<Vec<usize>> =
             Arc::new((0..items.len()).filter(|i| prior[*i].is_none()).collect());
@@ -964,11 +1278,17 @@ pub async fn run(o: &EvalOptions, items: &[EvalItem]) -> Vec<Score> {
                     let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let Some(&i) = todo.get(k) else { return };
                     let item = &items[i];
-                    let (reply, failure) = match ask(&client, &t, &variant, item).await {
+                    let (reply, failure) = match ask(&client, &t, &variant, item, scoring).await {
                         Ok(r) => (Some(r), None),
                         Err(f) => (None, Some(f)),
                     };
+                    let (reply, scored) = match reply {
+                        Some(Reply::Scored(s)) => (Some(s.text.clone()), Some(s)),
+                        Some(Reply::Text(t)) => (Some(t), None),
+                        None => (None, None),
+                    };
                     let (ok, why) = match (&item.code, reply.as_deref()) {
+                        _ if scored.is_some() => (scored.as_ref().is_some_and(|s| s.correct), None),
                         (Some(task), Some(code)) => {
                             let verdict = match &sandbox {
                                 Some(sb) => {
@@ -989,8 +1309,11 @@ pub async fn run(o: &EvalOptions, items: &[EvalItem]) -> Vec<Score> {
                         }
                         (_, r) => (r.is_some_and(|r| correct(item, r)), None),
                     };
-                    let r = (ok, reply.is_none());
-                    per_item.lock()[i] = r;
+                    let also = scored
+                        .as_ref()
+                        .map_or_else(|| vec![false; n_also], |s| s.also.clone());
+                    let r = (ok, reply.is_none(), also);
+                    per_item.lock()[i] = r.clone();
                     if let Some(f) = failure {
                         failures.lock().push(f);
                     }
@@ -1010,6 +1333,12 @@ pub async fn run(o: &EvalOptions, items: &[EvalItem]) -> Vec<Score> {
                             failed: r.1,
                             reply: reply.map(|r| r.chars().take(2000).collect()),
                             why,
+                            also: r.2,
+                            loglikelihoods: scored
+                                .as_ref()
+                                .map(|s| s.loglikelihoods.clone())
+                                .unwrap_or_default(),
+                            extracted: scored.map(|s| s.extracted).unwrap_or_default(),
                         };
                         use std::io::Write as _;
                         if let Ok(line) = serde_json::to_string(&line) {
@@ -1052,6 +1381,18 @@ pub async fn run(o: &EvalOptions, items: &[EvalItem]) -> Vec<Score> {
             per_item: results.iter().map(|r| r.0).collect(),
             per_category,
             failures: count_failures(&failures.lock()),
+            scoring,
+            metric: metric.clone(),
+            also: also_names
+                .iter()
+                .enumerate()
+                .map(|(m, name)| {
+                    (
+                        (*name).to_owned(),
+                        results.iter().map(|r| r.2.get(m) == Some(&true)).collect(),
+                    )
+                })
+                .collect(),
         });
     }
     scores
@@ -1062,6 +1403,9 @@ pub const COMPLETIONS_PATH: &str = "/v1/completions";
 
 /// Where eval's questions are sent.
 pub const CHAT_PATH: &str = "/v1/chat/completions";
+
+/// Where a backend tokenizes (vLLM's, the simulator's).
+pub const TOKENIZE_PATH: &str = "/tokenize";
 
 /// The report `eval --json` prints and `--report-to` posts: each variant's accuracy, interval
 /// and categories, and each variant's difference from the control (paired interval, McNemar).
@@ -1085,6 +1429,13 @@ pub struct AccuracyReport {
     /// What the sandbox that ran the model's code guaranteed (code tasks only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<String>,
+    /// How items were scored: `generate` or `loglikelihood` (as lm-evaluation-harness).
+    #[serde(default)]
+    pub scoring: Scoring,
+    /// What the accuracy counts (`acc`, `strict-match`, `first letter`, `final number`, `exact`,
+    /// `pass@1`).
+    #[serde(default)]
+    pub metric: String,
 }
 
 /// One variant's accuracy.
@@ -1106,6 +1457,22 @@ pub struct AccuracyVariant {
     pub failures: Vec<FailureCount>,
     /// Per category, in first-seen order.
     pub categories: Vec<CategoryScore>,
+    /// The other metrics (`acc_norm`; `flexible-extract`), over the same items.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub also: Vec<MetricScore>,
+}
+
+/// Another metric's count over a variant's items.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MetricScore {
+    /// `acc_norm`, `flexible-extract`.
+    pub metric: String,
+    /// Items right by it.
+    pub correct: usize,
+    /// Its share of the items asked.
+    pub value: f64,
+    /// Its 95% Wilson interval.
+    pub ci95: Option<[f64; 2]>,
 }
 
 /// One category's count.
@@ -1168,6 +1535,20 @@ pub fn summary(scores: &[Score], suite: &str, model: &str) -> AccuracyReport {
                     asked: *asked,
                 })
                 .collect(),
+            also: s
+                .also
+                .iter()
+                .map(|(metric, per_item)| {
+                    let k = per_item.iter().filter(|x| **x).count();
+                    let (lo, hi) = wilson(k, s.n);
+                    MetricScore {
+                        metric: metric.clone(),
+                        correct: k,
+                        value: k as f64 / s.n.max(1) as f64,
+                        ci95: interval(lo, hi),
+                    }
+                })
+                .collect(),
         })
         .collect();
     // A variant with no answered item has no accuracy to compare (its failures say why).
@@ -1195,21 +1576,48 @@ pub fn summary(scores: &[Score], suite: &str, model: &str) -> AccuracyReport {
             .collect(),
         None => Vec::new(),
     };
+    let scoring = scores.first().map(|s| s.scoring).unwrap_or_default();
     AccuracyReport {
         kind: QualityKind::Accuracy,
         suite: suite.to_owned(),
         model: model.to_owned(),
-        path: CHAT_PATH.to_owned(),
+        path: match scoring {
+            Scoring::Generate => CHAT_PATH,
+            Scoring::Loglikelihood => COMPLETIONS_PATH,
+        }
+        .to_owned(),
         control: scores.first().map(|s| s.variant.clone()),
         variants,
         comparisons,
         sandbox: None,
+        scoring,
+        metric: scores.first().map(|s| s.metric.clone()).unwrap_or_default(),
+    }
+}
+
+/// How a run was scored, in a sentence.
+pub fn scoring_note(s: &Score) -> String {
+    match s.scoring {
+        Scoring::Loglikelihood => format!(
+            "Scored as lm-evaluation-harness scores ({}; also {}): on {COMPLETIONS_PATH}, prompts in the backend's tokens from {TOKENIZE_PATH} with no start token added, as the harness's default.",
+            s.metric,
+            s.also.iter().map(|a| a.0.as_str()).collect::<Vec<_>>().join(", ")
+        ),
+        Scoring::Generate => format!(
+            "Scored by generation ({}) on {}: not lm-evaluation-harness's number for multiple choice or GSM8K (--scoring loglikelihood is).",
+            s.metric,
+            if s.metric == "pass@1" { COMPLETIONS_PATH } else { CHAT_PATH }
+        ),
     }
 }
 
 /// The report table.
 pub fn render(scores: &[Score]) -> String {
-    let mut out = String::from("| variant | accuracy | 95% CI | correct | asked | failed requests |\n|---|---|---|---|---|---|\n");
+    let mut out = String::new();
+    if let Some(first) = scores.first() {
+        let _ = writeln!(out, "{}\n", scoring_note(first));
+    }
+    out.push_str("| variant | accuracy | 95% CI | correct | asked | failed requests |\n|---|---|---|---|---|---|\n");
     for s in scores {
         if s.answered() == 0 {
             let _ = writeln!(
@@ -1230,6 +1638,21 @@ pub fn render(scores: &[Score]) -> String {
             s.n,
             s.failed
         );
+    }
+    for s in scores.iter().filter(|s| s.answered() > 0) {
+        for (metric, per_item) in &s.also {
+            let k = per_item.iter().filter(|x| **x).count();
+            let (lo, hi) = wilson(k, s.n);
+            let _ = writeln!(
+                out,
+                "  {}: {metric} {:.1}% [{:.1}%, {:.1}%] ({k} of {})",
+                s.variant,
+                k as f64 * 100.0 / s.n.max(1) as f64,
+                lo * 100.0,
+                hi * 100.0,
+                s.n
+            );
+        }
     }
     for s in scores {
         for f in &s.failures {
@@ -1338,6 +1761,9 @@ mod tests {
                 .map(|(c, k, n)| ((*c).to_string(), *k, *n))
                 .collect(),
             failures: Vec::new(),
+            scoring: Scoring::Generate,
+            metric: "first letter".into(),
+            also: Vec::new(),
         }
     }
 

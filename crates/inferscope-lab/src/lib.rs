@@ -14,6 +14,7 @@
 #![warn(unreachable_pub)]
 
 pub mod eval;
+pub mod harness;
 pub mod html;
 pub mod loadgen;
 pub mod perplexity;

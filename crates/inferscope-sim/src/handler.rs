@@ -312,6 +312,33 @@ fn echo_of(state: &SimState, v: &Value, ep: Endpoint) -> Option<String> {
     }
 }
 
+/// For a quiz prompt ending in a choice's letter (`…Answer: B`, scored by log-likelihood): the
+/// letter the model favours — the right one, or at the profile's error rate a wrong one. The
+/// coin is the question's, not the request's, so every choice of one question is scored by the
+/// same belief.
+fn favoured_letter(prompt: &str, error_rate: f64, seed: u64) -> Option<char> {
+    let (question, letter) = prompt.trim_end().rsplit_once(char::is_whitespace)?;
+    if !(letter.len() == 1 && letter.chars().all(|c| matches!(c, 'A'..='D'))) {
+        return None;
+    }
+    let right = super::quiz::solve(question)?;
+    let mut r = Rng::new(seed ^ crate::util::hash::stable_hash(question.as_bytes()));
+    Some(if r.unit() < error_rate {
+        super::quiz::wrong(right, &mut r)
+    } else {
+        right
+    })
+}
+
+/// The text of a prompt of token ids (as `/tokenize` gave them out), to answer as text.
+fn decoded_prompt(state: &SimState, v: &Value) -> Option<String> {
+    let Some(Value::Array(a)) = v.get("prompt") else {
+        return None;
+    };
+    let ids: Option<Vec<u64>> = a.iter().map(Value::as_u64).collect();
+    state.vocab.lock().decode(&ids?)
+}
+
 /// A prompt of token ids that `/tokenize` never gave out (vLLM would refuse ids past its vocabulary).
 fn unknown_ids(state: &SimState, v: &Value) -> bool {
     let Some(Value::Array(a)) = v.get("prompt") else {
@@ -343,6 +370,8 @@ fn plan(state: &SimState, v: &Value, ep: Endpoint) -> Plan {
         .unwrap_or_else(|| u64::from(rng.range(p.min_output_tokens, p.max_output_tokens)))
         .max(1);
     let (prompt_tokens, last_text) = prompt_of(v, ep);
+    let decoded = decoded_prompt(state, v);
+    let last_text = last_text.or(decoded.as_deref());
     // A quiz question gets a one-letter answer, a word problem its sum: right, or wrong at the
     // profile's error rate.
     let mut r = Rng::new(state.opts.seed ^ index.rotate_left(23) ^ 0x0A05);
@@ -411,6 +440,7 @@ fn plan(state: &SimState, v: &Value, ep: Endpoint) -> Plan {
                 .unwrap_or(false),
             role_chunk: p.role_chunk,
             echo: echo_of(state, v, ep).map(|prompt| Echo {
+                favours: favoured_letter(&prompt, p.answer_error_rate, state.opts.seed),
                 prompt,
                 nll_shift: p.nll_shift,
                 seed: state.opts.seed ^ index.rotate_left(7),

@@ -90,20 +90,35 @@ pub fn tokens(text: &str) -> Vec<(usize, &str)> {
         .collect()
 }
 
+/// Surprisal of a quiz choice's letter the model favours, and of one it does not, nats: the
+/// favoured letter is about 90% likely.
+pub const FAVOURED_NLL: (f64, f64) = (0.1, 3.0);
+
 /// The `logprobs` object of an echoed completion: the prompt's tokens with their log-probabilities
-/// (the first `null`), then the generated text's, at offsets into `prompt + generated`.
-pub fn echo(prompt: &str, generated: &str, shift: f64, seed: u64) -> Value {
+/// (the first `null`), then the generated text's, at offsets into `prompt + generated`. A prompt
+/// ending in a quiz choice's letter (`favours`: the letter the model believes) scores that
+/// letter by `FAVOURED_NLL`, as a model that knows the answer would.
+pub fn echo(prompt: &str, generated: &str, shift: f64, seed: u64, favours: Option<char>) -> Value {
     let mut rng = Rng::new(seed ^ 0x1096_u64.rotate_left(40));
     let mut toks = Vec::new();
     let mut lps = Vec::new();
     let mut offsets = Vec::new();
     let prompt_chars = prompt.chars().count();
+    let last = tokens(prompt).len().saturating_sub(1);
     for (part, at) in [(prompt, 0), (generated, prompt_chars)] {
         for (offset, t) in tokens(part) {
+            let letter = favours.filter(|_| at == 0 && toks.len() == last).map(|f| {
+                if t.trim().starts_with(f) {
+                    FAVOURED_NLL.0
+                } else {
+                    FAVOURED_NLL.1
+                }
+            });
             let lp = if toks.is_empty() {
                 Value::Null
             } else {
-                let nll = base_nll(t.trim()) + shift + (rng.unit() * 2.0 - 1.0) * JITTER;
+                let word = letter.unwrap_or_else(|| base_nll(t.trim()));
+                let nll = word + shift + (rng.unit() * 2.0 - 1.0) * JITTER;
                 json!(-nll.max(0.0))
             };
             toks.push(Value::from(t));
@@ -140,8 +155,8 @@ mod tests {
 
     #[test]
     fn the_shift_raises_every_surprisal_and_the_first_token_has_none() {
-        let base = echo("the cat sat on the mat", " today", 0.0, 1);
-        let worse = echo("the cat sat on the mat", " today", 0.5, 1);
+        let base = echo("the cat sat on the mat", " today", 0.0, 1, None);
+        let worse = echo("the cat sat on the mat", " today", 0.5, 1, None);
         let lp = |v: &Value| -> Vec<Option<f64>> {
             v["token_logprobs"]
                 .as_array()

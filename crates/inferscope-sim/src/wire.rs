@@ -33,6 +33,8 @@ pub(super) struct Echo {
     pub(super) prompt: String,
     pub(super) nll_shift: f64,
     pub(super) seed: u64,
+    /// A quiz prompt ending in a choice's letter: the letter the model favours.
+    pub(super) favours: Option<char>,
 }
 
 /// The engine's own prefill and decode time, as Ollama and llama.cpp report them.
@@ -404,7 +406,8 @@ impl Gen {
                     json!({"index": 0, "message": {"role": "assistant", "content": text},
                            "logprobs": null, "finish_reason": self.finish_reason()})
                 } else if let Some(e) = &self.echo {
-                    let logprobs = super::logprob::echo(&e.prompt, text, e.nll_shift, e.seed);
+                    let logprobs =
+                        super::logprob::echo(&e.prompt, text, e.nll_shift, e.seed, e.favours);
                     json!({"index": 0, "text": format!("{}{text}", e.prompt),
                            "logprobs": logprobs, "finish_reason": self.finish_reason()})
                 } else {
