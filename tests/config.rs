@@ -131,6 +131,7 @@ fn a_price_is_one_number_of_one_kind() {
         ),
         ("{ per_gpu_hour: -1 }", "0 or more"),
         ("{ per_hour: 2 }", "unknown field `per_hour`"),
+        ("{ per_gpu_hour: 2, currency: dollars }", "ISO 4217"),
     ] {
         let text = BASE.replace(
             "url: \"http://127.0.0.1:1\" }",

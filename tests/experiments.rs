@@ -814,7 +814,7 @@ async fn the_joined_verdict_weighs_latency_and_quality_against_the_accept_limits
     // The experiment takes model `demo` only; every other request goes to fp16 alone. `/tokenize`
     // is routed by its body's model too, so perplexity windows are counted in tokens.
     let yaml = format!(
-        "access_log: {{ path: {:?} }}\nbackends:\n  - {{ name: fp16, url: \"http://{}\", price: {{ per_million_output_tokens: 0.5 }} }}\n  - {{ name: int8, url: \"http://{}\", price: {{ per_gpu_hour: 3.0 }}, model: {{ params_b: 8 }}, gpu: {{ preset: h100, count: 2 }} }}\nroutes:\n  - name: demo\n    match: {{ model: demo }}\n    purpose_header: true\n    experiment:\n      name: int8-vs-fp16\n      sticky_key: \"header:x-user-id\"\n      allow_override: true\n      min_samples: 10\n      accept: {{ tpot_change_max: 0, accuracy_drop_max_points: 1.0, ppl_rise_max: 0.5 }}\n      variants:\n        - {{ name: fp16, backends: [fp16], weight: 50, control: true }}\n        - {{ name: int8, backends: [int8], weight: 50 }}\n  - name: default\n    match: {{ path_prefix: / }}\n    backends: [fp16]\n",
+        "access_log: {{ path: {:?} }}\nbackends:\n  - {{ name: fp16, url: \"http://{}\", price: {{ per_million_output_tokens: 0.5, currency: EUR }} }}\n  - {{ name: int8, url: \"http://{}\", price: {{ per_gpu_hour: 3.0, currency: EUR }}, model: {{ params_b: 8 }}, gpu: {{ preset: h100, count: 2 }} }}\nroutes:\n  - name: demo\n    match: {{ model: demo }}\n    purpose_header: true\n    experiment:\n      name: int8-vs-fp16\n      sticky_key: \"header:x-user-id\"\n      allow_override: true\n      min_samples: 10\n      accept: {{ tpot_change_max: 0, accuracy_drop_max_points: 1.0, ppl_rise_max: 0.5 }}\n      variants:\n        - {{ name: fp16, backends: [fp16], weight: 50, control: true }}\n        - {{ name: int8, backends: [int8], weight: 50 }}\n  - name: default\n    match: {{ path_prefix: / }}\n    backends: [fp16]\n",
         dir.join("access.jsonl"),
         fp16.addr,
         int8.addr
@@ -937,7 +937,7 @@ async fn the_joined_verdict_weighs_latency_and_quality_against_the_accept_limits
     assert!((cost - 6.0 / (served * 3600.0) * 1e6).abs() < 1e-3, "{i}");
     assert!(
         row.contains(&format!(
-            "; {cost:.2} vs 0.50 per M output tokens (at the load served vs list price)"
+            "; {cost:.2} vs 0.50 EUR per M output tokens (at the load served vs list price)"
         )),
         "{row}"
     );

@@ -324,7 +324,8 @@ pub(crate) fn parse_accept(s: Option<&str>) -> anyhow::Result<Option<crate::conf
             "e2e_change_max" => &mut a.e2e_change_max,
             "accuracy_drop_max_points" => &mut a.accuracy_drop_max_points,
             "ppl_rise_max" => &mut a.ppl_rise_max,
-            other => anyhow::bail!("--accept {other}: use ttft_change_max, tpot_change_max, e2e_change_max, accuracy_drop_max_points or ppl_rise_max"),
+            "energy_change_max" => &mut a.energy_change_max,
+            other => anyhow::bail!("--accept {other}: use ttft_change_max, tpot_change_max, e2e_change_max, accuracy_drop_max_points, ppl_rise_max or energy_change_max"),
         };
         *slot = Some(v);
     }

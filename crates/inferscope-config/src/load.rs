@@ -461,6 +461,13 @@ fn validate_backend(b: &BackendConfig) -> Result<(), (&'static str, String)> {
             }
             _ => return Err(("price", "a price is a number, 0 or more".into())),
         }
+        let c = p.currency();
+        if !(c.len() == 3 && c.chars().all(|c| c.is_ascii_uppercase())) {
+            return Err((
+                "price",
+                format!("currency `{c}` is not a three-letter ISO 4217 code such as USD or EUR"),
+            ));
+        }
     }
     match (&b.url, &b.sim) {
         (Some(_), Some(_)) | (None, None) => {
@@ -734,7 +741,7 @@ fn validate_route(r: &RouteConfig, backends: &HashSet<&str>) -> Result<(), Inval
             }
             if let Some(a) = &x.accept {
                 if a.limits().next().is_none() {
-                    return err(vec![K("experiment"), K("accept")], "set at least one of ttft_change_max, tpot_change_max, e2e_change_max, accuracy_drop_max_points, ppl_rise_max");
+                    return err(vec![K("experiment"), K("accept")], "set at least one of ttft_change_max, tpot_change_max, e2e_change_max, accuracy_drop_max_points, ppl_rise_max, energy_change_max");
                 }
                 if let Some((k, v)) = a.limits().find(|(_, v)| !v.is_finite()) {
                     return err(

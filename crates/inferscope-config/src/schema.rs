@@ -437,8 +437,8 @@ pub struct BackendConfig {
     pub price: Option<PriceConfig>,
 }
 
-/// `price:` of a backend — one of the two.
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, JsonSchema)]
+/// `price:` of a backend — one of the two, in `currency`.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PriceConfig {
     /// A hosted API's list price per million output tokens.
@@ -446,6 +446,17 @@ pub struct PriceConfig {
     /// What one of its GPUs costs per hour (times `gpu.count`): the cost per million tokens is
     /// then what the tokens it served cost at the load it saw (idle time included).
     pub per_gpu_hour: Option<f64>,
+    /// The currency of the price, as the cost line names it (ISO 4217: `USD`, `EUR`; absent:
+    /// `USD`, as list prices are quoted).
+    #[serde(default)]
+    pub currency: Option<String>,
+}
+
+impl PriceConfig {
+    /// The currency, `USD` where none is given.
+    pub fn currency(&self) -> &str {
+        self.currency.as_deref().unwrap_or("USD")
+    }
 }
 
 /// The GPU presets `gpu.preset` knows (their numbers: `route::roofline::PRESETS`).
@@ -938,6 +949,10 @@ pub struct AcceptConfig {
     pub accuracy_drop_max_points: Option<f64>,
     /// Largest perplexity rise on any posted corpus (`eval --perplexity`).
     pub ppl_rise_max: Option<f64>,
+    /// Largest change in GPU energy per output token against the control, in percent (`-20`: at
+    /// least 20% less energy a token). Where both variants' backends own their GPUs and report
+    /// power (`gpu_url`, `nvml`); judged on the last minute's point estimate (no interval).
+    pub energy_change_max: Option<f64>,
 }
 
 impl AcceptConfig {
@@ -949,6 +964,7 @@ impl AcceptConfig {
             ("e2e_change_max", self.e2e_change_max),
             ("accuracy_drop_max_points", self.accuracy_drop_max_points),
             ("ppl_rise_max", self.ppl_rise_max),
+            ("energy_change_max", self.energy_change_max),
         ]
         .into_iter()
         .filter_map(|(k, v)| Some((k, v?)))

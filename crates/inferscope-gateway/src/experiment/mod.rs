@@ -587,6 +587,7 @@ pub fn summarize(
                 e2e_unstreamed: None,
                 cost_per_million_output_tokens: None,
                 cost_basis: None,
+                cost_currency: None,
                 gpu_watts: None,
                 joules_per_output_token: None,
             };

@@ -270,9 +270,18 @@ impl Quality {
     }
 }
 
-/// What a variant's output costs, from its backends' `price:`.
+/// What a variant's output costs, from its backends' `price:`: the amount, and its currency.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VariantPrice {
+    /// Per token or per hour.
+    pub basis: PriceBasis,
+    /// The backends' currency (`USD`).
+    pub currency: String,
+}
+
+/// How a variant is priced.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum VariantPrice {
+pub enum PriceBasis {
     /// A list price per million output tokens (every backend of the variant has the same).
     PerMillion(f64),
     /// What its backends cost per hour together (GPU-hour price × GPUs, summed).
@@ -281,33 +290,43 @@ pub enum VariantPrice {
 
 impl VariantPrice {
     /// The price of a variant served by `backends`: `None` when one has no price, or when they
-    /// are priced differently (per token and per hour, or at different list prices).
+    /// are priced differently (per token and per hour, at different list prices, or in different
+    /// currencies).
     pub fn of(backends: &[&crate::config::BackendConfig]) -> Option<Self> {
-        let mut out: Option<Self> = None;
+        use PriceBasis::{PerHour, PerMillion};
+        let mut out: Option<PriceBasis> = None;
+        let mut currency: Option<&str> = None;
         for b in backends {
-            let p = b.price?;
+            let p = b.price.as_ref()?;
+            if currency.is_some_and(|c| c != p.currency()) {
+                return None;
+            }
+            currency = Some(p.currency());
             let gpus = b.gpu.as_ref().map_or(1, |g| g.count.max(1));
             let this = match (p.per_million_output_tokens, p.per_gpu_hour) {
-                (Some(m), None) => Self::PerMillion(m),
-                (None, Some(h)) => Self::PerHour(h * f64::from(gpus)),
+                (Some(m), None) => PerMillion(m),
+                (None, Some(h)) => PerHour(h * f64::from(gpus)),
                 _ => return None,
             };
             out = Some(match (out, this) {
                 (None, t) => t,
-                (Some(Self::PerMillion(a)), Self::PerMillion(b)) if a == b => Self::PerMillion(a),
-                (Some(Self::PerHour(a)), Self::PerHour(b)) => Self::PerHour(a + b),
+                (Some(PerMillion(a)), PerMillion(b)) if a == b => PerMillion(a),
+                (Some(PerHour(a)), PerHour(b)) => PerHour(a + b),
                 _ => return None,
             });
         }
-        out
+        Some(Self {
+            basis: out?,
+            currency: currency?.to_owned(),
+        })
     }
 
     /// Money per million output tokens, and on what basis: a list price as it is; an hourly
     /// price over the tokens served per second (`served`) at the load the variant saw.
-    pub fn per_million(self, served: Option<f64>) -> Option<(f64, &'static str)> {
-        match self {
-            Self::PerMillion(p) => Some((p, "list price")),
-            Self::PerHour(h) => served
+    pub fn per_million(&self, served: Option<f64>) -> Option<(f64, &'static str)> {
+        match self.basis {
+            PriceBasis::PerMillion(p) => Some((p, "list price")),
+            PriceBasis::PerHour(h) => served
                 .filter(|t| *t > 0.0)
                 .map(|t| (h / (t * 3600.0) * 1e6, "at the load served")),
         }
@@ -319,9 +338,13 @@ impl VariantPrice {
 pub fn add_costs(summary: &mut Summary, prices: &BTreeMap<String, VariantPrice>) {
     for v in &mut summary.variants {
         let served = v.served_output_tokens_per_s;
-        if let Some((cost, basis)) = prices.get(&v.variant).and_then(|p| p.per_million(served)) {
+        let Some(price) = prices.get(&v.variant) else {
+            continue;
+        };
+        if let Some((cost, basis)) = price.per_million(served) {
             v.cost_per_million_output_tokens = Some((cost * 1e4).round() / 1e4);
             v.cost_basis = Some(basis.to_string());
+            v.cost_currency = Some(price.currency.clone());
         }
     }
 }
@@ -706,11 +729,50 @@ pub fn verdicts(
                 } else {
                     format!("{bt} vs {bc}")
                 };
-                parts.push(format!("{t:.2} vs {c:.2} per M output tokens ({basis})"));
+                let currency = |v: &str| {
+                    summary
+                        .variant(v)
+                        .and_then(|x| x.cost_currency.clone())
+                        .unwrap_or_default()
+                };
+                let (ct, cc) = (currency(variant), currency(control));
+                parts.push(if ct == cc {
+                    format!("{t:.2} vs {c:.2} {ct} per M output tokens ({basis})")
+                } else {
+                    format!("{t:.2} {ct} vs {c:.2} {cc} per M output tokens ({basis})")
+                });
             }
             let energy = |v: &VariantSummary| v.joules_per_output_token;
-            if let (Some(t), Some(c)) = (field(variant, energy), field(control, energy)) {
+            let joules = (field(variant, energy), field(control, energy));
+            if let (Some(t), Some(c)) = joules {
                 parts.push(format!("{t:.3} vs {c:.3} J per output token"));
+            }
+            if let Some(max) = accept.and_then(|a| a.energy_change_max) {
+                // No interval: power is sampled, not a sample per request. The check says so.
+                checks.push(match joules {
+                    (Some(t), Some(c)) if c > 0.0 => {
+                        let change = (t / c - 1.0) * 100.0;
+                        let (state, why) = if change <= max {
+                            (State::Met, "at or below the limit (a point estimate over the last minute: no interval)")
+                        } else {
+                            (State::Broken, "above the limit (a point estimate over the last minute: no interval)")
+                        };
+                        check(
+                            "energy_change_max",
+                            max,
+                            format!("energy {change:+.1}% ({t:.3} vs {c:.3} J per output token)"),
+                            state,
+                            why,
+                        )
+                    }
+                    _ => check(
+                        "energy_change_max",
+                        max,
+                        "no data".into(),
+                        State::Undecided,
+                        "no energy per output token for both variants (their backends need GPU power: gpu_url or nvml, GPUs of their own, and traffic in the last minute)",
+                    ),
+                });
             }
             let decision = accept.map(|_| Decision::of(&checks));
             let mut row = format!("{variant}: {}", parts.join("; "));
@@ -869,6 +931,34 @@ mod tests {
             v.row.contains("TPOT n/a (n = 9 of 200 per variant)"),
             "{v:?}"
         );
+    }
+
+    #[test]
+    fn an_energy_limit_is_judged_on_the_point_estimate_and_says_so() {
+        let limit = AcceptConfig {
+            energy_change_max: Some(-20.0),
+            ..AcceptConfig::default()
+        };
+        let judge = |t: Option<f64>, c: Option<f64>| {
+            let mut s = summary(None);
+            s.variants[0].joules_per_output_token = c;
+            s.variants[1].joules_per_output_token = t;
+            verdicts(&s, &[], &[], None, Some(&limit), ResultsFrom::Posted)
+                .pop()
+                .unwrap()
+        };
+        let v = judge(Some(0.6), Some(1.0));
+        assert_eq!(v.decision, Some(Decision::Accept), "{v:?}");
+        assert_eq!(
+            v.checks[0].observed,
+            "energy -40.0% (0.600 vs 1.000 J per output token)"
+        );
+        assert!(v.checks[0].why.contains("no interval"), "{v:?}");
+        let v = judge(Some(0.9), Some(1.0));
+        assert_eq!(v.decision, Some(Decision::Reject), "{v:?}");
+        let v = judge(None, Some(1.0));
+        assert_eq!(v.decision, Some(Decision::Undecided), "{v:?}");
+        assert!(v.checks[0].why.contains("GPU power"), "{v:?}");
     }
 
     #[test]

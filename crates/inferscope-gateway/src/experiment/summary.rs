@@ -130,6 +130,9 @@ pub struct VariantSummary {
     /// What that cost rests on (`list price`, `at the load served`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost_basis: Option<String>,
+    /// The currency of that cost (`USD`, from the backends' `price.currency`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_currency: Option<String>,
     /// Power of the variant's backends' GPUs, watts (the last minute's mean from their energy
     /// counter, else their sampled draw), where each backend's GPUs are scraped and serve this
     /// variant alone.
