@@ -144,8 +144,64 @@ async fn merged_fleet() -> (Fleet, Value) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_merge_exactly() {
-    let (_fleet, truth) = merged_fleet().await;
+    let (fleet, truth) = merged_fleet().await;
     assert_eq!(truth["requests"], N as u64, "{truth}");
+
+    // The merge carries the quality results posted to the replicas: one posted to both (as
+    // `eval --report-to A,B` does) is one entry held by both; one posted to a single replica is
+    // said to be held by one of two.
+    let result = |suite: &str| {
+        format!(
+            r#"{{"kind":"accuracy","suite":"{suite}","route":"chat","control":"fp16",
+            "variants":[{{"variant":"fp16","value":0.6,"n":100}},{{"variant":"int8","value":0.55,"n":100}}],
+            "comparisons":[{{"variant":"int8","difference":-0.05,"ci95":[-0.09,-0.01]}}]}}"#
+        )
+    };
+    for (i, g) in fleet.gateways.iter().enumerate() {
+        let mut suites = vec!["mmlu"];
+        if i == 0 {
+            suites.push("quiz");
+        }
+        for suite in suites {
+            let r = Client::connect(g.2)
+                .await
+                .send("POST", "/experiments/quality", &result(suite), &[])
+                .await;
+            assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body()));
+        }
+    }
+    let admins: Vec<String> = fleet
+        .gateways
+        .iter()
+        .map(|g| format!("http://{}", g.2))
+        .collect();
+    let mut args = vec!["report", "--json", "--merge"];
+    args.extend(admins.iter().map(String::as_str));
+    let doc: Value = serde_json::from_slice(&inferscope(&args).stdout).unwrap();
+    let held: Vec<(String, usize)> = doc["quality"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|q| {
+            (
+                q["result"]["suite"].as_str().unwrap().to_owned(),
+                q["replicas"].as_array().unwrap().len(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        held,
+        [("mmlu".to_owned(), 2), ("quiz".to_owned(), 1)],
+        "{doc}"
+    );
+    args.remove(1);
+    let text = String::from_utf8(inferscope(&args).stdout).unwrap();
+    assert!(
+        text.contains("| int8-vs-fp16 | mmlu | accuracy | int8 | 55.0% | - | 100 | -5.0 pts | [-9.0, -1.0] | 2 of 2 |")
+            && text.contains("| 1 of 2 |")
+            && text.contains("posted to some of them only"),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

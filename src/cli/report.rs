@@ -26,8 +26,9 @@ pub(crate) struct Args {
     /// The page's title.
     #[arg(long, default_value = "inferscope report", requires = "html")]
     title: String,
-    /// Merge replicas exactly: admin URLs (read at /stats?format=hdr), saved
-    /// /stats?format=hdr documents, or access logs (every sample: the fleet's verdict).
+    /// Merge replicas exactly: admin URLs (read at /stats?format=hdr, with the quality results
+    /// posted to each at /experiments), saved /stats?format=hdr documents, or access logs
+    /// (every sample: the fleet's verdict).
     #[arg(long, num_args = 1.., value_name = "URL|FILE")]
     merge: Vec<String>,
     /// For admin URLs: a bearer token, from this environment variable.
@@ -137,12 +138,12 @@ pub(crate) fn exec(args: &Args) -> ExitCode {
                         None => Ok(text),
                     }
                 }
-                ReportSources::Hdr(_) if opts.quality.len() + usize::from(opts.accept.is_some()) > 0 => {
+                ReportSources::Hdr(..) if opts.quality.len() + usize::from(opts.accept.is_some()) > 0 => {
                     anyhow::bail!("--quality and --accept are read with access logs, not with /stats?format=hdr sources (their comparisons have no intervals to judge)")
                 }
-                ReportSources::Hdr(docs) => {
-                    crate::stats::hdr::report(&docs, by, control.as_deref(), *json)
-                        .map_err(anyhow::Error::from)
+                ReportSources::Hdr(docs, posted) => {
+                    let text = crate::stats::hdr::report(&docs, by, control.as_deref(), *json)?;
+                    with_posted_quality(text, &posted, docs.len(), *json)
                 }
             }
         });
@@ -336,7 +337,124 @@ pub(crate) fn parse_accept(s: Option<&str>) -> anyhow::Result<Option<crate::conf
 /// What `report` was given: access logs, or HdrHistogram exports.
 enum ReportSources {
     Logs(Vec<PathBuf>),
-    Hdr(Vec<serde_json::Value>),
+    /// Histogram exports, and the quality results the admin URLs among them hold.
+    Hdr(Vec<serde_json::Value>, Vec<Posted>),
+}
+
+/// A quality result posted to a fleet's replicas (`eval --report-to URL1,URL2`): the experiment
+/// it was filed under, the result, and which replicas hold it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+struct Posted {
+    experiment: String,
+    route: String,
+    result: crate::experiment::quality::QualityResult,
+    replicas: Vec<String>,
+}
+
+/// The quality results each admin URL holds (`GET /experiments`), one entry per distinct result:
+/// replicas that took the same post share an entry; a replica holding another result for the
+/// same suite shows as its own entry.
+fn collect_posted(from: &[(String, serde_json::Value)]) -> anyhow::Result<Vec<Posted>> {
+    let mut out: Vec<Posted> = Vec::new();
+    for (url, doc) in from {
+        for x in doc["experiments"].as_array().into_iter().flatten() {
+            for q in x["quality"].as_array().into_iter().flatten() {
+                let result: crate::experiment::quality::QualityResult =
+                    serde_json::from_value(q.clone())
+                        .with_context(|| format!("{url}/experiments: a quality result"))?;
+                let (experiment, route) = (
+                    x["name"].as_str().unwrap_or_default().to_owned(),
+                    x["route"].as_str().unwrap_or_default().to_owned(),
+                );
+                match out
+                    .iter_mut()
+                    .find(|p| p.experiment == experiment && p.route == route && p.result == result)
+                {
+                    Some(p) => p.replicas.push(url.clone()),
+                    None => out.push(Posted {
+                        experiment,
+                        route,
+                        result,
+                        replicas: vec![url.clone()],
+                    }),
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The merged histogram report with the replicas' posted quality results: a table after the
+/// text, or `quality` in the JSON document.
+fn with_posted_quality(
+    report: String,
+    posted: &[Posted],
+    replicas: usize,
+    json: bool,
+) -> anyhow::Result<String> {
+    use std::fmt::Write as _;
+    if json {
+        let mut doc: serde_json::Value = serde_json::from_str(&report)?;
+        if let serde_json::Value::Object(m) = &mut doc {
+            m.insert("quality".into(), serde_json::to_value(posted)?);
+        }
+        return Ok(serde_json::to_string_pretty(&doc)? + "\n");
+    }
+    if posted.is_empty() {
+        return Ok(report);
+    }
+    let mut out = report;
+    out.push_str("\nQuality results posted to the replicas (eval --report-to):\n\n| experiment | suite | kind | variant | value | 95% CI | n | Δ vs control | 95% CI | held by |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    for p in posted {
+        let r = &p.result;
+        let accuracy = r.kind == crate::experiment::quality::QualityKind::Accuracy;
+        let (scale, digits, unit, points) = if accuracy {
+            (100.0, 1, "%", " pts")
+        } else {
+            (1.0, 2, "", "")
+        };
+        let ci = |c: Option<[f64; 2]>, sign: bool| {
+            c.map_or_else(
+                || "-".to_owned(),
+                |[lo, hi]| {
+                    if sign {
+                        format!("[{:+.digits$}, {:+.digits$}]", lo * scale, hi * scale)
+                    } else {
+                        format!(
+                            "[{:.digits$}{unit}, {:.digits$}{unit}]",
+                            lo * scale,
+                            hi * scale
+                        )
+                    }
+                },
+            )
+        };
+        for v in &r.variants {
+            let (d, dci) = match r.comparison(&v.variant) {
+                Some(c) => (
+                    format!("{:+.digits$}{points}", c.difference * scale),
+                    ci(c.ci95, true),
+                ),
+                None => ("-".to_owned(), "-".to_owned()),
+            };
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {:.digits$}{unit} | {} | {} | {d} | {dci} | {} of {replicas} |",
+                p.experiment,
+                r.suite,
+                if accuracy { "accuracy" } else { "perplexity" },
+                v.variant,
+                v.value * scale,
+                ci(v.ci95, false),
+                v.n,
+                p.replicas.len()
+            );
+        }
+    }
+    if posted.iter().any(|p| p.replicas.len() < replicas) {
+        out.push_str("\nA result held by fewer than every replica was posted to some of them only (or differs between them): post to all (eval --report-to URL1,URL2,…).\n");
+    }
+    Ok(out)
 }
 
 /// Reads every source: an admin URL is fetched at `/stats?format=hdr`; a file holding one JSON
@@ -349,6 +467,7 @@ fn read_report_sources(
 ) -> anyhow::Result<ReportSources> {
     let mut logs = Vec::new();
     let mut docs = Vec::new();
+    let mut experiments = Vec::new();
     let urls: Vec<&String> = sources
         .iter()
         .filter(|s| s.starts_with("http://") || s.starts_with("https://"))
@@ -360,6 +479,8 @@ fn read_report_sources(
         for u in &urls {
             let doc = rt.block_on(fetch_json(u, "/stats?format=hdr", token, ca_file.clone()))?;
             docs.push(doc);
+            let x = rt.block_on(fetch_json(u, "/experiments", token, ca_file.clone()))?;
+            experiments.push(((*u).clone(), x));
         }
     }
     for s in sources.iter().filter(|s| !urls.contains(s)) {
@@ -375,7 +496,7 @@ fn read_report_sources(
         (false, false) => anyhow::bail!(
             "give access logs or /stats?format=hdr exports (admin URLs), not both: a log's samples and a histogram's buckets are not one population"
         ),
-        (true, _) => Ok(ReportSources::Hdr(docs)),
+        (true, _) => Ok(ReportSources::Hdr(docs, collect_posted(&experiments)?)),
         (false, true) => Ok(ReportSources::Logs(logs)),
     }
 }
