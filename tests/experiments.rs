@@ -1904,3 +1904,108 @@ async fn a_rollback_and_its_reset_survive_a_restart() {
     assert_eq!(tripped(gw.admin_addr).await.len(), 1);
     gw.shutdown();
 }
+
+/// `on_accept: promote`: an accepted int8 is ramped from its 10% to half the traffic at once and
+/// to all of it after the hold, with no person involved; the ramp survives a restart, and a
+/// person's reset puts the configured split back and holds it there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_accepted_variant_is_promoted_by_steps_and_a_reset_undoes_it() {
+    let (fp16, int8) = quiz_sims(0.0, 0.0).await;
+    let dir = temp_dir();
+    let yaml = format!(
+        "state_dir: {:?}\nbackends:\n  - {{ name: fp16, url: \"http://{}\" }}\n  - {{ name: int8, url: \"http://{}\" }}\nroutes:\n  - name: chat\n    experiment:\n      name: int8-vs-fp16\n      sticky_key: \"header:x-user-id\"\n      accept: {{ accuracy_drop_max_points: 1.0 }}\n      on_accept: promote\n      promote: {{ steps: [50, 100], hold: 1s }}\n      variants:\n        - {{ name: fp16, backends: [fp16], weight: 90, control: true }}\n        - {{ name: int8, backends: [int8], weight: 10 }}\n",
+        dir.join("state"),
+        fp16.addr,
+        int8.addr
+    );
+    // Who of 200 users int8 serves.
+    let int8_users = |gw: std::net::SocketAddr| async move {
+        let mut users = std::collections::BTreeSet::new();
+        for i in 0..200 {
+            let r = post(
+                gw,
+                "/v1/chat/completions",
+                &chat(false, 1, ""),
+                &[("x-user-id", &format!("u{i}"))],
+            )
+            .await;
+            assert_eq!(r.status, 200);
+            if r.headers["x-inferscope-variant"] == "int8" {
+                users.insert(i);
+            }
+        }
+        users
+    };
+    let promotion = |admin: std::net::SocketAddr| async move {
+        let (_, body) = admin_get(admin, "/experiments").await;
+        let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+        doc["experiments"][0]["promotion"].clone()
+    };
+    let gw = start_yaml(&yaml).await;
+    let before = int8_users(gw.data_addr).await;
+    assert!((5..=40).contains(&before.len()), "about 10%: {before:?}");
+    assert!(promotion(gw.admin_addr).await["variant"].is_null());
+    // An eval result that meets the accuracy limit: accepted, and promoted to 50% at once.
+    let result = r#"{"kind":"accuracy","suite":"quiz","route":"chat","control":"fp16",
+        "variants":[{"variant":"fp16","value":0.99,"n":2000},{"variant":"int8","value":0.99,"n":2000}],
+        "comparisons":[{"variant":"int8","difference":0.0,"ci95":[-0.004,0.004]}]}"#;
+    let r = post(gw.admin_addr, "/experiments/quality", result, &[]).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body()));
+    let p = promotion(gw.admin_addr).await;
+    assert_eq!(
+        (&p["variant"], &p["share"]),
+        (&"int8".into(), &50.into()),
+        "{p}"
+    );
+    let half = int8_users(gw.data_addr).await;
+    assert!(
+        (70..=130).contains(&half.len()),
+        "about half: {}",
+        half.len()
+    );
+    assert!(before.is_subset(&half), "int8's users stay int8's");
+    // After the hold, the whole experiment, by itself.
+    let admin = gw.admin_addr;
+    until(
+        std::time::Duration::from_secs(10),
+        "int8 promoted to 100%",
+        || async move { promotion(admin).await["share"] == 100 },
+    )
+    .await;
+    assert_eq!(int8_users(gw.data_addr).await.len(), 200);
+    let metrics = admin_get(gw.admin_addr, "/metrics").await.1;
+    assert!(
+        metrics.contains("inferscope_experiment_variant_share{route=\"chat\",variant=\"int8\"} 1")
+            && metrics.contains("inferscope_experiment_promotions_total{route=\"chat\"} 2"),
+        "{metrics}"
+    );
+    gw.shutdown();
+
+    // A restart keeps the ramp where it was.
+    let gw = start_yaml(&yaml).await;
+    let p = promotion(gw.admin_addr).await;
+    assert_eq!(p["share"], 100, "{p}");
+    assert_eq!(int8_users(gw.data_addr).await.len(), 200);
+    // A person undoes it: the configured split, held there on the same evidence.
+    let r = post(
+        gw.admin_addr,
+        "/experiments/reset",
+        r#"{"route":"chat","variant":"int8"}"#,
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body()));
+    let undone: serde_json::Value = serde_json::from_slice(&r.body()).unwrap();
+    assert_eq!(undone["unpromoted"], "int8", "{undone}");
+    assert_eq!(int8_users(gw.data_addr).await, before);
+    // (A negative: the ramp is judged every second, so a window of a second and a half.)
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let p = promotion(gw.admin_addr).await;
+    assert!(
+        p["variant"].is_null() && p["held"] == serde_json::json!(["int8"]),
+        "{p}"
+    );
+    gw.shutdown();
+    let kept = std::fs::read_to_string(dir.join("state").join("rollbacks.jsonl")).unwrap();
+    assert_eq!(kept.matches("\"share\":").count(), 2, "{kept}");
+}

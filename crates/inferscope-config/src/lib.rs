@@ -32,8 +32,8 @@ pub use schema::{
 };
 pub use schema::{
     Balancer, FeedbackConfig, GpuSpec, GuardRule, GuardrailsConfig, MetricsConfig, ModelSpec,
-    OnReject, OutlierConfig, PriceConfig, ProbeConfig, RetryConfig, ShadowConfig, SloConfig,
-    TimeoutsConfig, GPU_PRESETS,
+    OnAccept, OnReject, OutlierConfig, PriceConfig, ProbeConfig, PromoteConfig, RetryConfig,
+    ShadowConfig, SloConfig, TimeoutsConfig, GPU_PRESETS,
 };
 pub use schema::{DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN, DEFAULT_MIN_SAMPLES};
 pub use telemetry::{

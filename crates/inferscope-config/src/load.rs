@@ -750,6 +750,30 @@ fn validate_route(r: &RouteConfig, backends: &HashSet<&str>) -> Result<(), Inval
                     );
                 }
             }
+            if x.on_accept.is_some() && x.accept.is_none() {
+                return err(
+                    vec![K("experiment"), K("on_accept")],
+                    "promote acts on the verdict: set `accept:` limits too",
+                );
+            }
+            if let Some(p) = &x.promote {
+                let at = vec![K("experiment"), K("promote"), K("steps")];
+                if p.steps.is_empty()
+                    || p.steps.windows(2).any(|w| w[0] >= w[1])
+                    || p.steps.iter().any(|s| !(1..=100).contains(s))
+                {
+                    return err(
+                        at,
+                        "rising shares in percent, 1 to 100 (e.g. [25, 50, 100])",
+                    );
+                }
+                if x.on_accept.is_none() {
+                    return err(
+                        vec![K("experiment"), K("promote")],
+                        "used by `on_accept: promote`, which is not set",
+                    );
+                }
+            }
             if let Some(g) = &x.guardrails {
                 for (j, rule) in g.rules.iter().enumerate() {
                     let at = vec![K("experiment"), K("guardrails"), K("rules"), I(j)];

@@ -116,6 +116,12 @@ mod defaults {
     pub(super) fn guard_samples() -> usize {
         50
     }
+    pub(super) fn promote_steps() -> Vec<u32> {
+        vec![25, 50, 100]
+    }
+    pub(super) fn promote_hold() -> Duration {
+        Duration::from_secs(600)
+    }
 }
 
 impl GuardrailsConfig {
@@ -921,8 +927,48 @@ pub struct ExperimentConfig {
     /// guardrail trip does (undone by `POST /experiments/reset`). Absent: nothing; a person acts.
     #[serde(default)]
     pub on_reject: Option<OnReject>,
+    /// What the gateway does itself when a variant's verdict is `accept` (every limit of
+    /// `accept:` met on its interval): `promote` ramps its share of the traffic up through
+    /// `promote.steps`, holding each for `promote.hold` and going on only while the verdict
+    /// stays `accept` (undone by `POST /experiments/reset`). Absent: nothing; a person acts.
+    #[serde(default)]
+    pub on_accept: Option<OnAccept>,
+    /// The ramp of `on_accept: promote` (absent: 25, 50, 100% held 10 minutes each).
+    #[serde(default)]
+    pub promote: Option<PromoteConfig>,
     /// The variants.
     pub variants: Vec<VariantConfig>,
+}
+
+/// `experiment.on_accept:`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OnAccept {
+    /// The accepted variant's share of the traffic is ramped up by steps.
+    Promote,
+}
+
+/// `experiment.promote:` — the steps an accepted variant's share is ramped through.
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PromoteConfig {
+    /// The variant's share of the experiment's traffic at each step, in percent, rising; the
+    /// last (usually 100) ends the ramp. Shares below its configured weight are skipped.
+    #[serde(default = "defaults::promote_steps")]
+    pub steps: Vec<u32>,
+    /// How long each step is held before the next, while the verdict stays `accept`.
+    #[serde(default = "defaults::promote_hold", with = "super::duration")]
+    #[schemars(with = "super::duration::Text")]
+    pub hold: Duration,
+}
+
+impl Default for PromoteConfig {
+    fn default() -> Self {
+        Self {
+            steps: defaults::promote_steps(),
+            hold: defaults::promote_hold(),
+        }
+    }
 }
 
 /// `experiment.on_reject:`.

@@ -345,8 +345,9 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         match kept {
             Ok(n) => tracing::info!(
                 dir = %dir.display(),
-                "state: {n} quality results and {} rollbacks read back",
-                rollbacks.0.len()
+                "state: {n} quality results, {} rollbacks and {} promotions read back",
+                rollbacks.tripped.len(),
+                rollbacks.promoted.len()
             ),
             Err(e) => anyhow::bail!("state_dir {}: {e}", dir.display()),
         }
@@ -478,6 +479,7 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
                 }
                 let Some(rec) = rec.upgrade() else { return };
                 admin::fall_back_on_rejects(&routes.load(), &rec);
+                admin::promote_on_accepts(&routes.load(), &rec);
             }
         }
     });

@@ -136,6 +136,23 @@ impl Recorder {
         }
     }
 
+    /// `on_accept: promote` moved `variant` to `share` percent of the traffic (0: its ramp
+    /// stopped): kept where a state directory is, counted, and exported as an OpenTelemetry
+    /// event when telemetry is on (the log line comes from the promotion itself).
+    pub fn promoted(&self, route: &str, variant: &str, share: u32) {
+        self.experiments.rollbacks.promoted(route, variant, share);
+        if let Some(t) = &self.telemetry {
+            t.event(
+                "inferscope.experiment.promoted",
+                vec![
+                    ("inferscope.route", route.to_string()),
+                    ("inferscope.variant", variant.to_string()),
+                    ("inferscope.promotion.share", share.to_string()),
+                ],
+            );
+        }
+    }
+
     /// Adds the observers every record is also given to (once; later calls are ignored).
     pub fn observe_with(&self, observers: Vec<Arc<dyn RecordSink>>) {
         let _ = self.observers.set(observers);

@@ -708,25 +708,71 @@ fn experiment_view(
         accept: x.accept.as_deref().map(|a| a.limits().collect()),
         verdicts,
         shadow: x.shadow.as_deref().map(ShadowView::of),
+        promotion: x.promotion.as_ref().map(|p| p.view()),
     }
 }
 
 /// Rolls back again what was rolled back before a restart or a reload (`rollbacks`, read from
 /// the state directory), where the route's experiment still has the variant.
 pub fn reapply_rollbacks(router: &Router, rollbacks: &crate::experiment::InForce) {
-    let (tripped, pardoned) = rollbacks;
-    for (route, variant) in pardoned {
+    let promotion = |route: &str| router.experiment(route).and_then(|x| x.promotion.clone());
+    for (route, variant) in &rollbacks.pardoned {
         if let Some(g) = router.guardrails(route) {
             g.pardon(variant);
         }
+        if let Some(p) = promotion(route) {
+            p.hold(variant);
+        }
     }
-    for (route, variant, rule) in tripped {
+    for (route, variant, rule) in &rollbacks.tripped {
         if let Some(g) = router.guardrails(route) {
             if g.trip(variant, rule).is_some() {
                 tracing::info!(route = %route, variant = %variant, "rolled back as before the restart");
             }
         }
     }
+    for (route, variant, share) in &rollbacks.promoted {
+        let known = router
+            .experiment(route)
+            .is_some_and(|x| x.split.by_name(variant).is_some());
+        if let (true, Some(p)) = (known, promotion(route)) {
+            p.restore(variant, *share);
+            tracing::info!(route = %route, variant = %variant, share, "promoted as before the restart");
+        }
+    }
+}
+
+/// `on_accept: promote`: every experiment that has it ramps a variant whose verdict is `accept`
+/// up one step when due (the first at once, the next after each hold), holds it while the
+/// verdict is `undecided`, and stops the ramp on `reject`. Each change is logged (by the
+/// promotion), kept in the state directory, counted and exported as an OpenTelemetry event.
+/// Returns the changes made: (route, variant, share; 0 when the ramp stopped).
+pub fn promote_on_accepts(router: &Router, rec: &Recorder) -> Vec<(String, String, u32)> {
+    use crate::experiment::quality::Decision;
+    let mut made = Vec::new();
+    for r in router.routes() {
+        let crate::route::Target::Experiment(x) = &r.target else {
+            continue;
+        };
+        let Some(p) = x.promotion.as_ref() else {
+            continue;
+        };
+        for row in experiment_view(&r.name, x, rec).verdicts {
+            let tripped = x.guard.as_ref().is_some_and(|g| g.tripped(&row.variant));
+            let share = match row.decision {
+                Some(Decision::Accept) if !tripped => {
+                    p.advance(&row.variant, x.split.share(&row.variant) * 100.0)
+                }
+                Some(Decision::Reject) => p.stop(&row.variant).then_some(0),
+                _ => None,
+            };
+            if let Some(share) = share {
+                rec.promoted(&r.name, &row.variant, share);
+                made.push((r.name.to_string(), row.variant.clone(), share));
+            }
+        }
+    }
+    made
 }
 
 /// `on_reject: fallback`: every experiment that has it and a variant whose verdict is `reject`
@@ -880,9 +926,15 @@ async fn quality(
             // variant a person put back too: this is new evidence).
             if let Some(g) = &x.guard {
                 g.clear_pardons();
+            }
+            if let Some(p) = &x.promotion {
+                p.clear_holds();
+            }
+            if x.guard.is_some() || x.promotion.is_some() {
                 state.recorder.experiments.rollbacks.evidence(&name);
             }
             fall_back_on_rejects(&router, &state.recorder);
+            promote_on_accepts(&router, &state.recorder);
             reply(
                 StatusCode::OK,
                 "application/json",
@@ -933,19 +985,35 @@ async fn reset(
             "expected {\"route\": NAME, \"variant\": NAME (optional)}",
         );
     };
-    match state.routes.load().guardrails(&b.route) {
-        Some(g) => {
-            let reset = g.reset(b.variant.as_deref());
-            state.recorder.experiments.rollbacks.reset(&b.route, &reset);
-            reply(
-                StatusCode::OK,
-                "application/json",
-                serde_json::json!({"reset": reset}).to_string(),
-            )
-        }
-        None => error(
+    let router = state.routes.load();
+    let Some(x) = router
+        .experiment(&b.route)
+        .filter(|x| x.guard.is_some() || x.promotion.is_some())
+    else {
+        return error(
             StatusCode::NOT_FOUND,
-            "no experiment with guardrails on that route",
-        ),
+            "no experiment with guardrails, on_reject or on_accept on that route",
+        );
+    };
+    let mut reset = x
+        .guard
+        .as_ref()
+        .map(|g| g.reset(b.variant.as_deref()))
+        .unwrap_or_default();
+    // A promotion undone: the configured split, held until new evidence.
+    let unpromoted = x
+        .promotion
+        .as_ref()
+        .and_then(|p| p.reset(b.variant.as_deref()));
+    if let Some(v) = &unpromoted {
+        if !reset.contains(v) {
+            reset.push(v.clone());
+        }
     }
+    state.recorder.experiments.rollbacks.reset(&b.route, &reset);
+    reply(
+        StatusCode::OK,
+        "application/json",
+        serde_json::json!({"reset": reset, "unpromoted": unpromoted}).to_string(),
+    )
 }

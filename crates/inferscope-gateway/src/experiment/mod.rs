@@ -8,12 +8,14 @@ pub mod compare;
 mod feedback;
 mod guard;
 mod journal;
+mod promote;
 pub mod quality;
 pub mod shadow;
 mod summary;
 
 pub use feedback::{Feedback, FeedbackError, FeedbackMean, FeedbackStats};
 pub use guard::{Guardrails, Trip};
+pub use promote::{Promotion, PromotionView};
 pub use summary::{Comparison, GoodputShare, Metric, Percentiles, Summary, VariantSummary};
 
 use crate::accesslog::LogLine;
@@ -287,6 +289,9 @@ pub struct ExperimentView {
     /// The shadow policy and its agreement, where configured.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shadow: Option<ShadowView>,
+    /// The ramp of `on_accept: promote`, where configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub promotion: Option<PromotionView>,
 }
 
 /// An experiment's guardrails: their window, rules and what tripped.
@@ -389,7 +394,8 @@ pub struct Rollbacks {
 /// A `rollbacks.jsonl` line: a variant rolled back for `rule`; or (`rule` absent) put back by a
 /// person, which a verdict respects until new evidence; or (`evidence`) new evidence posted for
 /// the route.
-#[derive(Debug, Serialize, serde::Deserialize)]
+/// Or (`share`) promoted to that share of the traffic (`on_accept: promote`; 0: the ramp stopped).
+#[derive(Debug, Default, Serialize, serde::Deserialize)]
 struct RollbackLine {
     route: String,
     #[serde(default)]
@@ -398,11 +404,20 @@ struct RollbackLine {
     rule: Option<String>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     evidence: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    share: Option<u32>,
 }
 
-/// What `rollbacks.jsonl` holds in force: (route, variant, rule) rolled back, and (route,
-/// variant) put back by a person since the route's last evidence.
-pub type InForce = (Vec<(String, String, String)>, Vec<(String, String)>);
+/// What `rollbacks.jsonl` holds in force.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct InForce {
+    /// (route, variant, rule) rolled back.
+    pub tripped: Vec<(String, String, String)>,
+    /// (route, variant) put back by a person since the route's last evidence.
+    pub pardoned: Vec<(String, String)>,
+    /// (route, variant, share) promoted.
+    pub promoted: Vec<(String, String, u32)>,
+}
 
 impl Rollbacks {
     /// Keeps rollbacks in `path` from now on; returns those in force there: (route, variant,
@@ -421,23 +436,33 @@ impl Rollbacks {
     }
 
     fn in_force(text: &str) -> InForce {
-        let (mut tripped, mut pardoned): InForce = Default::default();
+        let mut f = InForce::default();
         for l in text.lines() {
             let Ok(r) = serde_json::from_str::<RollbackLine>(l) else {
                 continue;
             };
             if r.evidence {
-                pardoned.retain(|(route, _)| *route != r.route);
+                f.pardoned.retain(|(route, _)| *route != r.route);
                 continue;
             }
-            tripped.retain(|(route, v, _)| !(*route == r.route && *v == r.variant));
-            pardoned.retain(|(route, v)| !(*route == r.route && *v == r.variant));
+            let this = |route: &String, v: &String| *route == r.route && *v == r.variant;
+            if let Some(share) = r.share {
+                // One variant of a route is promoted at a time.
+                f.promoted.retain(|(route, _, _)| *route != r.route);
+                if share > 0 {
+                    f.promoted.push((r.route, r.variant, share));
+                }
+                continue;
+            }
+            f.tripped.retain(|(route, v, _)| !this(route, v));
+            f.pardoned.retain(|(route, v)| !this(route, v));
+            f.promoted.retain(|(route, v, _)| !this(route, v));
             match r.rule {
-                Some(rule) => tripped.push((r.route, r.variant, rule)),
-                None => pardoned.push((r.route, r.variant)),
+                Some(rule) => f.tripped.push((r.route, r.variant, rule)),
+                None => f.pardoned.push((r.route, r.variant)),
             }
         }
-        (tripped, pardoned)
+        f
     }
 
     /// `variant` of `route` was rolled back for `rule`.
@@ -446,7 +471,7 @@ impl Rollbacks {
             route: route.into(),
             variant: variant.into(),
             rule: Some(rule.into()),
-            evidence: false,
+            ..RollbackLine::default()
         });
     }
 
@@ -456,19 +481,28 @@ impl Rollbacks {
             self.append(RollbackLine {
                 route: route.into(),
                 variant: v.clone(),
-                rule: None,
-                evidence: false,
+                ..RollbackLine::default()
             });
         }
+    }
+
+    /// `variant` of `route` was promoted to `share` percent of the traffic (0: its ramp
+    /// stopped).
+    pub fn promoted(&self, route: &str, variant: &str, share: u32) {
+        self.append(RollbackLine {
+            route: route.into(),
+            variant: variant.into(),
+            share: Some(share),
+            ..RollbackLine::default()
+        });
     }
 
     /// New evidence was posted for `route`: what a person put back may be rolled back again.
     pub fn evidence(&self, route: &str) {
         self.append(RollbackLine {
             route: route.into(),
-            variant: String::new(),
-            rule: None,
             evidence: true,
+            ..RollbackLine::default()
         });
     }
 

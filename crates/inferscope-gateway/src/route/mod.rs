@@ -182,6 +182,8 @@ pub struct Experiment {
     pub prices: std::collections::BTreeMap<String, crate::experiment::quality::VariantPrice>,
     /// A `reject` verdict rolls the variant back to the control (`on_reject: fallback`).
     pub fallback_on_reject: bool,
+    /// An `accept` verdict ramps the variant's share up (`on_accept: promote`).
+    pub promotion: Option<Arc<crate::experiment::Promotion>>,
     /// Variants and their assignment.
     pub split: Split<Pool>,
 }
@@ -425,6 +427,19 @@ impl Router {
                                 Arc::new(crate::experiment::Guardrails::new(g, control))
                             }),
                         fallback_on_reject: x.on_reject == Some(crate::config::OnReject::Fallback),
+                        promotion: (x.on_accept == Some(crate::config::OnAccept::Promote)).then(
+                            || {
+                                let control = x
+                                    .variants
+                                    .iter()
+                                    .find(|v| v.control)
+                                    .map_or("", |v| v.name.as_str());
+                                Arc::new(crate::experiment::Promotion::new(
+                                    &x.promote.clone().unwrap_or_default(),
+                                    control,
+                                ))
+                            },
+                        ),
                         split: Split::new(
                             x.sticky_key.clone(),
                             x.variants
@@ -486,8 +501,26 @@ impl Router {
                     .flatten()
                     .and_then(|name| x.split.by_name(name));
                 let was_forced = forced.is_some();
-                let (mut i, mut name, mut pool) =
-                    forced.unwrap_or_else(|| x.split.choose_indexed(headers, user));
+                let (mut i, mut name, mut pool) = match forced {
+                    Some(f) => f,
+                    None => {
+                        let (i, name, pool, within) = x.split.choose_within(headers, user);
+                        // A promoted variant takes its growing share from the control's
+                        // traffic: the first `moved` of the control's users by their position
+                        // in its share, so who moved at one step stays moved at the next.
+                        match x.promotion.as_ref().and_then(|p| p.promoted()) {
+                            Some((v, share)) if name.as_ref() == x.control.as_ref() => {
+                                let (mine, control) = (x.split.share(&v), x.split.share(name));
+                                let moved = (f64::from(share) / 100.0 - mine) / control;
+                                match x.split.by_name(&v).filter(|_| within < moved) {
+                                    Some(p) => p,
+                                    None => (i, name, pool),
+                                }
+                            }
+                            _ => (i, name, pool),
+                        }
+                    }
+                };
                 // A rolled-back variant's traffic goes to the control.
                 if let Some(g) = x.guard.as_ref().filter(|g| g.tripped(name)) {
                     if let Some(c) = x.split.by_name(g.control()) {

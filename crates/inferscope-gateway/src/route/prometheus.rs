@@ -13,6 +13,7 @@ impl Router {
         backend_metrics(self, w);
         roofline_metrics(self, snap, w);
         guardrail_metrics(self, w);
+        promotion_metrics(self, w);
     }
 }
 
@@ -256,6 +257,55 @@ fn measured(snap: &Snapshot, b: &Backend) -> crate::stats::roofline::Measured {
         batch: engine.and_then(|e| e.busy_batch.or(e.running)),
         engine_prefill_s: engine.and_then(|e| e.prefill_seconds),
     }
+}
+
+/// Promotion gauges (`on_accept: promote`), for `/metrics`.
+fn promotion_metrics(router: &Router, w: &mut Writer) {
+    let mut share = Vec::new();
+    let mut steps = Vec::new();
+    for r in router.routes() {
+        let Target::Experiment(x) = &r.target else {
+            continue;
+        };
+        let Some(p) = &x.promotion else { continue };
+        // What a promotion moves: from the control's share to the promoted variant's.
+        let moved = p.promoted().map(|(v, s)| {
+            let room = x.split.share(&x.control);
+            let m = (f64::from(s) / 100.0 - x.split.share(&v)).clamp(0.0, room);
+            (v, m)
+        });
+        for v in x.split.names() {
+            let labels = Labels::new(&[("route", &r.name), ("variant", v)]);
+            let mut now = x.split.share(v);
+            if let Some((pv, m)) = &moved {
+                if pv == v {
+                    now += m;
+                } else if *v == x.control {
+                    now -= m;
+                }
+            }
+            share.push((labels, now));
+        }
+        steps.push((
+            Labels::new(&[("route", &r.name)]),
+            p.view().promotions_total,
+        ));
+    }
+    if share.is_empty() {
+        return;
+    }
+    w.series(
+        "inferscope_experiment_variant_share",
+        "gauge",
+        "The variant's share of the experiment's traffic by its split, 0 to 1 (its weight's, or a promotion's).",
+        share.iter().map(|(l, v)| (l, v)),
+    );
+    w.series(
+        "inferscope_experiment_promotions_total",
+        "counter",
+        "Steps taken by on_accept: promote.",
+        steps.iter().map(|(l, v)| (l, v)),
+    );
 }
 
 /// Guardrail state gauges, for `/metrics`.

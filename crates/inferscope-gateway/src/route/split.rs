@@ -52,6 +52,18 @@ impl<T> Split<T> {
         headers: &HeaderMap,
         user: Option<&str>,
     ) -> (usize, &Arc<str>, &T) {
+        let (i, name, t, _) = self.choose_within(headers, user);
+        (i, name, t)
+    }
+
+    /// `choose_indexed`, and where the request falls in [0, 1) among its arm's (from the same
+    /// hash, independent of the arm): what moves a fraction of an arm's users elsewhere, the
+    /// same users whatever the fraction below theirs.
+    pub fn choose_within(
+        &self,
+        headers: &HeaderMap,
+        user: Option<&str>,
+    ) -> (usize, &Arc<str>, &T, f64) {
         let key: Option<&[u8]> = match &self.sticky {
             None => None,
             Some(StickyKey::Header(h)) => headers.get(h).map(|v| v.as_bytes()),
@@ -61,15 +73,24 @@ impl<T> Split<T> {
                 .map(|v| v.strip_prefix(b"Bearer ").unwrap_or(v)),
             Some(StickyKey::BodyUser) => user.map(str::as_bytes),
         };
-        let pos = match key {
-            Some(k) => stable_hash(k) % self.total,
+        let h = match key {
+            Some(k) => stable_hash(k),
             None => {
                 let n = self.counter.fetch_add(1, Ordering::Relaxed);
                 stable_hash(&(self.salt ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)).to_le_bytes())
-                    % self.total
             }
         };
-        self.arm_at(pos)
+        let (i, name, t) = self.arm_at(h % self.total);
+        let within = ((h / self.total) % 1_000_000) as f64 / 1e6;
+        (i, name, t, within)
+    }
+
+    /// `name`'s share of the traffic by weight, in [0, 1] (0 for an unknown arm).
+    pub fn share(&self, name: &str) -> f64 {
+        self.arms
+            .iter()
+            .find(|a| a.0.as_ref() == name)
+            .map_or(0.0, |a| a.1 as f64 / self.total as f64)
     }
 
     /// The arm named `name`.
