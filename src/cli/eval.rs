@@ -27,6 +27,11 @@ pub(crate) struct Args {
     /// Ask only the first N items.
     #[arg(long)]
     limit: Option<usize>,
+    /// Group the per-category breakdown by this field of each JSON line (e.g. `difficulty`;
+    /// default: `category`, HumanEval's `task_id`, MMLU's subject), or `none` for the whole
+    /// suite only.
+    #[arg(long, value_name = "FIELD")]
+    group_by: Option<String>,
     /// Append each item's result here (JSON lines); a rerun with the same file asks only
     /// the items it does not hold yet.
     #[arg(long)]
@@ -109,6 +114,7 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         shots,
         scoring,
         limit,
+        group_by,
         out,
         json,
         perplexity,
@@ -214,6 +220,9 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
     }
     let path = dataset.context("--dataset is required")?;
     let mut items = crate::lab::eval::load_path(&path, shots)?;
+    if let Some(field) = &group_by {
+        crate::lab::eval::regroup(&mut items, &path, field)?;
+    }
     items.truncate(limit.unwrap_or(usize::MAX));
     let scoring = match scoring {
         ScoringArg::Generate => crate::lab::eval::Scoring::Generate,

@@ -745,6 +745,52 @@ pub fn load_path(path: &Path, shots: usize) -> Result<Vec<EvalItem>, DatasetErro
     Ok(items)
 }
 
+/// Regroups `items` (read from `path` by `load_path`) for the per-category breakdown: `none`
+/// puts every item in the suite's one group (no breakdown); any other name takes each item's
+/// category from that field of its JSON line (a string or a number; items without it are
+/// `(none)`), so a reader groups HumanEval or a JSONL set by what they care about.
+pub fn regroup(items: &mut [EvalItem], path: &Path, field: &str) -> Result<(), DatasetError> {
+    if field == "none" {
+        for it in items.iter_mut() {
+            it.category = None;
+        }
+        return Ok(());
+    }
+    let name = path.display().to_string();
+    if path.is_dir() || path.extension().is_some_and(|x| x == "csv") {
+        return Err(bad(
+            &name,
+            0,
+            format!("--group-by {field}: MMLU is grouped by subject; other fields are read from JSON lines"),
+        ));
+    }
+    let text = read(path)?;
+    let values: Vec<Option<String>> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).ok()?;
+            match v.get(field)? {
+                Value::String(s) => Some(s.clone()),
+                Value::Number(n) => Some(n.to_string()),
+                Value::Bool(b) => Some(b.to_string()),
+                _ => None,
+            }
+        })
+        .collect();
+    if values.iter().all(Option::is_none) {
+        return Err(bad(
+            &name,
+            0,
+            format!("--group-by {field}: no line has a `{field}` (a string or a number)"),
+        ));
+    }
+    for (it, v) in items.iter_mut().zip(values) {
+        it.category = Some(v.unwrap_or_else(|| "(none)".into()));
+    }
+    Ok(())
+}
+
 /// 95% Wilson score interval for `k` successes in `n`.
 pub fn wilson(k: usize, n: usize) -> (f64, f64) {
     if n == 0 {
@@ -1785,6 +1831,27 @@ mod tests {
         let text = render(&[score("fp16", &tasks), score("int8", &tasks)]);
         assert!(!text.contains("| HumanEval/0 |"), "{text}");
         assert!(text.contains("(164 categories of one item each"), "{text}");
+    }
+
+    #[test]
+    fn items_are_regrouped_by_a_field_of_their_line_or_not_at_all() {
+        let dir = std::env::temp_dir().join(format!("inferscope-regroup-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("set.jsonl");
+        std::fs::write(
+            &file,
+            "{\"question\":\"a\",\"answer\":\"1\",\"level\":\"easy\"}\n\n{\"question\":\"b\",\"answer\":\"2\",\"level\":3}\n{\"question\":\"c\",\"answer\":\"3\"}\n",
+        )
+        .unwrap();
+        let mut items = load_path(&file, 0).unwrap();
+        regroup(&mut items, &file, "level").unwrap();
+        let cats: Vec<_> = items.iter().map(|i| i.category.clone().unwrap()).collect();
+        assert_eq!(cats, ["easy", "3", "(none)"]);
+        regroup(&mut items, &file, "none").unwrap();
+        assert!(items.iter().all(|i| i.category.is_none()));
+        let e = regroup(&mut items, &file, "topic").unwrap_err();
+        assert!(e.message.contains("no line has a `topic`"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
