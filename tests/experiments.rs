@@ -1981,10 +1981,16 @@ async fn an_accepted_variant_is_promoted_by_steps_and_a_reset_undoes_it() {
     );
     gw.shutdown();
 
-    // A restart keeps the ramp where it was.
+    // A restart keeps the ramp where it was, and the decision behind it.
     let gw = start_yaml(&yaml).await;
     let p = promotion(gw.admin_addr).await;
     assert_eq!(p["share"], 100, "{p}");
+    let (_, body) = admin_get(gw.admin_addr, "/experiments").await;
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        doc["experiments"][0]["decided"][0]["decision"], "accept",
+        "{doc}"
+    );
     assert_eq!(int8_users(gw.data_addr).await.len(), 200);
     // A person undoes it: the configured split, held there on the same evidence.
     let r = post(
@@ -2008,4 +2014,17 @@ async fn an_accepted_variant_is_promoted_by_steps_and_a_reset_undoes_it() {
     gw.shutdown();
     let kept = std::fs::read_to_string(dir.join("state").join("rollbacks.jsonl")).unwrap();
     assert_eq!(kept.matches("\"share\":").count(), 2, "{kept}");
+    // The decision was kept once, when it changed: a restart read it back, not again.
+    let decided = std::fs::read_to_string(dir.join("state").join("verdicts.jsonl")).unwrap();
+    let accepts: Vec<serde_json::Value> = decided
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|d| d["decision"] == "accept")
+        .collect();
+    assert_eq!(accepts.len(), 1, "{decided}");
+    assert_eq!(accepts[0]["variant"], "int8");
+    assert_eq!(
+        accepts[0]["checks"],
+        serde_json::json!(["accuracy_drop_max_points 1 on quiz: met"])
+    );
 }

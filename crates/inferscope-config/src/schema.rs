@@ -54,8 +54,10 @@ pub struct Config {
     pub feedback: Option<FeedbackConfig>,
     /// A directory for what must survive a restart: the eval results posted to
     /// `POST /experiments/quality` (`quality.jsonl`), and the variants rolled back (guardrails,
-    /// `on_reject: fallback`) and put back (`rollbacks.jsonl`); each synced before it is
-    /// acknowledged, read back at start. Absent: kept in memory, and a restart forgets them.
+    /// `on_reject: fallback`), put back and promoted (`on_accept: promote`) (`rollbacks.jsonl`),
+    /// and each change of a variant's verdict decision with its checks (`verdicts.jsonl`); each
+    /// synced before it is acknowledged, read back at start. Absent: kept in memory, and a
+    /// restart forgets them.
     #[serde(default)]
     pub state_dir: Option<PathBuf>,
     /// OpenTelemetry export (traces and metrics over OTLP). Absent: the `OTEL_*` environment

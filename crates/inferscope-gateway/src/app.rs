@@ -340,6 +340,10 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
                 .experiments
                 .rollbacks
                 .persist_to(dir.join("rollbacks.jsonl"))?;
+            recorder
+                .experiments
+                .decisions
+                .persist_to(dir.join("verdicts.jsonl"))?;
             Ok(n)
         });
         match kept {
@@ -478,8 +482,7 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
                     () = &mut stop => return,
                 }
                 let Some(rec) = rec.upgrade() else { return };
-                admin::fall_back_on_rejects(&routes.load(), &rec);
-                admin::promote_on_accepts(&routes.load(), &rec);
+                admin::act_on_verdicts(&routes.load(), &rec);
             }
         }
     });

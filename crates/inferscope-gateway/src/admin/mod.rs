@@ -709,6 +709,7 @@ fn experiment_view(
         verdicts,
         shadow: x.shadow.as_deref().map(ShadowView::of),
         promotion: x.promotion.as_ref().map(|p| p.view()),
+        decided: rec.experiments.decisions.last(route),
     }
 }
 
@@ -742,75 +743,87 @@ pub fn reapply_rollbacks(router: &Router, rollbacks: &crate::experiment::InForce
     }
 }
 
-/// `on_accept: promote`: every experiment that has it ramps a variant whose verdict is `accept`
-/// up one step when due (the first at once, the next after each hold), holds it while the
-/// verdict is `undecided`, and stops the ramp on `reject`. Each change is logged (by the
-/// promotion), kept in the state directory, counted and exported as an OpenTelemetry event.
-/// Returns the changes made: (route, variant, share; 0 when the ramp stopped).
-pub fn promote_on_accepts(router: &Router, rec: &Recorder) -> Vec<(String, String, u32)> {
-    use crate::experiment::quality::Decision;
-    let mut made = Vec::new();
+/// Every second, and at once when a result is posted: each experiment with `accept:` limits is
+/// judged once. A variant whose decision changed has it kept (`verdicts.jsonl` in the state
+/// directory); `on_reject: fallback` and `on_accept: promote` act on the decisions.
+pub fn act_on_verdicts(router: &Router, rec: &Recorder) {
     for r in router.routes() {
         let crate::route::Target::Experiment(x) = &r.target else {
             continue;
         };
-        let Some(p) = x.promotion.as_ref() else {
+        if x.accept.is_none() {
             continue;
-        };
-        for row in experiment_view(&r.name, x, rec).verdicts {
-            let tripped = x.guard.as_ref().is_some_and(|g| g.tripped(&row.variant));
-            let share = match row.decision {
-                Some(Decision::Accept) if !tripped => {
-                    p.advance(&row.variant, x.split.share(&row.variant) * 100.0)
-                }
-                Some(Decision::Reject) => p.stop(&row.variant).then_some(0),
-                _ => None,
-            };
-            if let Some(share) = share {
-                rec.promoted(&r.name, &row.variant, share);
-                made.push((r.name.to_string(), row.variant.clone(), share));
-            }
         }
+        let rows = experiment_view(&r.name, x, rec).verdicts;
+        for row in &rows {
+            rec.experiments.decisions.note(&r.name, row);
+        }
+        fall_back_on_rejects(&r.name, x, &rows, rec);
+        promote_on_accepts(&r.name, x, &rows, rec);
     }
-    made
 }
 
-/// `on_reject: fallback`: every experiment that has it and a variant whose verdict is `reject`
-/// now has that variant rolled back to the control (a guardrail trip, with the broken limits as
-/// its rule: logged, counted, an OpenTelemetry event, on the dashboard, undone by
-/// `POST /experiments/reset`, after which the same evidence does not roll it back again: the
-/// next posted result may). Returns the rollbacks made.
-pub fn fall_back_on_rejects(router: &Router, rec: &Recorder) -> Vec<(String, String, String)> {
+/// `on_reject: fallback`: a variant whose verdict is `reject` is rolled back to the control (a
+/// guardrail trip, with the broken limits as its rule: logged, counted, an OpenTelemetry event,
+/// on the dashboard, undone by `POST /experiments/reset`, after which the same evidence does not
+/// roll it back again: the next posted result may).
+fn fall_back_on_rejects(
+    route: &str,
+    x: &crate::route::Experiment,
+    rows: &[crate::experiment::quality::VerdictRow],
+    rec: &Recorder,
+) {
     use crate::experiment::quality::{Decision, State};
-    let mut made = Vec::new();
-    for r in router.routes() {
-        let crate::route::Target::Experiment(x) = &r.target else {
+    let Some(guard) = x.guard.as_ref().filter(|_| x.fallback_on_reject) else {
+        return;
+    };
+    for row in rows {
+        if row.decision != Some(Decision::Reject) || guard.tripped(&row.variant) {
             continue;
-        };
-        let Some(guard) = x.guard.as_ref().filter(|_| x.fallback_on_reject) else {
-            continue;
-        };
-        for row in experiment_view(&r.name, x, rec).verdicts {
-            if row.decision != Some(Decision::Reject) || guard.tripped(&row.variant) {
-                continue;
-            }
-            let broken: Vec<String> = row
-                .checks
-                .iter()
-                .filter(|c| c.state == State::Broken)
-                .map(|c| match &c.suite {
-                    Some(s) => format!("{} {} on {s}", c.limit, c.max),
-                    None => format!("{} {}", c.limit, c.max),
-                })
-                .collect();
-            let rule = format!("verdict: reject ({})", broken.join(", "));
-            if let Some(trip) = guard.trip(&row.variant, &rule) {
-                rec.guardrail_tripped(&r.name, &row.variant, &trip);
-                made.push((r.name.to_string(), row.variant.clone(), rule));
-            }
+        }
+        let broken: Vec<String> = row
+            .checks
+            .iter()
+            .filter(|c| c.state == State::Broken)
+            .map(|c| match &c.suite {
+                Some(s) => format!("{} {} on {s}", c.limit, c.max),
+                None => format!("{} {}", c.limit, c.max),
+            })
+            .collect();
+        let rule = format!("verdict: reject ({})", broken.join(", "));
+        if let Some(trip) = guard.trip(&row.variant, &rule) {
+            rec.guardrail_tripped(route, &row.variant, &trip);
         }
     }
-    made
+}
+
+/// `on_accept: promote`: a variant whose verdict is `accept` is ramped up one step when due (the
+/// first at once, the next after each hold); `undecided` holds the ramp, `reject` stops it. Each
+/// change is logged (by the promotion), kept in the state directory, counted and exported as an
+/// OpenTelemetry event.
+fn promote_on_accepts(
+    route: &str,
+    x: &crate::route::Experiment,
+    rows: &[crate::experiment::quality::VerdictRow],
+    rec: &Recorder,
+) {
+    use crate::experiment::quality::Decision;
+    let Some(p) = x.promotion.as_ref() else {
+        return;
+    };
+    for row in rows {
+        let tripped = x.guard.as_ref().is_some_and(|g| g.tripped(&row.variant));
+        let share = match row.decision {
+            Some(Decision::Accept) if !tripped => {
+                p.advance(&row.variant, x.split.share(&row.variant) * 100.0)
+            }
+            Some(Decision::Reject) => p.stop(&row.variant).then_some(0),
+            _ => None,
+        };
+        if let Some(share) = share {
+            rec.promoted(route, &row.variant, share);
+        }
+    }
 }
 
 /// `POST /feedback {request_id, name, value}`.
@@ -933,8 +946,7 @@ async fn quality(
             if x.guard.is_some() || x.promotion.is_some() {
                 state.recorder.experiments.rollbacks.evidence(&name);
             }
-            fall_back_on_rejects(&router, &state.recorder);
-            promote_on_accepts(&router, &state.recorder);
+            act_on_verdicts(&router, &state.recorder);
             reply(
                 StatusCode::OK,
                 "application/json",

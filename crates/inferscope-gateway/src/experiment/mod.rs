@@ -292,6 +292,10 @@ pub struct ExperimentView {
     /// The ramp of `on_accept: promote`, where configured.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub promotion: Option<PromotionView>,
+    /// Each variant's last decision kept (with `state_dir:`, from before a restart too) and
+    /// since when.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub decided: Vec<DecisionLine>,
 }
 
 /// An experiment's guardrails: their window, rules and what tripped.
@@ -382,6 +386,142 @@ pub struct Experiments {
     /// Variants rolled back (by a guardrail or a verdict) and put back, kept where a state
     /// directory is.
     pub rollbacks: Rollbacks,
+    /// Each variant's verdict decisions as they changed, kept where a state directory is.
+    pub decisions: Decisions,
+}
+
+/// Verdict decisions kept across a restart: each change of a variant's decision (`accept`,
+/// `reject`, `undecided`) appended (synced) to the state directory's `verdicts.jsonl` with the
+/// checks behind it — the record of what the gateway decided, and when, that a rollout's
+/// review reads. Past `MAX_DECISION_LINES` the file keeps its newer half.
+#[derive(Debug, Default)]
+pub struct Decisions {
+    file: Mutex<Option<(std::path::PathBuf, usize)>>,
+    last: Mutex<HashMap<(String, String), DecisionLine>>,
+}
+
+/// Lines `verdicts.jsonl` holds before it is compacted to its newer half.
+const MAX_DECISION_LINES: usize = 4096;
+
+/// A `verdicts.jsonl` line: a variant's decision from `at` on, and its checks then.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct DecisionLine {
+    /// When it was decided (RFC 3339).
+    pub at: String,
+    /// The experiment's route.
+    pub route: String,
+    /// The variant judged.
+    pub variant: String,
+    /// `accept`, `reject` or `undecided`.
+    pub decision: String,
+    /// Each check as `limit max [on suite]: state`.
+    pub checks: Vec<String>,
+}
+
+impl Decisions {
+    /// Keeps decisions in `path` from now on; returns how many lines it holds (the last decision
+    /// of each variant read back).
+    pub fn persist_to(&self, path: std::path::PathBuf) -> std::io::Result<usize> {
+        let text = journal::read(&path)?;
+        let mut last = self.last.lock();
+        let mut n = 0;
+        for l in text.lines() {
+            if let Ok(d) = serde_json::from_str::<DecisionLine>(l) {
+                last.insert((d.route.clone(), d.variant.clone()), d);
+                n += 1;
+            }
+        }
+        *self.file.lock() = Some((path, n));
+        Ok(n)
+    }
+
+    /// `variant` of `route` is judged `row` now: kept when its decision changed. True then.
+    pub fn note(&self, route: &str, row: &quality::VerdictRow) -> bool {
+        let Some(decision) = row.decision else {
+            return false;
+        };
+        let key = (route.to_owned(), row.variant.clone());
+        let mut last = self.last.lock();
+        if last
+            .get(&key)
+            .is_some_and(|d| d.decision == decision.as_str())
+        {
+            return false;
+        }
+        let line = DecisionLine {
+            at: crate::util::time::rfc3339(std::time::SystemTime::now()),
+            route: route.to_owned(),
+            variant: row.variant.clone(),
+            decision: decision.as_str().to_owned(),
+            checks: row
+                .checks
+                .iter()
+                .map(|c| {
+                    let on = c
+                        .suite
+                        .as_ref()
+                        .map(|s| format!(" on {s}"))
+                        .unwrap_or_default();
+                    format!("{} {}{on}: {}", c.limit, c.max, c.state.as_str())
+                })
+                .collect(),
+        };
+        tracing::info!(route = %route, variant = %row.variant, decision = %line.decision, "verdict changed");
+        self.append(&line, &last);
+        last.insert(key, line);
+        true
+    }
+
+    /// The last decision kept of each variant of `route` (from before a restart too).
+    pub fn last(&self, route: &str) -> Vec<DecisionLine> {
+        let mut v: Vec<DecisionLine> = self
+            .last
+            .lock()
+            .values()
+            .filter(|d| d.route == route)
+            .cloned()
+            .collect();
+        v.sort_by(|a, b| a.variant.cmp(&b.variant));
+        v
+    }
+
+    fn append(&self, line: &DecisionLine, last: &HashMap<(String, String), DecisionLine>) {
+        let mut file = self.file.lock();
+        let Some((path, n)) = file.as_mut() else {
+            return;
+        };
+        let written = serde_json::to_string(line)
+            .map_err(std::io::Error::other)
+            .and_then(|l| journal::append(path, &l));
+        match written {
+            Ok(()) => *n += 1,
+            Err(e) => {
+                tracing::warn!(file = %path.display(), "a verdict decision could not be kept: {e}");
+                return;
+            }
+        }
+        if *n > MAX_DECISION_LINES {
+            // The newer half, and every variant's latest (which may be older).
+            let text = std::fs::read_to_string(&*path).unwrap_or_default();
+            let all: Vec<&str> = text.lines().collect();
+            let mut keep: Vec<String> = all[all.len() / 2..]
+                .iter()
+                .map(|l| (*l).to_owned())
+                .collect();
+            for d in last.values() {
+                let l = serde_json::to_string(d).unwrap_or_default();
+                if !keep.contains(&l) {
+                    keep.insert(0, l);
+                }
+            }
+            match journal::rewrite(path, &keep) {
+                Ok(()) => *n = keep.len(),
+                Err(e) => {
+                    tracing::warn!(file = %path.display(), "verdicts.jsonl could not be compacted: {e}")
+                }
+            }
+        }
+    }
 }
 
 /// Rollbacks kept across a restart: each trip and each reset appended (synced) to the state
