@@ -203,7 +203,7 @@ async fn report_everything() -> Reported {
     let dir = temp_dir();
     let dead = DEAD;
     let yaml = format!(
-        "access_log: {{ path: {:?} }}\nbackends:\n  - {{ name: a, url: \"http://{}\", provider: vllm }}\n  - {{ name: b, url: \"http://{}\" }}\n  - {{ name: dead, url: \"http://{dead}\" }}\nroutes:\n  - name: chat\n    match: {{ model: demo }}\n    slo: {{ ttft: 10s, tpot: 1s, itl: 1s, e2e: 30s }}\n    experiment:\n      name: x\n      sticky_key: \"header:x-user-id\"\n      min_samples: 1\n      guardrails: {{ rules: [{{ variant: b, metric: ttft_p99_ms, max: 10000 }}] }}\n      shadow: {{ variant: b, fraction: 1.0 }}\n      variants:\n        - {{ name: a, backends: [a], weight: 50, control: true }}\n        - {{ name: b, backends: [b], weight: 50 }}\n  - name: retried\n    match: {{ model: retried }}\n    backends: [dead, a]\n    balancer: round_robin\n    retry: {{ attempts: 1 }}\n  - name: nowhere\n    match: {{ path_prefix: /v1/models }}\n    backends: [dead]\ntelemetry:\n  otlp: {{ endpoint: \"http://{otlp}\", protocol: grpc, timeout: 5s }}\n  batch: {{ interval: 50ms }}\n  metrics_interval: 60s\n",
+        "access_log: {{ path: {:?} }}\nbackends:\n  - {{ name: a, url: \"http://{}\", provider: vllm }}\n  - {{ name: b, url: \"http://{}\" }}\n  - {{ name: dead, url: \"http://{dead}\" }}\nroutes:\n  - name: chat\n    match: {{ model: demo }}\n    slo: {{ ttft: 10s, tpot: 1s, itl: 1s, e2e: 30s }}\n    experiment:\n      name: x\n      sticky_key: \"header:x-user-id\"\n      min_samples: 1\n      guardrails: {{ rules: [{{ variant: b, metric: ttft_p99_ms, max: 10000 }}] }}\n      shadow: {{ variant: b, fraction: 1.0 }}\n      accept: {{ accuracy_drop_max_points: 1.0 }}\n      on_accept: promote\n      variants:\n        - {{ name: a, backends: [a], weight: 50, control: true }}\n        - {{ name: b, backends: [b], weight: 50 }}\n  - name: retried\n    match: {{ model: retried }}\n    backends: [dead, a]\n    balancer: round_robin\n    retry: {{ attempts: 1 }}\n  - name: nowhere\n    match: {{ path_prefix: /v1/models }}\n    backends: [dead]\ntelemetry:\n  otlp: {{ endpoint: \"http://{otlp}\", protocol: grpc, timeout: 5s }}\n  batch: {{ interval: 50ms }}\n  metrics_interval: 60s\n",
         dir.join("access.jsonl"),
         a.addr,
         b.addr
@@ -250,6 +250,17 @@ async fn report_everything() -> Reported {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    // The verdict is kept once judged (every second): wait for it, so its keys are always there.
+    let admin = gw.admin_addr;
+    until(
+        std::time::Duration::from_secs(10),
+        "a decision kept",
+        || async move {
+            let (_, x) = admin_get(admin, "/experiments").await;
+            x.contains("\"decided\":[{")
+        },
+    )
+    .await;
     let (_, stats) = admin_get(gw.admin_addr, "/stats").await;
     let (_, experiments) = admin_get(gw.admin_addr, "/experiments").await;
     let (_, metrics) = admin_get(gw.admin_addr, "/metrics").await;

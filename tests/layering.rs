@@ -30,7 +30,7 @@ const LAYERS: &[&[&str]] = &[
     &["proxy", "admin"],
     &["app"],
     // crates/inferscope-lab
-    &["sandbox", "loadgen", "report"],
+    &["sandbox", "loadgen", "report", "harness"],
     &["eval", "html"],
     &["perplexity"],
     // the lab crate as the root names it (`inferscope::lab`)
