@@ -393,15 +393,16 @@ pub struct Experiments {
 /// Verdict decisions kept across a restart: each change of a variant's decision (`accept`,
 /// `reject`, `undecided`) appended (synced) to the state directory's `verdicts.jsonl` with the
 /// checks behind it — the record of what the gateway decided, and when, that a rollout's
-/// review reads. Past `MAX_DECISION_LINES` the file keeps its newer half.
+/// review reads. Past `MAX_JOURNAL_LINES` the file keeps its newer half.
 #[derive(Debug, Default)]
 pub struct Decisions {
     file: Mutex<Option<(std::path::PathBuf, usize)>>,
     last: Mutex<HashMap<(String, String), DecisionLine>>,
 }
 
-/// Lines `verdicts.jsonl` holds before it is compacted to its newer half.
-const MAX_DECISION_LINES: usize = 4096;
+/// Lines `verdicts.jsonl` (compacted to its newer half) and `rollbacks.jsonl` (compacted to what
+/// is in force) hold before they are compacted.
+const MAX_JOURNAL_LINES: usize = 4096;
 
 /// A `verdicts.jsonl` line: a variant's decision from `at` on, and its checks then.
 #[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
@@ -500,7 +501,7 @@ impl Decisions {
                 return;
             }
         }
-        if *n > MAX_DECISION_LINES {
+        if *n > MAX_JOURNAL_LINES {
             // The newer half, and every variant's latest (which may be older).
             let text = std::fs::read_to_string(&*path).unwrap_or_default();
             let all: Vec<&str> = text.lines().collect();
@@ -528,7 +529,9 @@ impl Decisions {
 /// directory's `rollbacks.jsonl`, replayed at start and after a reload.
 #[derive(Debug, Default)]
 pub struct Rollbacks {
-    file: Mutex<Option<std::path::PathBuf>>,
+    /// The file and the lines it holds (compacted to what is in force past
+    /// `MAX_JOURNAL_LINES`).
+    file: Mutex<Option<(std::path::PathBuf, usize)>>,
 }
 
 /// A `rollbacks.jsonl` line: a variant rolled back for `rule`; or (`rule` absent) put back by a
@@ -564,8 +567,37 @@ impl Rollbacks {
     /// rule), the last word on each pair winning (a torn last line skipped).
     pub fn persist_to(&self, path: std::path::PathBuf) -> std::io::Result<InForce> {
         let text = journal::read(&path)?;
-        *self.file.lock() = Some(path);
+        *self.file.lock() = Some((path, text.lines().count()));
         Ok(Self::in_force(&text))
+    }
+
+    /// The lines that hold `f` in force, and nothing else: what a long file is compacted to.
+    fn lines_of(f: &InForce) -> Vec<String> {
+        let tripped = f.tripped.iter().map(|(route, variant, rule)| RollbackLine {
+            route: route.clone(),
+            variant: variant.clone(),
+            rule: Some(rule.clone()),
+            ..RollbackLine::default()
+        });
+        let pardoned = f.pardoned.iter().map(|(route, variant)| RollbackLine {
+            route: route.clone(),
+            variant: variant.clone(),
+            ..RollbackLine::default()
+        });
+        let promoted = f
+            .promoted
+            .iter()
+            .map(|(route, variant, share)| RollbackLine {
+                route: route.clone(),
+                variant: variant.clone(),
+                share: Some(*share),
+                ..RollbackLine::default()
+            });
+        tripped
+            .chain(pardoned)
+            .chain(promoted)
+            .filter_map(|l| serde_json::to_string(&l).ok())
+            .collect()
     }
 
     /// The rollbacks `path` holds in force (for a reload: the file as it is now).
@@ -647,13 +679,27 @@ impl Rollbacks {
     }
 
     fn append(&self, line: RollbackLine) {
-        let file = self.file.lock();
-        let Some(path) = file.as_ref() else { return };
+        let mut file = self.file.lock();
+        let Some((path, n)) = file.as_mut() else {
+            return;
+        };
         let written = serde_json::to_string(&line)
             .map_err(std::io::Error::other)
             .and_then(|l| journal::append(path, &l));
         if let Err(e) = written {
             tracing::warn!(file = %path.display(), "a rollback could not be kept: {e}");
+            return;
+        }
+        *n += 1;
+        if *n > MAX_JOURNAL_LINES {
+            let text = std::fs::read_to_string(&*path).unwrap_or_default();
+            let keep = Self::lines_of(&Self::in_force(&text));
+            match journal::rewrite(path, &keep) {
+                Ok(()) => *n = keep.len(),
+                Err(e) => {
+                    tracing::warn!(file = %path.display(), "rollbacks.jsonl could not be compacted: {e}")
+                }
+            }
         }
     }
 }
@@ -897,3 +943,30 @@ pub fn summarize(
 
 /// How `summarize` compares, as its output states it.
 const METHOD: &str = "median and p99 change with 95% percentile-bootstrap intervals (2000 resamples); Mann-Whitney U p-value; fixed horizon: no verdict below min_samples per variant";
+
+#[cfg(test)]
+mod journal_tests {
+    use super::*;
+
+    #[test]
+    fn compacted_rollbacks_hold_the_same_in_force() {
+        let lines = [
+            r#"{"route":"chat","variant":"int8","rule":"ttft_p99_ms > 500"}"#,
+            r#"{"route":"chat","variant":"int8"}"#,
+            r#"{"route":"chat","evidence":true}"#,
+            r#"{"route":"chat","variant":"int4","rule":"verdict: reject (x)"}"#,
+            r#"{"route":"chat","variant":"int8","share":50}"#,
+            r#"{"route":"chat","variant":"int8","share":100}"#,
+            r#"{"route":"code","variant":"b"}"#,
+        ];
+        let f = Rollbacks::in_force(&lines.join("\n"));
+        assert_eq!(
+            f.tripped,
+            [("chat".into(), "int4".into(), "verdict: reject (x)".into())]
+        );
+        assert_eq!(f.pardoned, [("code".to_owned(), "b".to_owned())]);
+        assert_eq!(f.promoted, [("chat".to_owned(), "int8".to_owned(), 100)]);
+        let again = Rollbacks::in_force(&Rollbacks::lines_of(&f).join("\n"));
+        assert_eq!(again, f);
+    }
+}
