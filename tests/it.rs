@@ -30,6 +30,7 @@ mod http2;
 mod humaneval;
 mod keys;
 mod lifecycle;
+mod lm_eval;
 mod measurement;
 mod outcomes;
 mod percentiles;

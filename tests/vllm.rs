@@ -564,7 +564,7 @@ fn bench_agrees_with_vllm_bench_serve_on_the_same_sharegpt_run() {
 }
 
 /// The quality referee: EleutherAI's lm-evaluation-harness (`lm_eval`, `INFERSCOPE_LM_EVAL`, by
-/// default on PATH: `pip install "lm-eval[api]" transformers`) with its `local-completions` model
+/// default `target/lmeval-venv` or on PATH: `pip install "lm-eval[api]" transformers`) with its `local-completions` model
 /// and the served model's own tokenizer (`INFERSCOPE_VLLM_TOKENIZER`) scores the shipped MMLU
 /// layout set (`data/mmlu`, 5-shot from dev) and a GSM8K split of `data/gsm8k-sample.jsonl` (the
 /// first 5 as train, the other 35 as test) against vLLM directly; `inferscope eval --scoring
@@ -581,133 +581,28 @@ async fn eval_agrees_with_lm_evaluation_harness_item_by_item() {
     let home = std::env::var("HOME").unwrap();
     let tokenizer = std::env::var("INFERSCOPE_VLLM_TOKENIZER")
         .unwrap_or_else(|_| format!("{home}/.cache/vllm-cpu-lab/models/tiny-llama"));
-    let lm_eval = std::env::var("INFERSCOPE_LM_EVAL").map_or_else(
-        |_| program(&["lm_eval"], "pip install \"lm-eval[api]\" transformers"),
-        std::path::PathBuf::from,
-    );
-    // Where the harness keeps its task definitions (beside its console script's Python).
-    let python = lm_eval.with_file_name("python");
-    let tasks = String::from_utf8(
-        succeeds(std::process::Command::new(&python).args([
-            "-c",
-            "import lm_eval, os; print(os.path.join(os.path.dirname(lm_eval.__file__), 'tasks'))",
-        ]))
-        .stdout,
-    )
-    .unwrap()
-    .trim()
-    .to_owned();
+    let lm_eval = harness::lm_eval();
     let dir = temp_dir();
-    // The same items for both: MMLU's CSV for us, the harness's layout (answer as an index) for it.
-    let subjects = ["single_digit_sums", "two_digit_sums"];
-    let mmlu = std::path::PathBuf::from(data_file_path("mmlu"));
-    let mut offsets = Vec::new();
-    let mut at = 0;
-    for s in subjects {
-        let mut files = Vec::new();
-        for split in ["test", "dev"] {
-            let items = inferscope::lab::eval::load_mmlu_csv(
-                &std::fs::read_to_string(mmlu.join(split).join(format!("{s}_{split}.csv")))
-                    .unwrap(),
-                "",
-                s,
-            )
-            .unwrap();
-            if split == "test" {
-                offsets.push(at);
-                at += items.len();
-            }
-            let file = dir.join(format!("{s}_{split}.jsonl"));
-            let lines: Vec<String> = items
-                .iter()
-                .map(|i| {
-                    serde_json::json!({"question": i.question, "subject": s, "choices": i.choices,
-                        "answer": "ABCD".find(i.answer.as_str()).unwrap()})
-                    .to_string()
-                })
-                .collect();
-            std::fs::write(&file, lines.join("\n") + "\n").unwrap();
-            files.push(file);
-        }
-        std::fs::write(
-            dir.join(format!("isc_mmlu_{s}.yaml")),
-            format!(
-                "include: {tasks}/mmlu/default/_default_template_yaml\ntask: isc_mmlu_{s}\ndataset_path: json\ndataset_name: null\ndataset_kwargs:\n  data_files:\n    test: {:?}\n    dev: {:?}\ndescription: \"The following are multiple choice questions (with answers) about {}.\\n\\n\"\n",
-                files[0],
-                files[1],
-                s.replace('_', " ")
-            ),
-        )
-        .unwrap();
-    }
-    let gsm = dir.join("gsm8k");
-    std::fs::create_dir(&gsm).unwrap();
-    let sample = std::fs::read_to_string(data_file_path("gsm8k-sample.jsonl")).unwrap();
-    let lines: Vec<&str> = sample.lines().collect();
-    std::fs::write(gsm.join("train.jsonl"), lines[..5].join("\n") + "\n").unwrap();
-    std::fs::write(gsm.join("test.jsonl"), lines[5..].join("\n") + "\n").unwrap();
-    std::fs::write(
-        dir.join("isc_gsm8k.yaml"),
-        format!(
-            "include: {tasks}/gsm8k/gsm8k.yaml\ntask: isc_gsm8k\ntag: null\ndataset_path: json\ndataset_name: null\ndataset_kwargs:\n  data_files:\n    train: {:?}\n    test: {:?}\nfewshot_config:\n  sampler: first_n\n",
-            gsm.join("train.jsonl"),
-            gsm.join("test.jsonl")
-        ),
-    )
-    .unwrap();
-
+    let tasks = harness::write_tasks(&lm_eval, &dir);
+    let (subjects, offsets) = (harness::SUBJECTS, &tasks.offsets);
+    let (mmlu, gsm) = (
+        std::path::PathBuf::from(data_file_path("mmlu")),
+        tasks.gsm8k.clone(),
+    );
     // The harness, straight to vLLM, one request at a time.
     let harness_out = dir.join("harness");
     let started = std::time::Instant::now();
-    let run = std::process::Command::new(&lm_eval)
-        .env("HF_HUB_OFFLINE", "1")
-        .env("HF_DATASETS_OFFLINE", "1")
-        .env("HF_DATASETS_CACHE", dir.join("hf-datasets"))
-        .args([
-            "--model",
-            "local-completions",
-            "--model_args",
-            &format!("model=tiny-llama,base_url={url}/v1/completions,tokenizer_backend=huggingface,tokenizer={tokenizer},num_concurrent=1"),
-            "--include_path",
-            dir.to_str().unwrap(),
-            "--tasks",
-            "isc_mmlu_single_digit_sums,isc_mmlu_two_digit_sums,isc_gsm8k",
-            "--num_fewshot",
-            "5",
-            "--log_samples",
-            "--output_path",
-            harness_out.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        run.status.success(),
-        "lm_eval: {}",
-        String::from_utf8_lossy(&run.stderr)
+    let table = harness::run(
+        &lm_eval,
+        &tasks,
+        &harness_out,
+        Some(&format!("model=tiny-llama,base_url={url}/v1/completions,tokenizer_backend=huggingface,tokenizer={tokenizer},num_concurrent=1")),
     );
     println!(
-        "lm_eval took {:.0} s\n{}",
-        started.elapsed().as_secs_f64(),
-        String::from_utf8_lossy(&run.stdout)
+        "lm_eval took {:.0} s\n{table}",
+        started.elapsed().as_secs_f64()
     );
-    let samples = |task: &str| -> Vec<Value> {
-        let models = harness_out.join("tiny-llama");
-        let file = std::fs::read_dir(&models)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .find(|p| {
-                p.file_name()
-                    .unwrap()
-                    .to_string_lossy()
-                    .starts_with(&format!("samples_{task}_"))
-            })
-            .unwrap_or_else(|| panic!("no samples of {task} in {}", models.display()));
-        std::fs::read_to_string(file)
-            .unwrap()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
-    };
+    let samples = |task: &str| harness::samples(&harness_out, task);
 
     // inferscope, through the gateway.
     let yaml = format!(
@@ -761,14 +656,11 @@ async fn eval_agrees_with_lm_evaluation_harness_item_by_item() {
     // MMLU: log-likelihoods, picks and accuracy per subject.
     let (mut same, mut total, mut worst) = (0, 0, 0.0f64);
     let mut differ = Vec::new();
-    for (s, offset) in subjects.iter().zip(&offsets) {
+    for (s, offset) in subjects.iter().zip(offsets) {
         let theirs = samples(&format!("isc_mmlu_{s}"));
         let (mut right_theirs, mut right_ours) = (0, 0);
         for t in &theirs {
-            let doc: usize = t["doc_id"].as_str().map_or_else(
-                || t["doc_id"].as_u64().unwrap() as usize,
-                |d| d.parse().unwrap(),
-            );
+            let doc = harness::doc_id(t);
             let o = ours
                 .iter()
                 .find(|o| o["index"] == offset + doc)
@@ -815,18 +707,13 @@ async fn eval_agrees_with_lm_evaluation_harness_item_by_item() {
     assert!(worst < 1e-3, "log-likelihoods differ by up to {worst}");
 
     // GSM8K: the completion, both extractions and both verdicts.
-    let (gsm_summary, ours) = eval(gsm.join("test.jsonl"), dir.join("gsm8k-items.jsonl"))
-        .await
-        .unwrap();
+    let (gsm_summary, ours) = eval(gsm, dir.join("gsm8k-items.jsonl")).await.unwrap();
     assert_eq!(gsm_summary["metric"], "strict-match", "{gsm_summary}");
     let theirs = samples("isc_gsm8k");
     let (mut texts, mut answers, mut n) = (0, 0, 0);
     let mut right = [[0usize; 2]; 2];
     for t in &theirs {
-        let doc: usize = t["doc_id"].as_str().map_or_else(
-            || t["doc_id"].as_u64().unwrap() as usize,
-            |d| d.parse().unwrap(),
-        );
+        let doc = harness::doc_id(t);
         let o = ours.iter().find(|o| o["index"] == doc).unwrap();
         let which = usize::from(t["filter"] == "flexible-extract");
         let completion = t["resps"][0][0].as_str().unwrap();

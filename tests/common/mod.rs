@@ -3,6 +3,7 @@
 //! for responses the simulator does not produce (errors, broken streams).
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod harness;
 pub mod meter;
 pub mod otlp;
 pub mod pki;

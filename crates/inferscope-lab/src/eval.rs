@@ -192,7 +192,7 @@ impl EvalItem {
 
     /// The prompt it is asked with: MMLU's layout (and lm-evaluation-harness's) for multiple
     /// choice with shots or scored by log-likelihood, else the quiz's; GSM8K's after its shots.
-    fn prompt(&self, scoring: Scoring) -> String {
+    pub fn prompt(&self, scoring: Scoring) -> String {
         let shots = self.shots.as_deref().unwrap_or("");
         match (self.kind(), scoring) {
             (Kind::Choice, Scoring::Generate) if self.shots.is_none() => {
