@@ -665,7 +665,15 @@ fn experiments_json(router: &Router, rec: &Recorder) -> String {
         .routes()
         .iter()
         .filter_map(|r| match &r.target {
-            crate::route::Target::Experiment(x) => Some(experiment_view(&r.name, x, rec)),
+            crate::route::Target::Experiment(x) => {
+                // A decision the gateway reports is kept when it changed.
+                let mut v = experiment_view(&r.name, x, rec);
+                for row in &v.verdicts {
+                    rec.experiments.decisions.note(&r.name, row);
+                }
+                v.decided = rec.experiments.decisions.last(&r.name);
+                Some(v)
+            }
             crate::route::Target::Pool(_) => None,
         })
         .collect();
@@ -743,15 +751,17 @@ pub fn reapply_rollbacks(router: &Router, rollbacks: &crate::experiment::InForce
     }
 }
 
-/// Every second, and at once when a result is posted: each experiment with `accept:` limits is
-/// judged once. A variant whose decision changed has it kept (`verdicts.jsonl` in the state
-/// directory); `on_reject: fallback` and `on_accept: promote` act on the decisions.
+/// Every second, and at once when a result is posted: each experiment that acts on its verdict
+/// (`on_reject: fallback`, `on_accept: promote`) is judged once, a variant whose decision changed
+/// has it kept (`verdicts.jsonl` in the state directory), and the fallback and the promotion act
+/// on the decisions. (Other experiments are judged when `/experiments` is read: the bootstrap
+/// intervals cost too much to compute every second for nothing.)
 pub fn act_on_verdicts(router: &Router, rec: &Recorder) {
     for r in router.routes() {
         let crate::route::Target::Experiment(x) = &r.target else {
             continue;
         };
-        if x.accept.is_none() {
+        if x.accept.is_none() || !(x.fallback_on_reject || x.promotion.is_some()) {
             continue;
         }
         let rows = experiment_view(&r.name, x, rec).verdicts;
