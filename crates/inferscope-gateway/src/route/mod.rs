@@ -508,8 +508,14 @@ impl Router {
                         // A promoted variant takes its growing share from the control's
                         // traffic: the first `moved` of the control's users by their position
                         // in its share, so who moved at one step stays moved at the next.
-                        match x.promotion.as_ref().and_then(|p| p.promoted()) {
-                            Some((v, share)) if name.as_ref() == x.control.as_ref() => {
+                        // (Only the control's picks look: others take no lock.)
+                        let promoted = x
+                            .promotion
+                            .as_ref()
+                            .filter(|_| name.as_ref() == x.control.as_ref())
+                            .and_then(|p| p.promoted());
+                        match promoted {
+                            Some((v, share)) => {
                                 let (mine, control) = (x.split.share(&v), x.split.share(name));
                                 let moved = (f64::from(share) / 100.0 - mine) / control;
                                 match x.split.by_name(&v).filter(|_| within < moved) {
