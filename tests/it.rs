@@ -26,6 +26,7 @@ mod engine_spans;
 mod experiments;
 mod fleet;
 mod hostile;
+mod hostile_admin;
 mod http2;
 mod humaneval;
 mod keys;

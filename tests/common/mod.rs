@@ -208,20 +208,21 @@ impl Client {
         &self,
         method: &str,
         path: &str,
-        body: &str,
+        body: Bytes,
         headers: &[(&str, &str)],
     ) -> Request<Full<Bytes>> {
         let mut b = Request::builder().method(method).uri(path);
-        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        let has = |name: &str| headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(name));
+        if !has("host") {
             b = b.header("host", &self.host);
         }
-        if !body.is_empty() {
+        if !body.is_empty() && !has("content-type") {
             b = b.header("content-type", "application/json");
         }
         for (k, v) in headers {
             b = b.header(*k, *v);
         }
-        b.body(Full::new(Bytes::from(body.to_owned()))).unwrap()
+        b.body(Full::new(body)).unwrap()
     }
 
     /// Sends a request and reads the whole response, timestamping frames.
@@ -245,7 +246,23 @@ impl Client {
         headers: &[(&str, &str)],
         max_frames: usize,
     ) -> Received {
+        let req = self.request(method, path, Bytes::from(body.to_owned()), headers);
+        self.send_request(req, max_frames).await
+    }
+
+    /// Sends `body` as it is (bytes, any content type: `content-type` in `headers`).
+    pub async fn send_bytes(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Bytes,
+        headers: &[(&str, &str)],
+    ) -> Received {
         let req = self.request(method, path, body, headers);
+        self.send_request(req, usize::MAX).await
+    }
+
+    async fn send_request(&mut self, req: Request<Full<Bytes>>, max_frames: usize) -> Received {
         self.sender.ready().await.unwrap();
         let t_send = Instant::now();
         let resp = self.sender.send_request(req).await.unwrap();

@@ -296,13 +296,15 @@ pub struct Limiter {
 /// grow the table; past it, the oldest windows are forgotten first).
 const MAX_FAILING_ADDRESSES: usize = 16_384;
 
-/// Failed key checks per client address in one-minute windows, and a log line about them at
-/// most every 10 s (with the count since the last), so a guesser neither gets unlimited tries
-/// nor floods the gateway's own log.
+/// Failed credential checks per client address in one-minute windows, and a log line about them
+/// at most every 10 s (with the count since the last), so a guesser neither gets unlimited tries
+/// nor floods the gateway's own log. The data plane's keys and the admin token each keep one.
 #[derive(Debug)]
-struct FailedChecks {
+pub struct FailedChecks {
     by_addr: Mutex<HashMap<std::net::IpAddr, (std::time::Instant, u32)>>,
     log: Mutex<crate::util::errors::Sparse>,
+    /// Requests refused without a check because their address had used up its tries.
+    pub throttled: std::sync::atomic::AtomicU64,
 }
 
 impl Default for FailedChecks {
@@ -312,6 +314,50 @@ impl Default for FailedChecks {
             log: Mutex::new(crate::util::errors::Sparse::every(
                 std::time::Duration::from_secs(10),
             )),
+            throttled: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+}
+
+impl FailedChecks {
+    /// True when `addr` has used up its failed checks (`max` a minute; 0: no limit): its
+    /// request is refused without a check (and counted).
+    pub fn throttled(&self, addr: std::net::IpAddr, max: u32) -> bool {
+        if max == 0 {
+            return false;
+        }
+        let now = std::time::Instant::now();
+        let out = self
+            .by_addr
+            .lock()
+            .get(&addr)
+            .is_some_and(|(start, n)| now.duration_since(*start) < FAILURE_WINDOW && *n >= max);
+        if out {
+            self.throttled
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        out
+    }
+
+    /// Counts a failed check from `addr`, and says so in the gateway's log (sparsely) as
+    /// `what`.
+    pub fn failed(&self, addr: Option<std::net::IpAddr>, what: &'static str) {
+        if let Some(addr) = addr {
+            let now = std::time::Instant::now();
+            let mut map = self.by_addr.lock();
+            if map.len() >= MAX_FAILING_ADDRESSES && !map.contains_key(&addr) {
+                map.retain(|_, (start, _)| now.duration_since(*start) < FAILURE_WINDOW);
+            }
+            if map.len() < MAX_FAILING_ADDRESSES || map.contains_key(&addr) {
+                let e = map.entry(addr).or_insert((now, 0));
+                if now.duration_since(e.0) >= FAILURE_WINDOW {
+                    *e = (now, 0);
+                }
+                e.1 = e.1.saturating_add(1);
+            }
+        }
+        if let Some(failures) = self.log.lock().hit() {
+            tracing::warn!(failures, last_client = ?addr, "{what}");
         }
     }
 }
@@ -360,38 +406,22 @@ impl Limiter {
     /// True when `addr` has used up its failed key checks (`max` a minute; 0: no limit): its
     /// request is refused without a key check.
     pub fn auth_throttled(&self, addr: std::net::IpAddr, max: u32) -> bool {
-        if max == 0 {
-            return false;
-        }
-        let now = std::time::Instant::now();
+        self.failures.throttled(addr, max)
+    }
+
+    /// Requests refused `auth_throttled`.
+    pub fn auth_throttled_total(&self) -> u64 {
         self.failures
-            .by_addr
-            .lock()
-            .get(&addr)
-            .is_some_and(|(start, n)| now.duration_since(*start) < FAILURE_WINDOW && *n >= max)
+            .throttled
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Counts a failed key check from `addr` (and says so in the gateway's log, sparsely).
     pub fn auth_failed(&self, addr: Option<std::net::IpAddr>) {
         self.unauthorized
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if let Some(addr) = addr {
-            let now = std::time::Instant::now();
-            let mut map = self.failures.by_addr.lock();
-            if map.len() >= MAX_FAILING_ADDRESSES && !map.contains_key(&addr) {
-                map.retain(|_, (start, _)| now.duration_since(*start) < FAILURE_WINDOW);
-            }
-            if map.len() < MAX_FAILING_ADDRESSES || map.contains_key(&addr) {
-                let e = map.entry(addr).or_insert((now, 0));
-                if now.duration_since(e.0) >= FAILURE_WINDOW {
-                    *e = (now, 0);
-                }
-                e.1 = e.1.saturating_add(1);
-            }
-        }
-        if let Some(failures) = self.failures.log.lock().hit() {
-            tracing::warn!(failures, last_client = ?addr, "requests with a missing or unknown key");
-        }
+        self.failures
+            .failed(addr, "requests with a missing or unknown key");
     }
 
     /// Admits one request on `route`.

@@ -400,7 +400,15 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
             trace,
         )
         .with_access(Arc::clone(&keys), Arc::clone(&limiter))
-        .with_slots(Arc::clone(&slots)),
+        .with_slots(Arc::clone(&slots))
+        .with_span_expectations({
+            let rec = Arc::downgrade(&recorder);
+            crate::proxy::SpanExpect(Arc::new(move |trace, span| {
+                if let Some(r) = rec.upgrade() {
+                    r.expect_span(trace, span);
+                }
+            }))
+        }),
     );
 
     // The data-plane stack, outermost first. (The HTTP/1 header-read timeout is enforced by the
@@ -463,6 +471,8 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         hosts: (admin_addr, config.admin.allowed_hosts.clone()),
         heartbeat: Arc::clone(&heartbeat),
         kernel_clock: limits.kernel_clock,
+        receiver: admin::Receiver::default(),
+        token_failures: crate::access::FailedChecks::default(),
     });
     let busy = Arc::clone(&metering);
     tokio::spawn(

@@ -52,12 +52,18 @@ impl Recorder {
     }
 
     /// Engine spans received over OTLP: each completes the record waiting for it, or waits for
-    /// its record.
-    pub fn engine_spans(&self, spans: Vec<crate::meter::EngineSpan>) {
+    /// its record (where this gateway sent that request).
+    pub fn engine_spans(&self, export: crate::telemetry::receive::Decoded) {
         let now = tokio::time::Instant::now();
         let done: Vec<_> = {
             let mut j = self.joins.lock();
-            spans.into_iter().filter_map(|s| j.span(s, now)).collect()
+            j.counts.out_of_range += export.out_of_range;
+            j.counts.over_cap += export.dropped;
+            export
+                .spans
+                .into_iter()
+                .filter_map(|s| j.span(s, now))
+                .collect()
         };
         for rec in done {
             self.complete(rec);
@@ -100,6 +106,14 @@ impl Recorder {
             tokio::time::sleep(every.min(grace)).await;
         }
         self.expire_joins(true);
+    }
+
+    /// A request went to a backend with `engine_spans:` under this trace and CLIENT span: its
+    /// engine's span may come before its record.
+    pub fn expect_span(&self, trace_id: u128, parent: u64) {
+        self.joins
+            .lock()
+            .expect(trace_id, parent, tokio::time::Instant::now());
     }
 
     /// The join's counters.
@@ -170,14 +184,22 @@ impl RecordSink for Recorder {
         // A request its engine finished and reports on: the log line and span wait for the
         // engine's span (statistics above do not). Engines send no span for a request they
         // refused or that was cancelled, so those do not wait.
-        if join::engine_spans(&rec.meta).is_some()
-            && rec.meta.t_sent.is_some()
-            && rec.outcome == crate::meter::Outcome::Ok
-        {
+        if join::engine_spans(&rec.meta).is_some() && rec.meta.t_sent.is_some() {
             let now = tokio::time::Instant::now();
-            let ready = self.joins.lock().hold(Arc::clone(rec), now);
-            if let Some(r) = ready {
-                self.complete(r);
+            let ready = {
+                let mut j = self.joins.lock();
+                j.arrived(rec);
+                (rec.outcome == crate::meter::Outcome::Ok).then(|| j.hold(Arc::clone(rec), now))
+            };
+            match ready {
+                Some(Some(r)) => self.complete(r),
+                Some(None) => {}
+                None => {
+                    if let Some(t) = &self.telemetry {
+                        t.submit(Arc::clone(rec));
+                    }
+                    self.log.send(Arc::clone(rec));
+                }
             }
             return;
         }

@@ -611,7 +611,11 @@ pub struct Breakdown {
 }
 
 fn rest_us(whole: Duration, parts: &[Duration]) -> i64 {
-    let sum: Duration = parts.iter().sum();
+    // Saturating: parts come from another process (an engine's span), and `Iterator::sum` of
+    // Durations panics on overflow — in the access-log writer and the span exporter.
+    let sum = parts
+        .iter()
+        .fold(Duration::ZERO, |a, b| a.saturating_add(*b));
     i64::try_from(whole.as_micros()).unwrap_or(i64::MAX)
         - i64::try_from(sum.as_micros()).unwrap_or(i64::MAX)
 }

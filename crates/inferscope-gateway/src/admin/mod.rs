@@ -9,6 +9,8 @@
 
 mod otlp;
 
+pub use otlp::Receiver;
+
 use crate::recorder::Recorder;
 use crate::route::Router;
 use crate::stats::{write_prometheus, Scalar};
@@ -63,7 +65,15 @@ pub struct AdminState {
     pub heartbeat: Arc<crate::clock::Heartbeat>,
     /// Requests are timed from kernel receive stamps.
     pub kernel_clock: bool,
+    /// The OTLP receiver's turns and counters.
+    pub receiver: Receiver,
+    /// Failed admin token checks per address (guessing is throttled and logged).
+    pub token_failures: crate::access::FailedChecks,
 }
+
+/// Failed admin token checks an address may make a minute; past them its requests are refused
+/// (429) without a check until the minute ends.
+pub const TOKEN_FAILURES_PER_MINUTE: u32 = 30;
 
 /// Whether `host` (a `Host` header or h2 authority) names this listener: a loopback address or
 /// `localhost`, the listen IP (any IP when bound to all interfaces), or a configured name. A
@@ -89,23 +99,67 @@ fn same_secret(a: &[u8], b: &[u8]) -> bool {
     diff == 0
 }
 
+/// Why a request's token was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// No token, or not the admin token.
+    Unauthorized,
+    /// Its address failed `TOKEN_FAILURES_PER_MINUTE` checks this minute: not checked.
+    Throttled,
+}
+
 /// Probes stay open (kubelets and load balancers carry no token), and so does the dashboard page
 /// (static: a browser cannot send a bearer token when navigating; the page asks for the token
-/// and sends it with every request for data); the rest needs the token.
-fn authorized<B>(state: &AdminState, req: &Request<B>) -> bool {
+/// and sends it with every request for data); the rest needs the token. Failed checks are
+/// counted per address: past `TOKEN_FAILURES_PER_MINUTE` the address is refused unchecked for
+/// the rest of the minute, and the gateway's log says so (at most every 10 s).
+pub(crate) fn check_token<B>(state: &AdminState, req: &Request<B>) -> Result<(), Refusal> {
     let Some(token) = &state.token else {
-        return true;
+        return Ok(());
     };
     if matches!(
         req.uri().path(),
         "/healthz" | "/readyz" | "/" | "/dashboard"
     ) {
+        return Ok(());
+    }
+    let peer = req
+        .extensions()
+        .get::<crate::server::ClientAddr>()
+        .map(|a| a.0.ip());
+    if peer.is_some_and(|a| state.token_failures.throttled(a, TOKEN_FAILURES_PER_MINUTE)) {
+        return Err(Refusal::Throttled);
+    }
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| crate::access::bearer_credentials(v.as_bytes()));
+    if given.is_some_and(|given| same_secret(given.trim().as_bytes(), token.as_bytes())) {
+        return Ok(());
+    }
+    state
+        .token_failures
+        .failed(peer, "admin requests without the admin token");
+    Err(Refusal::Unauthorized)
+}
+
+/// Whether the request names this listener as its `Host` (DNS rebinding). Machines' paths
+/// (probes, Prometheus) may name it as they like.
+pub(crate) fn host_ok<B>(state: &AdminState, req: &Request<B>) -> bool {
+    if matches!(req.uri().path(), "/healthz" | "/readyz" | "/metrics") {
         return true;
     }
-    req.headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| crate::access::bearer_credentials(v.as_bytes()))
-        .is_some_and(|given| same_secret(given.trim().as_bytes(), token.as_bytes()))
+    let host = req
+        .uri()
+        .authority()
+        .map(|a| a.as_str().to_owned())
+        .or_else(|| {
+            req.headers()
+                .get(header::HOST)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        });
+    host.is_none_or(|h| host_allowed(&h, state.hosts.0, &state.hosts.1))
 }
 
 /// The dashboard's Content-Security-Policy: its one inline script runs because the policy names
@@ -180,8 +234,8 @@ fn reply(status: StatusCode, ctype: &'static str, body: impl Into<Bytes>) -> Res
 }
 
 /// The admin API as an axum `Router`: the pages behind one guard (token, `Host`, JSON for state
-/// changes), the OTLP receivers behind the token alone (engines are not browsers, and a gRPC
-/// client needs its refusal as a gRPC status).
+/// changes), the OTLP receivers behind the same token and `Host` checks made by the receiver
+/// itself (a gRPC client needs its refusal as a gRPC status).
 pub fn router(state: Arc<AdminState>) -> axum::Router {
     use axum::routing::{get, post};
     let pages = axum::Router::new()
@@ -217,36 +271,35 @@ async fn guard(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
-    if !authorized(&state, &req) {
-        let mut r = json_error(
-            StatusCode::UNAUTHORIZED,
-            "the admin API needs Authorization: Bearer <admin token>",
-        );
-        r.headers_mut()
-            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        return r.into_response();
+    match check_token(&state, &req) {
+        Ok(()) => {}
+        Err(Refusal::Throttled) => {
+            let mut r = json_error(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too many failed admin token checks from this address: wait a minute",
+            );
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("60"));
+            return r.into_response();
+        }
+        Err(Refusal::Unauthorized) => {
+            let mut r = json_error(
+                StatusCode::UNAUTHORIZED,
+                "the admin API needs Authorization: Bearer <admin token>",
+            );
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return r.into_response();
+        }
     }
     // Machines (probes, Prometheus) name the listener as they like; the pages a browser can be
     // tricked into reading need a Host that is ours.
-    let machine = matches!(req.uri().path(), "/healthz" | "/readyz" | "/metrics");
-    let host = req
-        .uri()
-        .authority()
-        .map(|a| a.as_str().to_owned())
-        .or_else(|| {
-            req.headers()
-                .get(header::HOST)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
-        });
-    if let Some(h) = host.filter(|_| !machine) {
-        if !host_allowed(&h, state.hosts.0, &state.hosts.1) {
-            return json_error(
-                StatusCode::MISDIRECTED_REQUEST,
-                "this Host is not the admin listener's: add it to admin.allowed_hosts",
-            )
-            .into_response();
-        }
+    if !host_ok(&state, &req) {
+        return json_error(
+            StatusCode::MISDIRECTED_REQUEST,
+            "this Host is not the admin listener's: add it to admin.allowed_hosts",
+        )
+        .into_response();
     }
     if req.method() == Method::POST {
         let json = req
@@ -461,6 +514,20 @@ fn metrics_body(state: &AdminState, router: &Router, protobuf: bool) -> (&'stati
     write_prometheus(&mut w, &snap, &scalars);
     router.write_prometheus(&snap, &mut w);
     state.limiter.write_prometheus(&mut w);
+    rec.join_counts().write_prometheus(&mut w);
+    state.receiver.write_prometheus(&mut w);
+    let name = "inferscope_auth_throttled_total";
+    w.family(
+        name,
+        "counter",
+        "Requests refused (429) without a credential check because their address failed too many this minute: the data plane's keys (auth.max_failures_per_minute) or the admin token (30 a minute).",
+    );
+    for (plane, n) in [
+        ("data", state.limiter.auth_throttled_total()),
+        ("admin", state.token_failures.throttled.load(Relaxed)),
+    ] {
+        w.sample(name, &Labels::new(&[("plane", plane)]), n);
+    }
     instrument_metrics(state, &mut w);
     w.into_body()
 }

@@ -12,8 +12,10 @@ use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 /// Largest export accepted (compressed or not), bytes.
 const MAX_EXPORT: usize = 16 << 20;
@@ -123,15 +125,124 @@ fn unauthorized(path: &str) -> Response<GrpcReply> {
     r
 }
 
-/// Receives one export where the admin token allows it.
+/// Exports read at once: each may hold 16 MiB received and 16 MiB inflated; more wait for
+/// their turn (at most `BUSY_WAIT`, then an exporter is told to retry).
+pub(super) const CONCURRENT_EXPORTS: usize = 2;
+/// How long an export waits for its turn.
+const BUSY_WAIT: Duration = Duration::from_secs(5);
+/// How long a whole export body may take to arrive (a trickled body is cut at this).
+const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The receiver's own state: the turns for reading exports, and what became of each export.
+#[derive(Debug)]
+pub struct Receiver {
+    turns: tokio::sync::Semaphore,
+    /// Exports by outcome, in `OUTCOMES` order.
+    outcomes: [AtomicU64; OUTCOMES.len()],
+}
+
+impl Default for Receiver {
+    fn default() -> Self {
+        Self {
+            turns: tokio::sync::Semaphore::new(CONCURRENT_EXPORTS),
+            outcomes: Default::default(),
+        }
+    }
+}
+
+/// What became of an export.
+const OUTCOMES: [&str; 8] = [
+    "accepted",
+    "invalid",
+    "too_large",
+    "slow_body",
+    "busy",
+    "unauthorized",
+    "misdirected",
+    "not_configured",
+];
+
+impl Receiver {
+    fn count(&self, outcome: &str) {
+        if let Some(i) = OUTCOMES.iter().position(|o| *o == outcome) {
+            self.outcomes[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The receiver's series, for `/metrics`.
+    pub fn write_prometheus(&self, w: &mut crate::util::prometheus::Writer) {
+        use crate::util::prometheus::Labels;
+        let name = "inferscope_otlp_exports_total";
+        w.family(
+            name,
+            "counter",
+            "OTLP trace exports the admin listener received, by outcome: accepted; invalid (not an OTLP trace export); too_large (past 16 MiB, received or inflated); slow_body (not whole within 10 s); busy (two exports were being read: retry); unauthorized (no admin token, or its address used up its tries); misdirected (a Host not the admin listener's); not_configured (no backend has engine_spans:).",
+        );
+        for (o, n) in OUTCOMES.iter().zip(&self.outcomes) {
+            w.sample(
+                name,
+                &Labels::new(&[("outcome", o)]),
+                n.load(Ordering::Relaxed),
+            );
+        }
+    }
+}
+
+/// An answer to a refused export: a gRPC status for a gRPC client, else an HTTP status.
+fn refuse(is_grpc: bool, status: StatusCode, code: u8, msg: &str) -> Response<GrpcReply> {
+    if is_grpc {
+        grpc(code, msg)
+    } else {
+        http(status, &format!("{msg}\n"))
+    }
+}
+
+/// Receives one export where a backend expects its engine's spans and the admin token and the
+/// `Host` allow it. Bounded whoever sends it: its body must arrive within `BODY_TIMEOUT` and
+/// hold at most 16 MiB (inflated too); at most `CONCURRENT_EXPORTS` are read at once, off the
+/// runtime's workers; what it decodes to is bounded by `receive::decode`.
 pub(super) async fn receive(
     State(state): State<Arc<AdminState>>,
     req: axum::extract::Request,
 ) -> Response<GrpcReply> {
-    if !super::authorized(&state, &req) {
-        return unauthorized(req.uri().path());
-    }
     let is_grpc = req.uri().path() == receive::GRPC_PATH;
+    let rx = &state.receiver;
+    if let Err(why) = super::check_token(&state, &req) {
+        rx.count("unauthorized");
+        return match why {
+            super::Refusal::Throttled => refuse(
+                is_grpc,
+                StatusCode::TOO_MANY_REQUESTS,
+                8,
+                "too many failed admin token checks from this address: wait a minute",
+            ),
+            super::Refusal::Unauthorized => unauthorized(req.uri().path()),
+        };
+    }
+    if !super::host_ok(&state, &req) {
+        rx.count("misdirected");
+        return refuse(
+            is_grpc,
+            StatusCode::MISDIRECTED_REQUEST,
+            7,
+            "this Host is not the admin listener's: add it to admin.allowed_hosts",
+        );
+    }
+    if !state
+        .routes
+        .load()
+        .backends()
+        .iter()
+        .any(|b| b.engine_spans.is_some())
+    {
+        rx.count("not_configured");
+        return refuse(
+            is_grpc,
+            StatusCode::NOT_FOUND,
+            12,
+            "no backend has engine_spans: this gateway takes no spans",
+        );
+    }
     let (parts, body) = req.into_parts();
     let ctype = parts
         .headers
@@ -139,42 +250,74 @@ pub(super) async fn receive(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     if is_grpc && !ctype.starts_with("application/grpc") {
+        rx.count("invalid");
         return http(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "send Content-Type: application/grpc\n",
         );
     }
     if !is_grpc && !ctype.starts_with("application/x-protobuf") {
+        rx.count("invalid");
         return http(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "OTLP/HTTP exports are read as protobuf: send Content-Type: application/x-protobuf\n",
         );
     }
-    let bytes = match http_body_util::Limited::new(body, MAX_EXPORT)
-        .collect()
-        .await
-    {
-        Ok(c) => c.to_bytes(),
-        Err(_) if is_grpc => return grpc(8, "the export is larger than 16 MiB"),
-        Err(_) => {
-            return http(
+    let Ok(Ok(_turn)) = tokio::time::timeout(BUSY_WAIT, rx.turns.acquire()).await else {
+        rx.count("busy");
+        return refuse(
+            is_grpc,
+            StatusCode::SERVICE_UNAVAILABLE,
+            14,
+            "other exports are being read: retry",
+        );
+    };
+    let collected = tokio::time::timeout(
+        BODY_TIMEOUT,
+        http_body_util::Limited::new(body, MAX_EXPORT).collect(),
+    )
+    .await;
+    let bytes = match collected {
+        Ok(Ok(c)) => c.to_bytes(),
+        Ok(Err(_)) => {
+            rx.count("too_large");
+            return refuse(
+                is_grpc,
                 StatusCode::PAYLOAD_TOO_LARGE,
-                "the export is larger than 16 MiB\n",
-            )
+                8,
+                "the export is larger than 16 MiB",
+            );
+        }
+        Err(_) => {
+            rx.count("slow_body");
+            return refuse(
+                is_grpc,
+                StatusCode::REQUEST_TIMEOUT,
+                4,
+                "the export did not arrive within 10 s",
+            );
         }
     };
-    let spans = if is_grpc {
-        grpc_spans(&parts.headers, &bytes)
-    } else if header_is(&parts.headers, header::CONTENT_ENCODING, "gzip") {
-        gunzip(&bytes)
-            .map_err(BadExport::Frame)
-            .and_then(|b| receive::decode(&b))
-    } else {
-        receive::decode(bytes.chunk())
-    };
-    match spans {
-        Ok(spans) => {
-            state.recorder.engine_spans(spans);
+    let gzip = header_is(&parts.headers, header::CONTENT_ENCODING, "gzip");
+    let headers = parts.headers;
+    // Inflating and walking 16 MiB takes tens of milliseconds: off the runtime's workers.
+    let decoded = tokio::task::spawn_blocking(move || {
+        if is_grpc {
+            grpc_spans(&headers, &bytes)
+        } else if gzip {
+            gunzip(&bytes)
+                .map_err(BadExport::Frame)
+                .and_then(|b| receive::decode(&b))
+        } else {
+            receive::decode(bytes.chunk())
+        }
+    })
+    .await
+    .unwrap_or(Err(BadExport::Frame("the export could not be read")));
+    match decoded {
+        Ok(d) => {
+            rx.count("accepted");
+            state.recorder.engine_spans(d);
             if is_grpc {
                 grpc(0, "")
             } else {
@@ -182,15 +325,20 @@ pub(super) async fn receive(
                 http(StatusCode::OK, "")
             }
         }
-        Err(e) if is_grpc => grpc(3, &e.to_string()),
-        Err(e) => http(StatusCode::BAD_REQUEST, &format!("{e}\n")),
+        Err(e) => {
+            rx.count(
+                if matches!(e, BadExport::Frame(m) if m.contains("16 MiB")) {
+                    "too_large"
+                } else {
+                    "invalid"
+                },
+            );
+            refuse(is_grpc, StatusCode::BAD_REQUEST, 3, &e.to_string())
+        }
     }
 }
 
-fn grpc_spans(
-    headers: &HeaderMap,
-    body: &[u8],
-) -> Result<Vec<crate::meter::EngineSpan>, BadExport> {
+fn grpc_spans(headers: &HeaderMap, body: &[u8]) -> Result<receive::Decoded, BadExport> {
     // A compressed message (flag 1) under `grpc-encoding: gzip`.
     if body.first() == Some(&1) && header_is(headers, "grpc-encoding", "gzip") {
         let mut plain = body.to_vec();

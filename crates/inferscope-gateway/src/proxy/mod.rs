@@ -22,7 +22,9 @@ pub use request::{
     prepare_body, remove_hop_headers, upstream_headers, Prepared, TooDeep, MAX_JSON_DEPTH,
     OWN_PREFIX,
 };
-pub use service::{Gateway, ProxyBody, ProxyFuture, ProxyService, TraceOptions, VARIANT_HEADER};
+pub use service::{
+    Gateway, ProxyBody, ProxyFuture, ProxyService, SpanExpect, TraceOptions, VARIANT_HEADER,
+};
 pub use upstream::{
     h1, UpstreamBodyError, UpstreamClient, UpstreamError, UpstreamRequestBody, UpstreamResponseBody,
 };

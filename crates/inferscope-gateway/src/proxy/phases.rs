@@ -456,6 +456,14 @@ impl Ctx {
                         .update(|m| m.trace.upstream_traceparent_sampled(engine_spans))
                 })
                 .flatten();
+            if let (true, Some(expect)) = (engine_spans, &self.gw.expect_span) {
+                if let Some((trace, span)) = self
+                    .notes
+                    .update(|m| (m.trace.trace_id, m.trace.client_span))
+                {
+                    (expect.0)(trace, span);
+                }
+            }
             let (t_sent, result) = attempt_once(
                 &self.gw,
                 &backend,

@@ -60,7 +60,21 @@ pub struct Gateway {
     /// The request slots shared with `InFlightLimitLayer`: keys' shares under pressure, and the
     /// pressure that tightens body pace (absent: neither).
     pub slots: Option<Arc<super::limit::Slots>>,
+    /// Told each (trace id, CLIENT span id) sent to a backend with `engine_spans:`, so the
+    /// engine's span may be held for a record still to come, and a span of a request this
+    /// gateway never sent may not.
+    pub expect_span: Option<SpanExpect>,
     pub(super) client: UpstreamClient,
+}
+
+/// Where the proxy says which engine spans to expect (the recorder's join).
+#[derive(Clone)]
+pub struct SpanExpect(pub Arc<dyn Fn(u128, u64) + Send + Sync>);
+
+impl std::fmt::Debug for SpanExpect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SpanExpect")
+    }
 }
 
 impl Gateway {
@@ -83,6 +97,7 @@ impl Gateway {
             keys: Arc::default(),
             limiter: Arc::default(),
             slots: None,
+            expect_span: None,
             client,
         }
     }
@@ -101,6 +116,12 @@ impl Gateway {
     /// Shares `slots` with the in-flight limit in front of it.
     pub fn with_slots(mut self, slots: Arc<super::limit::Slots>) -> Self {
         self.slots = Some(slots);
+        self
+    }
+
+    /// Tells `expect` of every request sent to a backend with `engine_spans:`.
+    pub fn with_span_expectations(mut self, expect: SpanExpect) -> Self {
+        self.expect_span = Some(expect);
         self
     }
 

@@ -18,6 +18,9 @@ const MAX_WAITING: usize = 1 << 16;
 const SPAN_WAIT: Duration = Duration::from_secs(30);
 /// Recent queue times kept per backend, at most.
 const WINDOW_CAP: usize = 1024;
+/// How long a sent request's span is expected before its record (a request longer than this
+/// whose span comes first is counted `unexpected`).
+const EXPECT_FOR: Duration = Duration::from_secs(3600);
 /// Fewer earlier requests than this in the window: no starvation verdict.
 const MIN_NEIGHBOURS: usize = 5;
 
@@ -37,12 +40,58 @@ pub struct JoinCounts {
     pub unclaimed: u64,
     /// Joined requests flagged starved.
     pub starved: u64,
+    /// Spans of no request this gateway sent (or sent longer ago than `EXPECT_FOR`): dropped
+    /// on arrival.
+    pub unexpected: u64,
+    /// Spans with a duration past a day or not a number (that duration left out).
+    pub out_of_range: u64,
+    /// Spans past the most one export may carry, not read.
+    pub over_cap: u64,
+}
+
+impl JoinCounts {
+    /// The span side's counters as Prometheus series (the records' side, joined and missing,
+    /// is in the statistics' `inferscope_engine_spans_joined_total` and `…_missing_total`).
+    pub fn write_prometheus(&self, w: &mut crate::util::prometheus::Writer) {
+        use crate::util::prometheus::Labels;
+        let none = Labels::new(&[]);
+        let name = "inferscope_engine_spans_received_total";
+        w.family(
+            name,
+            "counter",
+            "Engine spans with latencies received over OTLP (`engine_spans:`).",
+        );
+        w.sample(name, &none, self.received as f64);
+        let name = "inferscope_engine_spans_dropped_total";
+        w.family(
+            name,
+            "counter",
+            "Engine spans received and not joined, by reason: unclaimed (the request's record did not come within 30 s); unexpected (of no request this gateway sent, or sent over an hour before: dropped on arrival, so a flood cannot crowd out real spans); over_cap (past 65,536 engine spans in one export).",
+        );
+        for (reason, v) in [
+            ("unclaimed", self.unclaimed),
+            ("unexpected", self.unexpected),
+            ("over_cap", self.over_cap),
+        ] {
+            w.sample(name, &Labels::new(&[("reason", reason)]), v as f64);
+        }
+        let name = "inferscope_engine_span_values_out_of_range_total";
+        w.family(
+            name,
+            "counter",
+            "Engine spans with a duration past a day or not a number: that duration is left out of the span (forged or broken), the rest kept.",
+        );
+        w.sample(name, &none, self.out_of_range as f64);
+    }
 }
 
 #[derive(Debug, Default)]
 pub(super) struct Joiner {
     waiting: HashMap<Key, (Arc<RequestRecord>, Instant)>,
     spans: HashMap<Key, (EngineSpan, Instant)>,
+    /// Requests sent to a backend with `engine_spans:` whose record has not come yet: the
+    /// spans that may arrive before their record.
+    expected: HashMap<Key, Instant>,
     /// Per backend: when each recent span was joined, and its queue time.
     windows: HashMap<Arc<str>, VecDeque<(Instant, Duration)>>,
     pub(super) counts: JoinCounts,
@@ -63,6 +112,34 @@ fn key(rec: &RequestRecord) -> Key {
 }
 
 impl Joiner {
+    /// A request was sent with its trace (`trace_id`, the CLIENT span `parent`): its engine's
+    /// span may arrive before its record.
+    pub(super) fn expect(&mut self, trace_id: u128, parent: u64, now: Instant) {
+        if self.closed {
+            return;
+        }
+        if self.expected.len() >= MAX_WAITING {
+            self.expected
+                .retain(|_, at| now.saturating_duration_since(*at) < EXPECT_FOR);
+            if self.expected.len() >= MAX_WAITING {
+                return;
+            }
+        }
+        self.expected.insert((trace_id, parent), now);
+    }
+
+    /// A record came: its request's spans (the last attempt's and the retried ones') are no
+    /// longer expected ahead of it.
+    pub(super) fn arrived(&mut self, rec: &RequestRecord) {
+        if self.expected.is_empty() {
+            return;
+        }
+        self.expected.remove(&key(rec));
+        for a in &crate::facts::Facts::of(&rec.meta).attempts {
+            self.expected.remove(&(rec.meta.trace.trace_id, a.span_id));
+        }
+    }
+
     /// Holds `rec` for its span; returns it at once when the span is already here (joined) or
     /// when no more can be held (missing).
     pub(super) fn hold(
@@ -95,6 +172,10 @@ impl Joiner {
         if let Some((rec, _)) = self.waiting.remove(&k) {
             self.join(&rec, span, now);
             return Some(rec);
+        }
+        if self.expected.remove(&k).is_none() {
+            self.counts.unexpected += 1;
+            return None;
         }
         if self.spans.len() >= MAX_WAITING {
             self.counts.unclaimed += 1;
@@ -218,7 +299,10 @@ mod tests {
         let mut j = Joiner::default();
         let t = Instant::now();
         // Record first: held, then completed by its span (not by another trace's, nor by a
-        // span of the same trace under another parent).
+        // span of the same trace under another parent, which no request sent: unexpected).
+        j.expect(1, 10, t);
+        j.expect(2, 10, t);
+        j.expect(3, 30, t);
         assert!(j.hold(record(1, 10, 1000), t).is_none());
         assert!(j.span(span(2, 10, 5), t).is_none());
         assert!(j.span(span(1, 11, 5), t).is_none());
@@ -234,9 +318,10 @@ mod tests {
             .hold(record(2, 10, 1000), t)
             .unwrap_or_else(|| panic!("joined at once"));
         assert!(done.engine_joined().is_some());
-        // A record whose span never comes goes at its deadline, marked missing; a span nobody
-        // claims is dropped after SPAN_WAIT and counted.
-        assert!(j.hold(record(3, 30, 50), t).is_none());
+        // A record whose span never comes goes at its deadline, marked missing; a span of a
+        // request sent whose record never claims it is dropped after SPAN_WAIT and counted.
+        assert!(j.span(span(3, 30, 5), t).is_none());
+        assert!(j.hold(record(3, 31, 50), t).is_none());
         assert!(j.expire(t + Duration::from_millis(49), false).is_empty());
         let gone = j.expire(t + Duration::from_millis(50), false);
         assert_eq!(gone.len(), 1);
@@ -247,9 +332,10 @@ mod tests {
                 j.counts.received,
                 j.counts.joined,
                 j.counts.missing,
-                j.counts.unclaimed
+                j.counts.unclaimed,
+                j.counts.unexpected
             ),
-            (3, 2, 1, 1)
+            (4, 2, 1, 1, 1)
         );
         // Shut down: what waits goes, and nothing more is held.
         assert!(j.hold(record(4, 40, 1000), t).is_none());

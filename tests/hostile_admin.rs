@@ -1,0 +1,343 @@
+//! Hostile inputs on the admin side, as an attacker on loopback would send them: the OTLP
+//! receiver (span bombs, forged spans, floods of unknown spans, trickled bodies), the state
+//! directory's journals (FIFOs, torn and invalid lines, a disk that refuses writes), the admin
+//! listener's connections (slow heads), token guessing, and clients that try to steer an
+//! experiment's automatic decisions. Each test fails on a gateway without the bound it checks.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use crate::common;
+
+use common::*;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{any_value::Value as V, AnyValue, KeyValue};
+use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
+use prost::Message;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+/// An engine that sends its spans itself (the test plays its exporter): each request's
+/// `traceparent` is handed to the test, and the answer waits until the test releases it.
+struct Engine {
+    addr: SocketAddr,
+    traces: mpsc::UnboundedReceiver<(Vec<u8>, Vec<u8>)>,
+    release: mpsc::UnboundedSender<()>,
+}
+
+async fn engine() -> Engine {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, traces) = mpsc::unbounded_channel();
+    let (release, mut released) = mpsc::unbounded_channel::<()>();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let head = read_request(&mut s).await;
+            let tp = head
+                .lines()
+                .find_map(|l| l.strip_prefix("traceparent:"))
+                .unwrap_or_default()
+                .trim()
+                .to_owned();
+            let parts: Vec<&str> = tp.split('-').collect();
+            let hex = |s: &str| {
+                (0..s.len())
+                    .step_by(2)
+                    .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+                    .collect::<Vec<u8>>()
+            };
+            let _ = tx.send((hex(parts[1]), hex(parts[2])));
+            if released.recv().await.is_none() {
+                return;
+            }
+            let body = r#"{"id":"chatcmpl-1","object":"chat.completion","model":"demo","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}"#;
+            let reply = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = s.write_all(reply.as_bytes()).await;
+            let _ = s.shutdown().await;
+        }
+    });
+    Engine {
+        addr,
+        traces,
+        release,
+    }
+}
+
+fn secs(k: &str, v: f64) -> KeyValue {
+    KeyValue {
+        key: k.into(),
+        value: Some(AnyValue {
+            value: Some(V::DoubleValue(v)),
+        }),
+        ..Default::default()
+    }
+}
+
+/// An engine span of (trace, parent) with `queue` and `prefill` seconds.
+fn engine_span(trace: Vec<u8>, parent: Vec<u8>, queue: f64, prefill: f64) -> Span {
+    Span {
+        trace_id: trace,
+        span_id: vec![1; 8],
+        parent_span_id: parent,
+        name: "llm_request".into(),
+        attributes: vec![
+            secs("gen_ai.latency.time_in_queue", queue),
+            secs("gen_ai.latency.time_in_model_prefill", prefill),
+            secs("gen_ai.latency.time_in_model_decode", 0.001),
+        ],
+        ..Default::default()
+    }
+}
+
+fn export(spans: Vec<Span>) -> Vec<u8> {
+    ExportTraceServiceRequest {
+        resource_spans: vec![ResourceSpans {
+            scope_spans: vec![ScopeSpans {
+                spans,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    }
+    .encode_to_vec()
+}
+
+/// POSTs an OTLP/HTTP export to the admin listener; returns the status.
+async fn post_export(admin: SocketAddr, body: Vec<u8>, gzip: bool) -> u16 {
+    let mut headers = vec![("content-type", "application/x-protobuf")];
+    if gzip {
+        headers.push(("content-encoding", "gzip"));
+    }
+    Client::connect(admin)
+        .await
+        .send_bytes("POST", "/v1/traces", bytes::Bytes::from(body), &headers)
+        .await
+        .status
+}
+
+fn gateway_yaml(dir: &std::path::Path, engine: SocketAddr, extra: &str) -> String {
+    format!(
+        "access_log: {{ path: {:?} }}\n\
+         backends:\n  - name: engine\n    url: \"http://{engine}\"\n    engine_spans: {{ wait: 10s }}\n\
+         routes:\n  - name: main\n    backends: [engine]\n{extra}",
+        dir.join("access.jsonl"),
+    )
+}
+
+/// A gzip'd export of millions of empty spans (16 KiB on the wire, 16 MiB inflated) is read
+/// in bounded memory: the gateway's peak resident memory stays far below what decoding every
+/// span into a message would take (3.7 GB), two such exports at once included, and the
+/// gateway answers its probes throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gzipped_span_bomb_is_read_in_bounded_memory() {
+    let dir = temp_dir();
+    let cfg = dir.join("gw.yaml");
+    std::fs::write(
+        &cfg,
+        "backends:\n  - name: e\n    sim: { profile: fp16, seed: 1 }\n    engine_spans: { wait: 1s }\n\
+         routes:\n  - name: main\n    backends: [e]\n",
+    )
+    .unwrap();
+    let (mut child, _data, admin) = serve(&cfg);
+    // ScopeSpans holding 8 M empty spans (field 2, length 0), in ResourceSpans, in the request.
+    let mut scope = Vec::with_capacity(16 << 20);
+    for _ in 0..(8 << 20) - 16 {
+        scope.extend_from_slice(&[0x12, 0x00]);
+    }
+    let wrap = |inner: Vec<u8>, field: u8| {
+        let mut out = vec![(field << 3) | 2];
+        let mut n = inner.len();
+        while n >= 0x80 {
+            out.push((n as u8) | 0x80);
+            n >>= 7;
+        }
+        out.push(n as u8);
+        out.extend(inner);
+        out
+    };
+    let plain = wrap(wrap(scope, 2), 1);
+    assert!(plain.len() <= 16 << 20);
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    std::io::Write::write_all(&mut gz, &plain).unwrap();
+    let bomb = gz.finish().unwrap();
+    assert!(bomb.len() < 64 << 10, "{} bytes", bomb.len());
+    let (a, b, probe) = tokio::join!(
+        post_export(admin, bomb.clone(), true),
+        post_export(admin, bomb, true),
+        async {
+            let (status, _) = admin_get(admin, "/healthz").await;
+            status
+        }
+    );
+    assert_eq!((a, b, probe), (200, 200, 200));
+    let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
+    let peak_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    // Two exports of 16 MiB inflated each, plus the gateway itself: well under 256 MiB.
+    assert!(
+        peak_kib < 256 << 10,
+        "peak resident memory {} MiB",
+        peak_kib >> 10
+    );
+}
+
+/// A forged engine span (a queue and prefill of 1e19 s) is joined without its impossible
+/// durations, counted, and the access log goes on writing every request's line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_engine_span_does_not_stop_the_access_log() {
+    let dir = temp_dir();
+    let mut e = engine().await;
+    let gw = start_yaml(&gateway_yaml(&dir, e.addr, "")).await;
+    let data = gw.data_addr;
+    let first =
+        tokio::spawn(
+            async move { post(data, "/v1/chat/completions", &chat(false, 4, ""), &[]).await },
+        );
+    let (trace, parent) = e.traces.recv().await.unwrap();
+    e.release.send(()).unwrap();
+    assert_eq!(first.await.unwrap().status, 200);
+    let forged = export(vec![engine_span(trace, parent, 1e19, 1e19)]);
+    assert_eq!(post_export(gw.admin_addr, forged, false).await, 200);
+    // The requests after it are logged too.
+    for _ in 0..3 {
+        let next = tokio::spawn(async move {
+            post(data, "/v1/chat/completions", &chat(false, 4, ""), &[]).await
+        });
+        let (trace, parent) = e.traces.recv().await.unwrap();
+        e.release.send(()).unwrap();
+        assert_eq!(next.await.unwrap().status, 200);
+        let span = export(vec![engine_span(trace, parent, 0.002, 0.003)]);
+        assert_eq!(post_export(gw.admin_addr, span, false).await, 200);
+    }
+    let (_, prom) = admin_get(gw.admin_addr, "/metrics").await;
+    assert!(
+        prom.contains("inferscope_engine_span_values_out_of_range_total 1"),
+        "{prom}"
+    );
+    let lines = stop_and_read_log(gw, &dir).await;
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    let forged = &lines[0];
+    assert_eq!(forged["engine_span"], "joined", "{forged}");
+    assert!(forged["engine_queue_ms"].is_null(), "{forged}");
+    for l in &lines[1..] {
+        assert_eq!(l["engine_queue_ms"], 2.0, "{l}");
+    }
+}
+
+/// A flood of spans for requests this gateway never sent is dropped on arrival and counted:
+/// it cannot crowd out the span of a request of its own that arrives before its record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_unknown_spans_does_not_crowd_out_real_ones() {
+    let dir = temp_dir();
+    let mut e = engine().await;
+    let gw = start_yaml(&gateway_yaml(&dir, e.addr, "")).await;
+    // 70,000 spans of traces nobody sent, in two exports: more than the join holds (65,536).
+    for half in 0..2u64 {
+        let flood: Vec<Span> = (0..35_000u64)
+            .map(|i| {
+                let i = half * 35_000 + i + 1;
+                engine_span(
+                    u128::from(i).to_be_bytes().to_vec(),
+                    i.to_be_bytes().to_vec(),
+                    0.001,
+                    0.001,
+                )
+            })
+            .collect();
+        assert_eq!(post_export(gw.admin_addr, export(flood), false).await, 200);
+    }
+    // The span of a real request arrives while its response is still open: span first.
+    let data = gw.data_addr;
+    let req =
+        tokio::spawn(
+            async move { post(data, "/v1/chat/completions", &chat(false, 4, ""), &[]).await },
+        );
+    let (trace, parent) = e.traces.recv().await.unwrap();
+    let span = export(vec![engine_span(trace, parent, 0.004, 0.005)]);
+    assert_eq!(post_export(gw.admin_addr, span, false).await, 200);
+    e.release.send(()).unwrap();
+    assert_eq!(req.await.unwrap().status, 200);
+    let (_, prom) = admin_get(gw.admin_addr, "/metrics").await;
+    assert!(
+        prom.contains("inferscope_engine_spans_dropped_total{reason=\"unexpected\"} 70000"),
+        "{prom}"
+    );
+    let lines = stop_and_read_log(gw, &dir).await;
+    assert_eq!(lines.len(), 1);
+    assert_eq!(lines[0]["engine_span"], "joined", "{}", lines[0]);
+    assert_eq!(lines[0]["engine_queue_ms"], 4.0);
+}
+
+/// The receiver takes spans only where a backend expects them, and only under the admin
+/// listener's own `Host` (a rebinding page cannot post spans); a body trickled past 10 s is cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_receiver_is_closed_without_engine_spans_checks_the_host_and_cuts_slow_bodies() {
+    let dir = temp_dir();
+    let sim = start_sim(exact(5.0, 1.0), 1).await;
+    let plain = start_gateway(&[("b", sim.addr)], &dir, "").await;
+    let body = export(vec![engine_span(vec![1; 16], vec![2; 8], 0.1, 0.1)]);
+    assert_eq!(
+        post_export(plain.admin_addr, body.clone(), false).await,
+        404
+    );
+    plain.shutdown();
+
+    let e = engine().await;
+    let gw = start_yaml(&gateway_yaml(&temp_dir(), e.addr, "")).await;
+    let r = Client::connect(gw.admin_addr)
+        .await
+        .send_bytes(
+            "POST",
+            "/v1/traces",
+            bytes::Bytes::from(body.clone()),
+            &[
+                ("content-type", "application/x-protobuf"),
+                ("host", "attacker.example:9464"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, 421);
+    assert_eq!(post_export(gw.admin_addr, body, false).await, 200);
+    // A body that never finishes: cut at 10 s with 408, not held.
+    let mut s = tokio::net::TcpStream::connect(gw.admin_addr).await.unwrap();
+    s.write_all(
+        format!(
+            "POST /v1/traces HTTP/1.1\r\nhost: {}\r\ncontent-type: application/x-protobuf\r\ncontent-length: 1000\r\n\r\n\x0a",
+            gw.admin_addr
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut buf = vec![0u8; 256];
+    let t0 = std::time::Instant::now();
+    let n = tokio::time::timeout(
+        Duration::from_secs(20),
+        tokio::io::AsyncReadExt::read(&mut s, &mut buf),
+    )
+    .await
+    .expect("answered")
+    .unwrap();
+    let head = String::from_utf8_lossy(&buf[..n]);
+    assert!(head.starts_with("HTTP/1.1 408"), "{head}");
+    assert!(t0.elapsed() >= Duration::from_secs(9), "{:?}", t0.elapsed());
+    let (_, prom) = admin_get(gw.admin_addr, "/metrics").await;
+    for o in ["misdirected", "slow_body"] {
+        assert!(
+            prom.contains(&format!(
+                "inferscope_otlp_exports_total{{outcome=\"{o}\"}} 1"
+            )),
+            "{o}: {prom}"
+        );
+    }
+    drop(sim);
+}
