@@ -341,3 +341,239 @@ async fn the_receiver_is_closed_without_engine_spans_checks_the_host_and_cuts_sl
     }
     drop(sim);
 }
+
+/// A gateway with a state directory in front of two simulators, its experiment rolling a
+/// rejected variant back by itself.
+async fn stateful(state: &std::path::Path) -> (String, Vec<inferscope::sim::SimHandle>) {
+    let (a, b) = (
+        start_sim(exact(1.0, 1.0), 1).await,
+        start_sim(exact(1.0, 1.0), 2).await,
+    );
+    let yaml = format!(
+        "state_dir: {state:?}\nbackends:\n  - {{ name: fp16, url: \"http://{}\" }}\n  - {{ name: int8, url: \"http://{}\" }}\nroutes:\n  - name: chat\n    experiment:\n      name: int8-vs-fp16\n      accept: {{ accuracy_drop_max_points: 1.0 }}\n      on_reject: fallback\n      variants:\n        - {{ name: fp16, backends: [fp16], weight: 50, control: true }}\n        - {{ name: int8, backends: [int8], weight: 50 }}\n",
+        a.addr, b.addr
+    );
+    (yaml, vec![a, b])
+}
+
+const BROKEN: &str = r#"{"kind":"accuracy","suite":"quiz","route":"chat","model":"m","control":"fp16","variants":[{"variant":"fp16","value":0.99,"n":500},{"variant":"int8","value":0.8,"n":500}],"comparisons":[{"variant":"int8","difference":-0.19,"ci95":[-0.23,-0.15]}]}"#;
+
+async fn tripped(admin: SocketAddr) -> usize {
+    let (_, body) = admin_get(admin, "/experiments").await;
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    doc["experiments"][0]["guardrails"]["tripped"]
+        .as_array()
+        .map_or(0, Vec::len)
+}
+
+fn mkfifo(path: &std::path::Path) {
+    let _ = std::fs::remove_file(path);
+    let ok = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "mkfifo {}", path.display());
+}
+
+/// A state file swapped for a FIFO while the gateway runs, or a directory where a file should
+/// be (as a read-only disk refuses writes): the post that cannot be kept is refused at once and
+/// says so, the reset that cannot be kept changes nothing, the failures are counted, and the
+/// data plane and the probes answer throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_file_that_cannot_be_written_refuses_what_it_cannot_keep_and_blocks_nothing() {
+    let state = temp_dir().join("state");
+    let (yaml, _sims) = stateful(&state).await;
+    let gw = start_yaml(&yaml).await;
+    for _ in 0..6 {
+        chat_ok(gw.data_addr, true, 2).await;
+    }
+    let r = post(gw.admin_addr, "/experiments/quality", BROKEN, &[]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(tripped(gw.admin_addr).await, 1);
+
+    mkfifo(&state.join("quality.jsonl"));
+    let (mmlu, request) = (BROKEN.replace("quiz", "mmlu"), chat(true, 2, ""));
+    let t0 = std::time::Instant::now();
+    let (r, healthz, data) = tokio::join!(
+        post(gw.admin_addr, "/experiments/quality", &mmlu, &[]),
+        admin_get(gw.admin_addr, "/healthz"),
+        post(gw.data_addr, "/v1/chat/completions", &request, &[]),
+    );
+    assert_eq!(r.status, 500, "{}", String::from_utf8_lossy(&r.body()));
+    assert!(
+        String::from_utf8_lossy(&r.body()).contains("quality.jsonl"),
+        "the refusal names the file"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(6), "{:?}", t0.elapsed());
+    assert_eq!((healthz.0, data.status), (200, 200));
+
+    // rollbacks.jsonl cannot be written: the reset is refused and nothing changes.
+    let rollbacks = state.join("rollbacks.jsonl");
+    std::fs::rename(&rollbacks, state.join("rollbacks.aside")).unwrap();
+    std::fs::create_dir(&rollbacks).unwrap();
+    let r = post(
+        gw.admin_addr,
+        "/experiments/reset",
+        r#"{"route":"chat","variant":"int8"}"#,
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body()));
+    assert_eq!(
+        tripped(gw.admin_addr).await,
+        1,
+        "a reset not kept changes nothing"
+    );
+    let (_, prom) = admin_get(gw.admin_addr, "/metrics").await;
+    for file in ["quality.jsonl", "rollbacks.jsonl"] {
+        let failed = prom
+            .lines()
+            .find(|l| {
+                l.starts_with(&format!(
+                    "inferscope_state_writes_total{{file=\"{file}\",outcome=\"failed\"}}"
+                ))
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        assert!(failed >= 1.0, "{file}: {prom}");
+    }
+    gw.shutdown();
+    assert!(gw.wait().await);
+}
+
+/// What the state directory holds is read back with bounds: a line with an invalid byte and a
+/// last line torn inside a multi-byte character are skipped (the gateway starts with the rest),
+/// and a state file that is a FIFO or `/dev/zero` is refused at start with its name, at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_files_are_read_back_with_bounds() {
+    let state = temp_dir().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let (yaml, _sims) = stateful(&state).await;
+    let kept = BROKEN.replace("quiz", "mmlu");
+    let mut text = format!("{{\"route\":\"chat\",\"result\":{kept}}}\n").into_bytes();
+    text.extend_from_slice(b"{\"route\":\"chat\",\"result\":\"\xff\"}\n");
+    text.extend_from_slice("{\"route\":\"chat\",\"result\":{\"suite\":\"é".as_bytes());
+    text.pop(); // the last line ends inside the two bytes of `é`
+    std::fs::write(state.join("quality.jsonl"), &text).unwrap();
+    let gw = start_yaml(&yaml).await;
+    let (_, body) = admin_get(gw.admin_addr, "/experiments").await;
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let suites: Vec<&str> = doc["experiments"][0]["quality"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|q| q["suite"].as_str())
+        .collect();
+    assert_eq!(suites, ["mmlu"], "{doc}");
+    // The next result starts a line of its own.
+    let r = post(gw.admin_addr, "/experiments/quality", BROKEN, &[]).await;
+    assert_eq!(r.status, 200);
+    gw.shutdown();
+    assert!(gw.wait().await);
+    let on_disk = std::fs::read(state.join("quality.jsonl")).unwrap();
+    assert!(on_disk.ends_with(b"}}\n"));
+    assert_eq!(on_disk.iter().filter(|&&b| b == b'\n').count(), 3);
+
+    for (what, make) in [
+        (
+            "a FIFO",
+            Box::new(|p: &std::path::Path| mkfifo(p)) as Box<dyn Fn(&std::path::Path)>,
+        ),
+        (
+            "a character device",
+            Box::new(|p: &std::path::Path| {
+                let _ = std::fs::remove_file(p);
+                std::os::unix::fs::symlink("/dev/zero", p).unwrap();
+            }),
+        ),
+    ] {
+        make(&state.join("rollbacks.jsonl"));
+        let cfg = inferscope::config::parse(&yaml, "test.yaml").unwrap();
+        let started =
+            tokio::time::timeout(Duration::from_secs(5), inferscope::app::start_local(cfg))
+                .await
+                .expect("start does not hang");
+        let Err(e) = started else {
+            panic!("started on {what}")
+        };
+        let e = format!("{e:#}");
+        assert!(e.contains("rollbacks.jsonl") && e.contains(what), "{e}");
+    }
+}
+
+/// A full disk under the state directory: a result that cannot be written whole is refused
+/// and cut back, never glued to the next; once space returns every acknowledged result is read
+/// back at restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: mounts a small tmpfs (lane 2)"]
+async fn a_full_disk_under_the_state_directory_loses_no_acknowledged_result() {
+    let disk = SmallDisk::mount(64);
+    let state = disk.0.join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let (yaml, _sims) = stateful(&state).await;
+    let gw = start_yaml(&yaml).await;
+    // Leave about one 4 KiB page free: a few ~600-byte results fit, then the disk is full.
+    let filler = disk.0.join("filler");
+    let free = || {
+        let out = std::process::Command::new("df")
+            .args(["--output=avail", "-B1"])
+            .arg(&disk.0)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .nth(1)
+            .and_then(|l| l.trim().parse::<u64>().ok())
+            .unwrap()
+    };
+    std::fs::write(&filler, vec![0u8; (free() - 6000) as usize]).unwrap();
+    let (mut acknowledged, mut refused) = (Vec::new(), 0);
+    for i in 0..20 {
+        let suite = format!("suite-{i:02}-{}", "x".repeat(180));
+        let r = post(
+            gw.admin_addr,
+            "/experiments/quality",
+            &BROKEN.replace("quiz", &suite),
+            &[],
+        )
+        .await;
+        match r.status {
+            200 => acknowledged.push(suite),
+            500 => refused += 1,
+            s => panic!("{s}: {}", String::from_utf8_lossy(&r.body())),
+        }
+    }
+    assert!(refused > 0 && !acknowledged.is_empty(), "{refused} refused");
+    // Whole lines only on disk.
+    let text = std::fs::read_to_string(state.join("quality.jsonl")).unwrap();
+    assert!(text.is_empty() || text.ends_with('\n'));
+    for l in text.lines() {
+        serde_json::from_str::<serde_json::Value>(l).unwrap();
+    }
+    // Space returns: the next result is kept, and a restart reads back every acknowledged one.
+    std::fs::remove_file(&filler).unwrap();
+    let last = BROKEN.replace("quiz", "after");
+    assert_eq!(
+        post(gw.admin_addr, "/experiments/quality", &last, &[])
+            .await
+            .status,
+        200
+    );
+    acknowledged.push("after".into());
+    gw.shutdown();
+    assert!(gw.wait().await);
+    let gw = start_yaml(&yaml).await;
+    let (_, body) = admin_get(gw.admin_addr, "/experiments").await;
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let mut back: Vec<String> = doc["experiments"][0]["quality"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|q| q["suite"].as_str().map(str::to_owned))
+        .collect();
+    back.sort();
+    acknowledged.sort();
+    assert_eq!(back, acknowledged);
+    gw.shutdown();
+    assert!(gw.wait().await);
+}

@@ -62,6 +62,33 @@ pub fn program(names: &[&str], install: &str) -> PathBuf {
         .unwrap_or_else(|| panic!("this test needs {names:?} on PATH ({install}; .ci/run does)"))
 }
 
+/// A small tmpfs mounted for a lane-2 test (`#[ignore = "needs root: …"]`), unmounted on drop.
+/// Where this process may not mount one, the test fails: it was asked for.
+pub struct SmallDisk(pub PathBuf);
+
+impl SmallDisk {
+    pub fn mount(kib: usize) -> Self {
+        let dir = temp_dir().join("disk");
+        std::fs::create_dir_all(&dir).unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={kib}k"), "tmpfs"])
+            .arg(&dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(
+            ok,
+            "this test needs to mount a tmpfs (root; .ci/run runs as root)"
+        );
+        Self(dir)
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
 /// A fresh, empty directory for one test's files.
 pub fn temp_dir() -> PathBuf {
     static N: AtomicU64 = AtomicU64::new(0);

@@ -75,8 +75,8 @@ pub struct Reloader {
     pub counters: Arc<ReloadCounters>,
     keys: Arc<arc_swap::ArcSwapOption<crate::access::Keys>>,
     limiter: Arc<crate::access::Limiter>,
-    /// The state directory's rollbacks, rolled back again in each new router.
-    rollbacks: Option<std::path::PathBuf>,
+    /// Where the rollbacks in force are kept (rolled back again in each new router).
+    recorder: Arc<Recorder>,
 }
 
 impl Reloader {
@@ -129,9 +129,7 @@ impl Reloader {
             let router = Arc::new(router);
             crate::route::spawn_probes(&new, router.backends());
             crate::route::spawn_scrapes(&new, router.backends());
-            if let Some(file) = &self.rollbacks {
-                admin::reapply_rollbacks(&router, &crate::experiment::Rollbacks::read(file));
-            }
+            admin::reapply_rollbacks(&router, &self.recorder.experiments.rollbacks.in_force());
             self.routes.store(router);
             *self.current.lock() = new;
             Ok::<(), ReloadError>(())
@@ -327,7 +325,11 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
     };
     let recorder = Arc::new(Recorder::new(Stats::new(MAX_GROUPS), log, telemetry));
     if let Some(f) = &config.feedback {
-        recorder.experiments.feedback.persist_to(f.path.clone());
+        recorder
+            .experiments
+            .feedback
+            .persist_to(&f.path)
+            .with_context(|| format!("feedback.path {}", f.path.display()))?;
     }
     let mut rollbacks = crate::experiment::InForce::default();
     if let Some(dir) = &config.state_dir {
@@ -335,15 +337,15 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
             let n = recorder
                 .experiments
                 .quality
-                .persist_to(dir.join("quality.jsonl"))?;
+                .persist_to(&dir.join("quality.jsonl"))?;
             rollbacks = recorder
                 .experiments
                 .rollbacks
-                .persist_to(dir.join("rollbacks.jsonl"))?;
+                .persist_to(&dir.join("rollbacks.jsonl"))?;
             recorder
                 .experiments
                 .decisions
-                .persist_to(dir.join("verdicts.jsonl"))?;
+                .persist_to(&dir.join("verdicts.jsonl"))?;
             Ok(n)
         });
         match kept {
@@ -425,7 +427,7 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
     let accepting = Arc::new(AtomicBool::new(true));
     let connections = Arc::new(server::ConnCounters::default());
     let reloader = Arc::new(Reloader {
-        rollbacks: config.state_dir.as_ref().map(|d| d.join("rollbacks.jsonl")),
+        recorder: Arc::clone(&recorder),
         path: overrides.config_path.clone(),
         current: parking_lot::Mutex::new(Arc::clone(&config)),
         sims: tokio::sync::Mutex::new(sim_table),
@@ -578,6 +580,7 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         let _ = drained_tx.send(());
         let _ = joins.await;
         rec.log.close().await;
+        rec.experiments.flush_journals().await;
         if let Some(t) = &rec.telemetry {
             t.shutdown().await;
         }

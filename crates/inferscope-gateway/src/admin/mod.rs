@@ -516,6 +516,7 @@ fn metrics_body(state: &AdminState, router: &Router, protobuf: bool) -> (&'stati
     state.limiter.write_prometheus(&mut w);
     rec.join_counts().write_prometheus(&mut w);
     state.receiver.write_prometheus(&mut w);
+    rec.experiments.write_journal_metrics(&mut w);
     let name = "inferscope_auth_throttled_total";
     w.family(
         name,
@@ -923,7 +924,13 @@ async fn feedback(
             "could not read the body (at most 64 KiB)",
         );
     };
-    match state.recorder.experiments.feedback.post(&body.to_bytes()) {
+    match state
+        .recorder
+        .experiments
+        .feedback
+        .post(&body.to_bytes())
+        .await
+    {
         Ok((route, variant, name, value)) => {
             // Feedback-based guardrail rules see the signal at once.
             state.observer.feedback(&route, &variant, &name, value);
@@ -1010,7 +1017,7 @@ async fn quality(
         );
     }
     let name = Arc::clone(&route.name);
-    match state.recorder.experiments.quality.post(&name, result) {
+    match state.recorder.experiments.quality.post(&name, result).await {
         Ok(()) => {
             // A result that turns the verdict to reject rolls back at once where asked to (a
             // variant a person put back too: this is new evidence).
@@ -1084,22 +1091,46 @@ async fn reset(
             "no experiment with guardrails, on_reject or on_accept on that route",
         );
     };
+    // What will be put back, kept on disk first: a reset answered is a reset that survives a
+    // restart, and one that cannot be kept changes nothing.
     let mut reset = x
         .guard
         .as_ref()
-        .map(|g| g.reset(b.variant.as_deref()))
+        .map(|g| g.tripped_among(b.variant.as_deref()))
         .unwrap_or_default();
+    let promoted = x
+        .promotion
+        .as_ref()
+        .and_then(|p| p.promoted())
+        .map(|(v, _)| v.to_string())
+        .filter(|v| b.variant.as_deref().is_none_or(|want| want == v));
+    if let Some(v) = &promoted {
+        if !reset.contains(v) {
+            reset.push(v.clone());
+        }
+    }
+    if let Err(e) = state
+        .recorder
+        .experiments
+        .rollbacks
+        .reset(&b.route, &reset)
+        .await
+    {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &format!(
+                "not reset: it could not be kept in the state directory ({e}); nothing changed"
+            ),
+        );
+    }
+    if let Some(g) = &x.guard {
+        g.reset(b.variant.as_deref());
+    }
     // A promotion undone: the configured split, held until new evidence.
     let unpromoted = x
         .promotion
         .as_ref()
         .and_then(|p| p.reset(b.variant.as_deref()));
-    if let Some(v) = &unpromoted {
-        if !reset.contains(v) {
-            reset.push(v.clone());
-        }
-    }
-    state.recorder.experiments.rollbacks.reset(&b.route, &reset);
     reply(
         StatusCode::OK,
         "application/json",

@@ -6,8 +6,6 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::io::Write;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 /// Finished requests remembered for joining feedback (oldest forgotten first).
@@ -107,13 +105,24 @@ struct Inner {
 #[derive(Debug, Default)]
 pub struct Feedback {
     inner: Mutex<Inner>,
-    file: Mutex<Option<(PathBuf, Option<std::fs::File>)>>,
+    /// `feedback.path`, where configured: accepted feedback as JSON lines (never read back).
+    journal: std::sync::OnceLock<super::journal::Journal>,
 }
 
 impl Feedback {
-    /// Appends accepted feedback to `path` as JSON lines.
-    pub fn persist_to(&self, path: PathBuf) {
-        *self.file.lock() = Some((path, None));
+    /// Appends accepted feedback to `path` as JSON lines (synced before each is answered, by the
+    /// journal's own thread). Fails when `path` cannot be opened to append to (not a regular
+    /// file, no such directory, read-only).
+    pub fn persist_to(&self, path: &std::path::Path) -> std::io::Result<()> {
+        let _ = self
+            .journal
+            .set(super::journal::Journal::log(path, "feedback")?);
+        Ok(())
+    }
+
+    /// The journal, where configured.
+    pub fn journal(&self) -> Option<&super::journal::Journal> {
+        self.journal.get()
     }
 
     /// Remembers which variant served a finished request.
@@ -139,7 +148,10 @@ impl Feedback {
     /// signal's name and its value as a number. Bounded against hostile posts: a name is 1 to 64
     /// characters of `[A-Za-z0-9_.:-]`, a value at most `MAX_VALUE` in magnitude, a route has at
     /// most `MAX_SIGNALS` names, and a request one value per name.
-    pub fn post(&self, body: &[u8]) -> Result<(Arc<str>, Arc<str>, String, f64), FeedbackError> {
+    pub async fn post(
+        &self,
+        body: &[u8],
+    ) -> Result<(Arc<str>, Arc<str>, String, f64), FeedbackError> {
         let p: Posted =
             serde_json::from_slice(body).map_err(|e| FeedbackError::Invalid(e.to_string()))?;
         let x = match &p.value {
@@ -188,11 +200,13 @@ impl Feedback {
             served.voted |= bit;
             (Arc::clone(&served.route), Arc::clone(&served.variant), bit)
         };
-        let stored = self.store(&json!({
-            "ts": crate::util::time::rfc3339(std::time::SystemTime::now()),
-            "request_id": p.request_id, "route": route.as_ref(), "variant": variant.as_ref(),
-            "name": p.name, "value": p.value,
-        }));
+        let stored = self
+            .store(&json!({
+                "ts": crate::util::time::rfc3339(std::time::SystemTime::now()),
+                "request_id": p.request_id, "route": route.as_ref(), "variant": variant.as_ref(),
+                "name": p.name, "value": p.value,
+            }))
+            .await;
         let mut i = self.inner.lock();
         if let Err(e) = stored {
             // Not stored, not counted: the client may send it again.
@@ -211,25 +225,14 @@ impl Feedback {
         Ok((route, variant, p.name, x))
     }
 
-    fn store(&self, line: &Value) -> Result<(), FeedbackError> {
-        let mut f = self.file.lock();
-        let Some((path, file)) = f.as_mut() else {
+    /// Durable before acknowledged: on disk (synced) before the post is answered.
+    async fn store(&self, line: &Value) -> Result<(), FeedbackError> {
+        let Some(j) = self.journal.get() else {
             return Ok(());
         };
-        if file.is_none() {
-            let opened = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&*path);
-            *file = Some(opened.map_err(|e| FeedbackError::Storage(e.to_string()))?);
-        }
-        if let Some(file) = file.as_mut() {
-            // Durable before acknowledged: one small write and a sync per feedback.
-            writeln!(file, "{line}")
-                .and_then(|()| file.sync_data())
-                .map_err(|e| FeedbackError::Storage(e.to_string()))?;
-        }
-        Ok(())
+        j.append_synced(line.to_string())
+            .await
+            .map_err(|e| FeedbackError::Storage(e.to_string()))
     }
 
     /// Per variant and signal name: n, mean and 95% interval, for one route.
@@ -275,8 +278,8 @@ pub struct FeedbackMean {
 mod tests {
     use super::*;
 
-    #[test]
-    fn joins_to_the_variant_and_aggregates() {
+    #[tokio::test]
+    async fn joins_to_the_variant_and_aggregates() {
         let fb = Feedback::default();
         let (r, v1, v2) = (Arc::from("chat"), Arc::from("fp16"), Arc::from("int8"));
         for i in 0..10 {
@@ -288,19 +291,24 @@ mod tests {
                 r#"{{"request_id":"req-{i}","name":"thumbs_up","value":{}}}"#,
                 i % 4 == 0
             );
-            fb.post(body.as_bytes()).unwrap_or_else(|e| panic!("{e:?}"));
+            fb.post(body.as_bytes())
+                .await
+                .unwrap_or_else(|e| panic!("{e:?}"));
         }
         assert_eq!(
-            fb.post(br#"{"request_id":"nope","name":"x","value":1}"#),
+            fb.post(br#"{"request_id":"nope","name":"x","value":1}"#)
+                .await,
             Err(FeedbackError::UnknownRequest)
         );
         assert!(matches!(
-            fb.post(br#"{"request_id":"req-1","name":"x","value":"good"}"#),
+            fb.post(br#"{"request_id":"req-1","name":"x","value":"good"}"#)
+                .await,
             Err(FeedbackError::Invalid(_))
         ));
         // One value per request and name; bounded values and names.
         assert_eq!(
-            fb.post(br#"{"request_id":"req-0","name":"thumbs_up","value":true}"#),
+            fb.post(br#"{"request_id":"req-0","name":"thumbs_up","value":true}"#)
+                .await,
             Err(FeedbackError::Duplicate("thumbs_up".into()))
         );
         for bad in [
@@ -309,16 +317,22 @@ mod tests {
             r#"{"request_id":"req-0","name":"","value":1}"#,
         ] {
             assert!(
-                matches!(fb.post(bad.as_bytes()), Err(FeedbackError::Invalid(_))),
+                matches!(
+                    fb.post(bad.as_bytes()).await,
+                    Err(FeedbackError::Invalid(_))
+                ),
                 "{bad}"
             );
         }
         for k in 1..MAX_SIGNALS {
             let body = format!(r#"{{"request_id":"req-1","name":"s{k}","value":1}}"#);
-            fb.post(body.as_bytes()).unwrap_or_else(|e| panic!("{e:?}"));
+            fb.post(body.as_bytes())
+                .await
+                .unwrap_or_else(|e| panic!("{e:?}"));
         }
         assert!(matches!(
-            fb.post(br#"{"request_id":"req-1","name":"one-too-many","value":1}"#),
+            fb.post(br#"{"request_id":"req-1","name":"one-too-many","value":1}"#)
+                .await,
             Err(FeedbackError::Invalid(_))
         ));
         let s = fb.summary("chat");

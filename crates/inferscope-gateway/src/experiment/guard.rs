@@ -241,6 +241,17 @@ impl Guardrails {
         Some(trip)
     }
 
+    /// The variants `reset(variant)` would put back now.
+    pub fn tripped_among(&self, variant: Option<&str>) -> Vec<String> {
+        self.state
+            .lock()
+            .tripped
+            .keys()
+            .filter(|k| variant.is_none_or(|v| k.as_ref() == v))
+            .map(|k| k.to_string())
+            .collect()
+    }
+
     /// Un-trips `variant` (all variants when `None`) and clears its window. Returns the variants
     /// that were reset.
     pub fn reset(&self, variant: Option<&str>) -> Vec<String> {

@@ -7,7 +7,7 @@
 pub mod compare;
 mod feedback;
 mod guard;
-mod journal;
+pub mod journal;
 mod promote;
 pub mod quality;
 pub mod shadow;
@@ -391,18 +391,15 @@ pub struct Experiments {
 }
 
 /// Verdict decisions kept across a restart: each change of a variant's decision (`accept`,
-/// `reject`, `undecided`) appended (synced) to the state directory's `verdicts.jsonl` with the
-/// checks behind it — the record of what the gateway decided, and when, that a rollout's
-/// review reads. Past `MAX_JOURNAL_LINES` the file keeps its newer half.
+/// `reject`, `undecided`) appended (synced, by the journal's own thread) to the state
+/// directory's `verdicts.jsonl` with the checks behind it — the record of what the gateway
+/// decided, and when, that a rollout's review reads. Past `journal::MAX_LINES` the file keeps its
+/// newer half and every variant's latest decision.
 #[derive(Debug, Default)]
 pub struct Decisions {
-    file: Mutex<Option<(std::path::PathBuf, usize)>>,
+    journal: std::sync::OnceLock<journal::Journal>,
     last: Mutex<HashMap<(String, String), DecisionLine>>,
 }
-
-/// Lines `verdicts.jsonl` (compacted to its newer half) and `rollbacks.jsonl` (compacted to what
-/// is in force) hold before they are compacted.
-const MAX_JOURNAL_LINES: usize = 4096;
 
 /// A `verdicts.jsonl` line: a variant's decision from `at` on, and its checks then.
 #[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
@@ -422,18 +419,46 @@ pub struct DecisionLine {
 impl Decisions {
     /// Keeps decisions in `path` from now on; returns how many lines it holds (the last decision
     /// of each variant read back).
-    pub fn persist_to(&self, path: std::path::PathBuf) -> std::io::Result<usize> {
-        let text = journal::read(&path)?;
+    pub fn persist_to(&self, path: &std::path::Path) -> std::io::Result<usize> {
+        let (j, back) = journal::Journal::open(path, "verdicts.jsonl", Some(Self::compact))?;
         let mut last = self.last.lock();
         let mut n = 0;
-        for l in text.lines() {
+        for l in back.text.lines() {
             if let Ok(d) = serde_json::from_str::<DecisionLine>(l) {
                 last.insert((d.route.clone(), d.variant.clone()), d);
                 n += 1;
             }
         }
-        *self.file.lock() = Some((path, n));
+        let _ = self.journal.set(j);
         Ok(n)
+    }
+
+    /// The journal, where a state directory is.
+    pub fn journal(&self) -> Option<&journal::Journal> {
+        self.journal.get()
+    }
+
+    /// `verdicts.jsonl` compacted: its newer half, and before it each variant's latest line
+    /// when that is older.
+    fn compact(text: &str) -> Vec<String> {
+        let all: Vec<&str> = text.lines().collect();
+        let newer = &all[all.len() / 2..];
+        let mut latest: HashMap<(String, String), &str> = HashMap::new();
+        for l in &all {
+            if let Ok(d) = serde_json::from_str::<DecisionLine>(l) {
+                latest.insert((d.route, d.variant), l);
+            }
+        }
+        let mut older: Vec<String> = latest
+            .into_values()
+            .filter(|l| !newer.contains(l))
+            .map(str::to_owned)
+            .collect();
+        older.sort();
+        older
+            .into_iter()
+            .chain(newer.iter().map(|l| (*l).to_owned()))
+            .collect()
     }
 
     /// `variant` of `route` is judged `row` now: kept when its decision changed. True then.
@@ -468,7 +493,9 @@ impl Decisions {
                 .collect(),
         };
         tracing::info!(route = %route, variant = %row.variant, decision = %line.decision, "verdict changed");
-        self.append(&line, &last);
+        if let (Some(j), Ok(l)) = (self.journal.get(), serde_json::to_string(&line)) {
+            j.append(l);
+        }
         last.insert(key, line);
         true
     }
@@ -485,53 +512,15 @@ impl Decisions {
         v.sort_by(|a, b| a.variant.cmp(&b.variant));
         v
     }
-
-    fn append(&self, line: &DecisionLine, last: &HashMap<(String, String), DecisionLine>) {
-        let mut file = self.file.lock();
-        let Some((path, n)) = file.as_mut() else {
-            return;
-        };
-        let written = serde_json::to_string(line)
-            .map_err(std::io::Error::other)
-            .and_then(|l| journal::append(path, &l));
-        match written {
-            Ok(()) => *n += 1,
-            Err(e) => {
-                tracing::warn!(file = %path.display(), "a verdict decision could not be kept: {e}");
-                return;
-            }
-        }
-        if *n > MAX_JOURNAL_LINES {
-            // The newer half, and every variant's latest (which may be older).
-            let text = std::fs::read_to_string(&*path).unwrap_or_default();
-            let all: Vec<&str> = text.lines().collect();
-            let mut keep: Vec<String> = all[all.len() / 2..]
-                .iter()
-                .map(|l| (*l).to_owned())
-                .collect();
-            for d in last.values() {
-                let l = serde_json::to_string(d).unwrap_or_default();
-                if !keep.contains(&l) {
-                    keep.insert(0, l);
-                }
-            }
-            match journal::rewrite(path, &keep) {
-                Ok(()) => *n = keep.len(),
-                Err(e) => {
-                    tracing::warn!(file = %path.display(), "verdicts.jsonl could not be compacted: {e}")
-                }
-            }
-        }
-    }
 }
 
-/// Rollbacks kept across a restart: each trip and each reset appended (synced) to the state
-/// directory's `rollbacks.jsonl`, replayed at start and after a reload.
+/// Rollbacks kept across a restart: each trip, reset, promotion and new evidence applied to what
+/// is in force (in memory: a reload reapplies it from there) and appended (synced, by the
+/// journal's own thread) to the state directory's `rollbacks.jsonl`, replayed at start.
 #[derive(Debug, Default)]
 pub struct Rollbacks {
-    /// The file and the lines it holds (compacted to what is in force past
-    /// `MAX_JOURNAL_LINES`).
-    file: Mutex<Option<(std::path::PathBuf, usize)>>,
+    journal: std::sync::OnceLock<journal::Journal>,
+    in_force: Mutex<InForce>,
 }
 
 /// A `rollbacks.jsonl` line: a variant rolled back for `rule`; or (`rule` absent) put back by a
@@ -562,29 +551,59 @@ pub struct InForce {
     pub promoted: Vec<(String, String, u32)>,
 }
 
-impl Rollbacks {
-    /// Keeps rollbacks in `path` from now on; returns those in force there: (route, variant,
-    /// rule), the last word on each pair winning (a torn last line skipped).
-    pub fn persist_to(&self, path: std::path::PathBuf) -> std::io::Result<InForce> {
-        let text = journal::read(&path)?;
-        *self.file.lock() = Some((path, text.lines().count()));
-        Ok(Self::in_force(&text))
+impl InForce {
+    /// What a line changes: the last word on each (route, variant) wins.
+    fn apply(&mut self, r: RollbackLine) {
+        if r.evidence {
+            self.pardoned.retain(|(route, _)| *route != r.route);
+            return;
+        }
+        let this = |route: &String, v: &String| *route == r.route && *v == r.variant;
+        if let Some(share) = r.share {
+            // One variant of a route is promoted at a time.
+            self.promoted.retain(|(route, _, _)| *route != r.route);
+            if share > 0 {
+                self.promoted.push((r.route, r.variant, share));
+            }
+            return;
+        }
+        self.tripped.retain(|(route, v, _)| !this(route, v));
+        self.pardoned.retain(|(route, v)| !this(route, v));
+        self.promoted.retain(|(route, v, _)| !this(route, v));
+        match r.rule {
+            Some(rule) => self.tripped.push((r.route, r.variant, rule)),
+            None => self.pardoned.push((r.route, r.variant)),
+        }
     }
 
-    /// The lines that hold `f` in force, and nothing else: what a long file is compacted to.
-    fn lines_of(f: &InForce) -> Vec<String> {
-        let tripped = f.tripped.iter().map(|(route, variant, rule)| RollbackLine {
+    /// What the lines of a `rollbacks.jsonl` hold in force (lines that do not parse skipped).
+    fn of(text: &str) -> Self {
+        let mut f = Self::default();
+        for l in text.lines() {
+            if let Ok(r) = serde_json::from_str::<RollbackLine>(l) {
+                f.apply(r);
+            }
+        }
+        f
+    }
+
+    /// The lines that hold this in force, and nothing else: what a long file is compacted to.
+    fn lines(&self) -> Vec<String> {
+        let tripped = self
+            .tripped
+            .iter()
+            .map(|(route, variant, rule)| RollbackLine {
+                route: route.clone(),
+                variant: variant.clone(),
+                rule: Some(rule.clone()),
+                ..RollbackLine::default()
+            });
+        let pardoned = self.pardoned.iter().map(|(route, variant)| RollbackLine {
             route: route.clone(),
             variant: variant.clone(),
-            rule: Some(rule.clone()),
             ..RollbackLine::default()
         });
-        let pardoned = f.pardoned.iter().map(|(route, variant)| RollbackLine {
-            route: route.clone(),
-            variant: variant.clone(),
-            ..RollbackLine::default()
-        });
-        let promoted = f
+        let promoted = self
             .promoted
             .iter()
             .map(|(route, variant, share)| RollbackLine {
@@ -599,47 +618,36 @@ impl Rollbacks {
             .filter_map(|l| serde_json::to_string(&l).ok())
             .collect()
     }
+}
 
-    /// The rollbacks `path` holds in force (for a reload: the file as it is now).
-    pub fn read(path: &std::path::Path) -> InForce {
-        std::fs::read_to_string(path)
-            .map(|t| Self::in_force(&t))
-            .unwrap_or_default()
+impl Rollbacks {
+    /// Keeps rollbacks in `path` from now on; returns those in force there (the last word on
+    /// each pair winning; torn and invalid lines skipped).
+    pub fn persist_to(&self, path: &std::path::Path) -> std::io::Result<InForce> {
+        let (j, back) = journal::Journal::open(
+            path,
+            "rollbacks.jsonl",
+            Some(|t: &str| InForce::of(t).lines()),
+        )?;
+        let f = InForce::of(&back.text);
+        *self.in_force.lock() = f.clone();
+        let _ = self.journal.set(j);
+        Ok(f)
     }
 
-    fn in_force(text: &str) -> InForce {
-        let mut f = InForce::default();
-        for l in text.lines() {
-            let Ok(r) = serde_json::from_str::<RollbackLine>(l) else {
-                continue;
-            };
-            if r.evidence {
-                f.pardoned.retain(|(route, _)| *route != r.route);
-                continue;
-            }
-            let this = |route: &String, v: &String| *route == r.route && *v == r.variant;
-            if let Some(share) = r.share {
-                // One variant of a route is promoted at a time.
-                f.promoted.retain(|(route, _, _)| *route != r.route);
-                if share > 0 {
-                    f.promoted.push((r.route, r.variant, share));
-                }
-                continue;
-            }
-            f.tripped.retain(|(route, v, _)| !this(route, v));
-            f.pardoned.retain(|(route, v)| !this(route, v));
-            f.promoted.retain(|(route, v, _)| !this(route, v));
-            match r.rule {
-                Some(rule) => f.tripped.push((r.route, r.variant, rule)),
-                None => f.pardoned.push((r.route, r.variant)),
-            }
-        }
-        f
+    /// The journal, where a state directory is.
+    pub fn journal(&self) -> Option<&journal::Journal> {
+        self.journal.get()
+    }
+
+    /// What is in force now (a reload reapplies it to the new router).
+    pub fn in_force(&self) -> InForce {
+        self.in_force.lock().clone()
     }
 
     /// `variant` of `route` was rolled back for `rule`.
     pub fn tripped(&self, route: &str, variant: &str, rule: &str) {
-        self.append(RollbackLine {
+        self.keep(RollbackLine {
             route: route.into(),
             variant: variant.into(),
             rule: Some(rule.into()),
@@ -647,21 +655,29 @@ impl Rollbacks {
         });
     }
 
-    /// `variants` of `route` were put back.
-    pub fn reset(&self, route: &str, variants: &[String]) {
+    /// `variants` of `route` are to be put back: kept on disk (where a state directory is)
+    /// before the caller puts them back, so an answered reset survives a restart. An error
+    /// means nothing was kept and nothing must change.
+    pub async fn reset(&self, route: &str, variants: &[String]) -> std::io::Result<()> {
         for v in variants {
-            self.append(RollbackLine {
+            let line = RollbackLine {
                 route: route.into(),
                 variant: v.clone(),
                 ..RollbackLine::default()
-            });
+            };
+            if let Some(j) = self.journal.get() {
+                j.append_synced(serde_json::to_string(&line).map_err(std::io::Error::other)?)
+                    .await?;
+            }
+            self.in_force.lock().apply(line);
         }
+        Ok(())
     }
 
     /// `variant` of `route` was promoted to `share` percent of the traffic (0: its ramp
     /// stopped).
     pub fn promoted(&self, route: &str, variant: &str, share: u32) {
-        self.append(RollbackLine {
+        self.keep(RollbackLine {
             route: route.into(),
             variant: variant.into(),
             share: Some(share),
@@ -671,40 +687,70 @@ impl Rollbacks {
 
     /// New evidence was posted for `route`: what a person put back may be rolled back again.
     pub fn evidence(&self, route: &str) {
-        self.append(RollbackLine {
+        self.keep(RollbackLine {
             route: route.into(),
             evidence: true,
             ..RollbackLine::default()
         });
     }
 
-    fn append(&self, line: RollbackLine) {
-        let mut file = self.file.lock();
-        let Some((path, n)) = file.as_mut() else {
-            return;
-        };
-        let written = serde_json::to_string(&line)
-            .map_err(std::io::Error::other)
-            .and_then(|l| journal::append(path, &l));
-        if let Err(e) = written {
-            tracing::warn!(file = %path.display(), "a rollback could not be kept: {e}");
-            return;
+    /// In force at once; on disk as soon as the journal's writer gets to it.
+    fn keep(&self, line: RollbackLine) {
+        if let (Some(j), Ok(l)) = (self.journal.get(), serde_json::to_string(&line)) {
+            j.append(l);
         }
-        *n += 1;
-        if *n > MAX_JOURNAL_LINES {
-            let text = std::fs::read_to_string(&*path).unwrap_or_default();
-            let keep = Self::lines_of(&Self::in_force(&text));
-            match journal::rewrite(path, &keep) {
-                Ok(()) => *n = keep.len(),
-                Err(e) => {
-                    tracing::warn!(file = %path.display(), "rollbacks.jsonl could not be compacted: {e}")
-                }
-            }
-        }
+        self.in_force.lock().apply(line);
     }
 }
 
 impl Experiments {
+    /// The journals kept (where a state directory or `feedback.path` is).
+    pub fn journals(&self) -> impl Iterator<Item = &journal::Journal> {
+        [
+            self.quality.journal(),
+            self.rollbacks.journal(),
+            self.decisions.journal(),
+            self.feedback.journal(),
+        ]
+        .into_iter()
+        .flatten()
+    }
+
+    /// Waits until every journal has tried what was queued (at shutdown); names those that
+    /// could not within `journal::SYNC_WAIT`.
+    pub async fn flush_journals(&self) {
+        for j in self.journals() {
+            if !j.flush().await {
+                tracing::warn!(file = %j.path().display(), "{}: lines still queued at shutdown were not all written", j.name);
+            }
+        }
+    }
+
+    /// The journals' writes as Prometheus series.
+    pub fn write_journal_metrics(&self, w: &mut crate::util::prometheus::Writer) {
+        use crate::util::prometheus::Labels;
+        use std::sync::atomic::Ordering::Relaxed;
+        let name = "inferscope_state_writes_total";
+        w.family(
+            name,
+            "counter",
+            "Lines the gateway's state files took (state_dir's quality.jsonl, rollbacks.jsonl, verdicts.jsonl; feedback.path), by outcome: written (synced); failed (the file could not be opened, written or synced: a full, read-only or swapped disk); dropped (the writer was behind, or a caller stopped waiting for it).",
+        );
+        for j in self.journals() {
+            for (outcome, n) in [
+                ("written", &j.counts.written),
+                ("failed", &j.counts.failed),
+                ("dropped", &j.counts.dropped),
+            ] {
+                w.sample(
+                    name,
+                    &Labels::new(&[("file", j.name), ("outcome", outcome)]),
+                    n.load(Relaxed),
+                );
+            }
+        }
+    }
+
     /// Adds a finished request that an experiment assigned to a variant: to its arm when the
     /// split drew it for live traffic (or it is a shadow copy), else to what is left out.
     pub fn record(&self, r: &RequestRecord) {
@@ -959,14 +1005,14 @@ mod journal_tests {
             r#"{"route":"chat","variant":"int8","share":100}"#,
             r#"{"route":"code","variant":"b"}"#,
         ];
-        let f = Rollbacks::in_force(&lines.join("\n"));
+        let f = InForce::of(&lines.join("\n"));
         assert_eq!(
             f.tripped,
             [("chat".into(), "int4".into(), "verdict: reject (x)".into())]
         );
         assert_eq!(f.pardoned, [("code".to_owned(), "b".to_owned())]);
         assert_eq!(f.promoted, [("chat".to_owned(), "int8".to_owned(), 100)]);
-        let again = Rollbacks::in_force(&Rollbacks::lines_of(&f).join("\n"));
+        let again = InForce::of(&f.lines().join("\n"));
         assert_eq!(again, f);
     }
 }

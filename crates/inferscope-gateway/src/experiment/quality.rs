@@ -19,7 +19,7 @@ use std::sync::Arc;
 pub const MAX_RESULTS_PER_ROUTE: usize = 64;
 
 /// What a quality result measures.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum QualityKind {
     /// Share of items answered right (`value` in 0..=1; differences in the same unit).
@@ -119,17 +119,48 @@ impl QualityResult {
         Ok(r)
     }
 
+    /// Checks the result makes sense, not only its form: names on one line without control or
+    /// bidi characters (they are printed in terminals and pages); accuracies in 0–1 and their
+    /// differences in −1–1, perplexities of at least 1; each interval ordered (low ≤ high) in
+    /// the same range; the control among the variants, each comparison about a listed variant.
     fn check(&self) -> Result<(), String> {
-        if self.suite.trim().is_empty() || self.suite.len() > 200 || self.suite.contains('\n') {
-            return Err("`suite` must be a name of 1 to 200 characters on one line".into());
+        let name_ok = |s: &str, max: usize| {
+            !s.trim().is_empty() && s.len() <= max && !s.chars().any(crate::util::label::is_unsafe)
+        };
+        if !name_ok(&self.suite, 200) {
+            return Err("`suite` must be a name of 1 to 200 characters on one line, without control or bidirectional characters".into());
         }
         if self.variants.is_empty() || self.variants.len() > 64 {
             return Err("`variants` must list 1 to 64 variants".into());
         }
-        let finite = |x: &[f64; 2]| x.iter().all(|v| v.is_finite());
+        let accuracy = self.kind == QualityKind::Accuracy;
+        let value_ok = |x: f64| {
+            x.is_finite()
+                && if accuracy {
+                    (0.0..=1.0).contains(&x)
+                } else {
+                    x >= 1.0
+                }
+        };
+        let value_range = if accuracy {
+            "an accuracy is a share in 0..1"
+        } else {
+            "a perplexity is at least 1"
+        };
+        // An interval is ordered and within the value's own range. (It need not hold its
+        // estimate: a percentile bootstrap's may not.)
+        let ordered = |ci: &Option<[f64; 2]>, ok: &dyn Fn(f64) -> bool| {
+            ci.is_none_or(|[lo, hi]| ok(lo) && ok(hi) && lo <= hi)
+        };
         for v in &self.variants {
-            if !v.value.is_finite() || !v.ci95.as_ref().is_none_or(finite) {
-                return Err(format!("variant `{}`: numbers must be finite", v.variant));
+            if !name_ok(&v.variant, 200) {
+                return Err("a variant's name must be 1 to 200 characters without control or bidirectional characters".into());
+            }
+            if !value_ok(v.value) || !ordered(&v.ci95, &value_ok) {
+                return Err(format!(
+                    "variant `{}`: {value_range}, and its ci95 must be [low, high] in the same range",
+                    v.variant
+                ));
             }
         }
         if !self.variants.iter().any(|v| v.variant == self.control) {
@@ -138,6 +169,7 @@ impl QualityResult {
                 self.control
             ));
         }
+        let difference_ok = |d: f64| d.is_finite() && (!accuracy || (-1.0..=1.0).contains(&d));
         for c in &self.comparisons {
             if !self.variants.iter().any(|v| v.variant == c.variant) {
                 return Err(format!(
@@ -145,10 +177,12 @@ impl QualityResult {
                     c.variant
                 ));
             }
-            if !c.difference.is_finite() || !c.ci95.as_ref().is_none_or(finite) {
+            if !difference_ok(c.difference) || !ordered(&c.ci95, &difference_ok) {
                 return Err(format!(
-                    "comparison of `{}`: numbers must be finite",
-                    c.variant
+                    "comparison of `{}`: the difference (variant − control{}) and its ci95 [low, high] must be finite{}",
+                    c.variant,
+                    if accuracy { ", in −1..1" } else { "" },
+                    if accuracy { " shares" } else { "" },
                 ));
             }
         }
@@ -170,8 +204,10 @@ type Suites = BTreeMap<(QualityKind, String), QualityResult>;
 #[derive(Debug, Default)]
 pub struct Quality {
     by_route: Mutex<HashMap<Arc<str>, Suites>>,
-    /// The file, and the lines it holds (compacted to the latest per suite past `MAX_LINES`).
-    file: Mutex<Option<(std::path::PathBuf, usize)>>,
+    /// `quality.jsonl`, where a state directory is.
+    journal: std::sync::OnceLock<super::journal::Journal>,
+    /// One post at a time: the file's order is the order results take effect in.
+    posting: tokio::sync::Mutex<()>,
 }
 
 /// A `quality.jsonl` line: the route and the result filed for it.
@@ -181,17 +217,14 @@ struct Kept {
     result: QualityResult,
 }
 
-/// Lines `quality.jsonl` grows to before it is rewritten with the latest result per suite.
-const MAX_LINES: usize = 4096;
-
 impl Quality {
-    /// Keeps results in `path` from now on, after reading back what it holds (a torn last line,
-    /// as a crash mid-write leaves, is skipped); returns how many results were read back.
-    pub fn persist_to(&self, path: std::path::PathBuf) -> std::io::Result<usize> {
-        let text = super::journal::read(&path)?;
-        let mut lines = 0;
-        for line in text.lines().filter(|l| !l.trim().is_empty()) {
-            lines += 1;
+    /// Keeps results in `path` from now on, after reading back what it holds (torn and invalid
+    /// lines skipped, results that no longer pass the checks left out); returns how many
+    /// results were read back.
+    pub fn persist_to(&self, path: &std::path::Path) -> std::io::Result<usize> {
+        let (journal, back) =
+            super::journal::Journal::open(path, "quality.jsonl", Some(Self::compact))?;
+        for line in back.text.lines() {
             let Ok(k) = serde_json::from_str::<Kept>(line) else {
                 continue;
             };
@@ -199,13 +232,34 @@ impl Quality {
                 let _ = self.insert(&Arc::from(k.route.as_str()), k.result);
             }
         }
-        *self.file.lock() = Some((path, lines));
+        let _ = self.journal.set(journal);
         Ok(self.by_route.lock().values().map(BTreeMap::len).sum())
+    }
+
+    /// The journal, where a state directory is.
+    pub fn journal(&self) -> Option<&super::journal::Journal> {
+        self.journal.get()
+    }
+
+    /// `quality.jsonl` compacted: the latest line of each route's suite, in the order of those
+    /// lines.
+    fn compact(text: &str) -> Vec<String> {
+        let mut latest: HashMap<(String, QualityKind, String), usize> = HashMap::new();
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, l) in lines.iter().enumerate() {
+            if let Ok(k) = serde_json::from_str::<Kept>(l) {
+                latest.insert((k.route, k.result.kind, k.result.suite), i);
+            }
+        }
+        let mut keep: Vec<usize> = latest.into_values().collect();
+        keep.sort_unstable();
+        keep.into_iter().map(|i| lines[i].to_owned()).collect()
     }
 
     /// Keeps `r` as route `route`'s result for its suite, replacing an earlier one; with a state
     /// directory, only once it is on disk.
-    pub fn post(&self, route: &Arc<str>, r: QualityResult) -> Result<(), QualityError> {
+    pub async fn post(&self, route: &Arc<str>, r: QualityResult) -> Result<(), QualityError> {
+        let _turn = self.posting.lock().await;
         {
             let all = self.by_route.lock();
             let full = all.get(route).is_some_and(|m| {
@@ -215,38 +269,17 @@ impl Quality {
                 return Err(QualityError::Full(route.to_string()));
             }
         }
-        let mut file = self.file.lock();
-        if let Some((path, lines)) = file.as_mut() {
+        if let Some(j) = self.journal.get() {
             let line = serde_json::to_string(&Kept {
                 route: route.to_string(),
                 result: r.clone(),
             })
             .map_err(|e| QualityError::Store(e.to_string()))?;
-            super::journal::append(path, &line)
-                .map_err(|e| QualityError::Store(format!("{}: {e}", path.display())))?;
-            *lines += 1;
+            j.append_synced(line)
+                .await
+                .map_err(|e| QualityError::Store(format!("{}: {e}", j.path().display())))?;
         }
-        self.insert(route, r)?;
-        if let Some((path, lines)) = file.as_mut().filter(|(_, n)| *n > MAX_LINES) {
-            // Past the bound: the latest per suite, written aside and renamed over it.
-            let all = self.by_route.lock();
-            let kept: Vec<String> = all
-                .iter()
-                .flat_map(|(route, m)| {
-                    m.values().filter_map(|r| {
-                        serde_json::to_string(&Kept {
-                            route: route.to_string(),
-                            result: r.clone(),
-                        })
-                        .ok()
-                    })
-                })
-                .collect();
-            if super::journal::rewrite(path, &kept).is_ok() {
-                *lines = kept.len();
-            }
-        }
-        Ok(())
+        self.insert(route, r)
     }
 
     fn insert(&self, route: &Arc<str>, r: QualityResult) -> Result<(), QualityError> {
@@ -961,8 +994,8 @@ mod tests {
         assert!(v.checks[0].why.contains("GPU power"), "{v:?}");
     }
 
-    #[test]
-    fn posted_results_are_checked() {
+    #[tokio::test]
+    async fn posted_results_are_checked() {
         let ok = br#"{"kind":"accuracy","suite":"mmlu","control":"fp16",
             "variants":[{"variant":"fp16","value":0.6,"n":10},{"variant":"int8","value":0.5,"n":10}],
             "comparisons":[{"variant":"int8","difference":-0.1,"ci95":[-0.3,0.1]}]}"#;
@@ -985,6 +1018,28 @@ mod tests {
                 r#"{"kind":"accuracy","suite":"x","control":"a","variants":[{"variant":"a","value":1,"n":1}],"comparisons":[{"variant":"c","difference":0}]}"#,
                 "`c`",
             ),
+            // Form is not sense: an accuracy of 7, a difference of −7, an inverted interval,
+            // a perplexity below 1, a suite name that rewrites a terminal.
+            (
+                r#"{"kind":"accuracy","suite":"x","control":"a","variants":[{"variant":"a","value":7,"n":1}]}"#,
+                "share in 0..1",
+            ),
+            (
+                r#"{"kind":"accuracy","suite":"x","control":"a","variants":[{"variant":"a","value":0.5,"n":1},{"variant":"b","value":0.5,"n":1}],"comparisons":[{"variant":"b","difference":-7}]}"#,
+                "in −1..1",
+            ),
+            (
+                r#"{"kind":"accuracy","suite":"x","control":"a","variants":[{"variant":"a","value":0.9,"n":1},{"variant":"b","value":0.3,"n":1}],"comparisons":[{"variant":"b","difference":-0.6,"ci95":[0.1,-0.9]}]}"#,
+                "[low, high]",
+            ),
+            (
+                r#"{"kind":"perplexity","suite":"x","control":"a","variants":[{"variant":"a","value":0.5,"n":1}]}"#,
+                "at least 1",
+            ),
+            (
+                r#"{"kind":"accuracy","suite":"x\u001b[2J\u202e","control":"a","variants":[{"variant":"a","value":1,"n":1}]}"#,
+                "without control",
+            ),
         ] {
             let e = QualityResult::parse(bad.as_bytes())
                 .unwrap_err()
@@ -996,19 +1051,19 @@ mod tests {
         for i in 0..MAX_RESULTS_PER_ROUTE {
             let mut r = r.clone();
             r.suite = format!("s{i}");
-            q.post(&route, r).unwrap();
+            q.post(&route, r).await.unwrap();
         }
         // A new suite past the cap is refused; a known one is replaced.
         let mut extra = r.clone();
         extra.suite = "one more".into();
         assert_eq!(
-            q.post(&route, extra),
+            q.post(&route, extra).await,
             Err(QualityError::Full("demo".into()))
         );
         let mut again = r.clone();
         again.suite = "s3".into();
         again.comparisons[0].difference = 0.0;
-        q.post(&route, again).unwrap();
+        q.post(&route, again).await.unwrap();
         let results = q.results("demo");
         assert_eq!(results.len(), MAX_RESULTS_PER_ROUTE);
         let s3 = results.iter().find(|r| r.suite == "s3").unwrap();
