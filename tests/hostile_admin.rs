@@ -577,3 +577,111 @@ async fn a_full_disk_under_the_state_directory_loses_no_acknowledged_result() {
     gw.shutdown();
     assert!(gw.wait().await);
 }
+
+/// 70 connections trickling their heads (no token needed to do that) hold every one of the
+/// admin listener's 64 connections: the probes still get in, each at once or within a second
+/// or two (the trickler that waited longest makes room), and the evictions are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trickled_heads_cannot_keep_the_probes_out_of_the_admin_listener() {
+    let sim = start_sim(exact(5.0, 1.0), 1).await;
+    let dir = temp_dir();
+    let gw = start_gateway(&[("b", sim.addr)], &dir, "").await;
+    let admin = gw.admin_addr;
+    let mut tricklers = Vec::new();
+    for _ in 0..70 {
+        tricklers.push(tokio::spawn(async move {
+            let Ok(mut s) = tokio::net::TcpStream::connect(admin).await else {
+                return;
+            };
+            for b in b"GET /stats HTTP/1.1\r\nhost: x\r\nx-pad: ".iter().cycle() {
+                if s.write_all(&[*b]).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        }));
+    }
+    // Every admin connection is taken by a trickler.
+    until(
+        Duration::from_secs(10),
+        "the admin listener is full",
+        || async { tricklers.iter().filter(|t| !t.is_finished()).count() >= 64 },
+    )
+    .await;
+    let t0 = std::time::Instant::now();
+    for _ in 0..10 {
+        let probe = tokio::time::timeout(Duration::from_secs(5), admin_get(admin, "/healthz"))
+            .await
+            .expect("a probe answered within 5 s");
+        assert_eq!(probe.0, 200);
+    }
+    assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", t0.elapsed());
+    let (_, prom) = admin_get(admin, "/metrics").await;
+    let evicted: f64 = prom
+        .lines()
+        .find_map(|l| l.strip_prefix("inferscope_admin_connections_evicted_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0);
+    // The six tricklers past the cap, then the first probe, each made room for.
+    assert!(evicted >= 7.0, "{evicted}");
+    for t in tricklers {
+        t.abort();
+    }
+    gw.shutdown();
+}
+
+/// Guessing the admin token: past 30 failed checks a minute an address is refused (429) without
+/// a check, counted; the right token from that address waits out the minute too, the probes
+/// stay open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_token_guesses_are_throttled_per_address() {
+    std::env::set_var("HOSTILE_ADMIN_TOKEN", "0123456789abcdef-right");
+    let sim = start_sim(exact(5.0, 1.0), 1).await;
+    let dir = temp_dir();
+    let gw = start_gateway(
+        &[("b", sim.addr)],
+        &dir,
+        "admin: { token_env: HOSTILE_ADMIN_TOKEN }\n",
+    )
+    .await;
+    // The guesser comes from 127.0.0.2; the operator from 127.0.0.1.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+    let mut c = Client::over(socket.connect(gw.admin_addr).await.unwrap()).await;
+    let mut statuses = Vec::new();
+    for i in 0..40 {
+        let guess = format!("Bearer guess-{i}");
+        let r = c
+            .send("GET", "/stats", "", &[("authorization", guess.as_str())])
+            .await;
+        statuses.push(r.status);
+    }
+    assert_eq!(statuses.iter().filter(|s| **s == 401).count(), 30);
+    assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 10);
+    let right = c
+        .send(
+            "GET",
+            "/metrics",
+            "",
+            &[("authorization", "Bearer 0123456789abcdef-right")],
+        )
+        .await;
+    assert_eq!(right.status, 429, "the address waits out its minute");
+    assert_eq!(c.send("GET", "/healthz", "", &[]).await.status, 200);
+    let prom = Client::connect(gw.admin_addr)
+        .await
+        .send(
+            "GET",
+            "/metrics",
+            "",
+            &[("authorization", "Bearer 0123456789abcdef-right")],
+        )
+        .await;
+    assert_eq!(prom.status, 200, "another address is not throttled");
+    let prom = String::from_utf8(prom.body()).unwrap();
+    assert!(
+        prom.contains("inferscope_auth_throttled_total{plane=\"admin\"} 11"),
+        "{prom}"
+    );
+    gw.shutdown();
+}

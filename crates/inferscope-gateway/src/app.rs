@@ -502,10 +502,14 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
     let admin_opts = ServerOptions {
         header_read_timeout: Some(limits.header_read_timeout),
         idle_timeout: Some(limits.client_idle_timeout),
-        max_connections: 64,
+        max_connections: ADMIN_CONNECTIONS,
         grace: std::time::Duration::from_secs(2),
         counters: Arc::clone(&admin_connections),
         tls: admin_tls.clone(),
+        // Trickled heads cannot hold every admin connection: at the cap, the one that has
+        // waited longest (a second at least) for its first head makes room for a new one, so
+        // probes, which send theirs at once, get in.
+        evict_waiting_heads: Some(std::time::Duration::from_secs(1)),
         ..ServerOptions::default()
     };
     let admin_task = tokio::spawn(server::run(
@@ -551,6 +555,7 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         tls: data_tls.clone(),
         kernel_clock: limits.kernel_clock,
         overload_at: limits.overload_at,
+        evict_waiting_heads: None,
     };
     let data_task = tokio::spawn(server::run(
         data_listener,
@@ -600,6 +605,9 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         reloader,
     })
 }
+
+/// Connections the admin listener holds open at once.
+const ADMIN_CONNECTIONS: usize = 64;
 
 /// Client keys (reading `key_file`s off the runtime); `None` without an `auth` section.
 async fn load_keys(

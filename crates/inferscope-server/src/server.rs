@@ -66,6 +66,9 @@ pub struct ConnCounters {
     pub tls_failures: AtomicU64,
     /// Connections closed at once because, under pressure, their address held its share.
     pub refused_share: AtomicU64,
+    /// Connections closed at capacity to make room for a new one, because they had waited
+    /// longest for their first request head (`ServerOptions::evict_waiting_heads`).
+    pub evicted: AtomicU64,
 }
 
 impl ConnCounters {
@@ -130,6 +133,11 @@ pub struct ServerOptions {
     /// connections divided by the addresses holding any) has a new connection closed at once;
     /// 1: never.
     pub overload_at: f64,
+    /// At `max_connections`, a new connection takes the place of the one that has waited
+    /// longest for its first request head, when it has waited at least this long (`None`: the
+    /// new connection waits in the backlog). Trickled heads (slowloris) then cannot keep a
+    /// client that sends its request at once out: the admin listener's probes.
+    pub evict_waiting_heads: Option<Duration>,
 }
 
 impl std::fmt::Debug for ServerOptions {
@@ -163,6 +171,7 @@ impl Default for ServerOptions {
             tls: None,
             kernel_clock: true,
             overload_at: 1.0,
+            evict_waiting_heads: None,
         }
     }
 }
@@ -215,22 +224,65 @@ where
     // requests' records are written as they are dropped).
     let mut conns = tokio::task::JoinSet::new();
     tokio::pin!(shutdown);
+    // Connections that have not sent a first request yet, oldest first (for eviction).
+    let mut heads = WaitingHeads::default();
+    // A connection accepted at capacity, waiting for the slot its eviction frees.
+    let mut early: Option<(tokio::net::TcpStream, SocketAddr)> = None;
     loop {
         let permit = match Arc::clone(&slots).try_acquire_owned() {
             Ok(p) => p,
             Err(_) => {
                 opts.counters.at_capacity.fetch_add(1, Ordering::Relaxed);
-                tokio::select! {
-                    p = Arc::clone(&slots).acquire_owned() => match p {
-                        Ok(p) => p,
-                        Err(_) => break,
-                    },
-                    () = &mut shutdown => break,
+                let mut permit = None;
+                // With eviction on, a connection waiting in the backlog is taken in, and the
+                // one that has waited longest for its first head makes room for it (tried
+                // again every 100 ms while none has waited long enough).
+                let mut evicted = false;
+                while permit.is_none() {
+                    let min_age = opts.evict_waiting_heads;
+                    let retry = async {
+                        if early.is_some() && !evicted {
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        } else {
+                            std::future::pending::<()>().await;
+                        }
+                    };
+                    tokio::select! {
+                        p = Arc::clone(&slots).acquire_owned() => match p {
+                            Ok(p) => permit = Some(p),
+                            Err(_) => break,
+                        },
+                        accepted = listener.accept(), if min_age.is_some() && early.is_none() => {
+                            if let Ok(conn) = accepted {
+                                early = Some(conn);
+                            }
+                        }
+                        () = retry => {}
+                        () = &mut shutdown => break,
+                    }
+                    if let (Some(min_age), Some(_), false) = (min_age, &early, evicted) {
+                        evicted = heads.evict_oldest(min_age);
+                        if evicted {
+                            opts.counters.evicted.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+                match permit {
+                    Some(p) => p,
+                    None => break,
                 }
             }
         };
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
+        let taken = match early.take() {
+            Some(conn) => Ok(Ok(conn)),
+            None => tokio::select! {
+                accepted = listener.accept() => Ok(accepted),
+                () = &mut shutdown => Err(()),
+            },
+        };
+        let Ok(accepted) = taken else { break };
+        let (stream, peer) = {
+            match accepted {
                 Ok(conn) => {
                     accept_errors.reset();
                     conn
@@ -243,8 +295,7 @@ where
                         () = &mut shutdown => break,
                     }
                 }
-            },
-            () = &mut shutdown => break,
+            }
         };
         // Under pressure an address holding its share of the connections gets no more.
         let share = if pressure_at == usize::MAX {
@@ -266,6 +317,9 @@ where
         opts.counters.accepted.fetch_add(1, Ordering::Relaxed);
         opts.counters.open.fetch_add(1, Ordering::Relaxed);
         let state = Arc::new(ConnState::default());
+        if opts.evict_waiting_heads.is_some() {
+            heads.push(&state);
+        }
         let io = Tracked {
             inner: crate::clock::StampedTcp::new(stream, stamps),
             closing: WritesClosed(Arc::clone(&state.writes)),
@@ -484,6 +538,8 @@ where
                 conn.as_mut().graceful_shutdown();
                 continue;
             }
+            // It sent no request: nothing to finish, closed at once.
+            () = state.evict.notified() => return None,
             () = check => {}
         }
         let now = Instant::now();
@@ -624,6 +680,44 @@ struct ConnState {
     cut_stalled: StalledCut,
     /// Shared with the connection's requests.
     writes: Arc<WriteClock>,
+    /// Told to close: it waited longest for its first head when a new connection needed room.
+    evict: tokio::sync::Notify,
+}
+
+/// Connections that have not sent a first request, oldest first: at capacity, the oldest that
+/// has waited long enough makes room for a new connection (`evict_waiting_heads`).
+#[derive(Debug, Default)]
+struct WaitingHeads(std::collections::VecDeque<(Instant, std::sync::Weak<ConnState>)>);
+
+impl WaitingHeads {
+    fn push(&mut self, state: &Arc<ConnState>) {
+        // Entries leave when they are looked at; past twice what was ever needed, the gone and
+        // the served are swept so the queue stays as long as the connections waiting.
+        if self.0.len() >= 64 && self.0.len().is_power_of_two() {
+            self.0
+                .retain(|(_, w)| w.upgrade().is_some_and(|s| s.waits_for_first_head()));
+        }
+        self.0.push_back((Instant::now(), Arc::downgrade(state)));
+    }
+
+    /// Tells the connection that has waited longest for its first head to close, if it has
+    /// waited `min_age` at least. True when one was told.
+    fn evict_oldest(&mut self, min_age: Duration) -> bool {
+        let now = Instant::now();
+        while let Some((at, w)) = self.0.front() {
+            let Some(state) = w.upgrade().filter(|s| s.waits_for_first_head()) else {
+                self.0.pop_front();
+                continue;
+            };
+            if now.duration_since(*at) < min_age {
+                return false;
+            }
+            self.0.pop_front();
+            state.evict.notify_one();
+            return true;
+        }
+        false
+    }
 }
 
 /// `head_rx` when the head's first read carried no stamp.
@@ -669,6 +763,11 @@ impl ConnState {
     fn progressed(&self) {
         let n = self.io_ops.load(Ordering::Relaxed);
         self.io_ops.store(n.wrapping_add(1), Ordering::Relaxed);
+    }
+
+    /// No request has come on this connection yet.
+    fn waits_for_first_head(&self) -> bool {
+        self.requests.load(Ordering::Relaxed) == 0
     }
 
     /// Bytes arrived since the last request ended but no request is open: part of a head (an

@@ -497,6 +497,11 @@ fn metrics_body(state: &AdminState, router: &Router, protobuf: bool) -> (&'stati
     scalars.extend(rec.log.scalars());
     scalars.extend(state.connections.scalars());
     scalars.push(counter(
+        "inferscope_admin_connections_evicted_total",
+        "Admin connections closed at the admin listener's connection cap to make room for a new one, because they had waited longest (a second at least) for their first request head (trickled heads: slowloris).",
+        state.admin_connections.evicted.load(Relaxed),
+    ));
+    scalars.push(counter(
         "inferscope_tls_handshake_failures_total",
         "TLS handshakes on the data plane or the admin listener that failed or timed out (e.g. no client certificate the CA signed).",
         state.connections.tls_failures.load(Relaxed)
