@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 
 fn yaml(dir: &std::path::Path, fp16: SocketAddr, int8: SocketAddr, min_samples: usize) -> String {
     format!(
-        "access_log: {{ path: {:?} }}\nbackends:\n  - {{ name: fp16, url: \"http://{fp16}\" }}\n  - {{ name: int8, url: \"http://{int8}\" }}\nroutes:\n  - name: chat\n    experiment:\n      name: int8-vs-fp16\n      allow_override: true\n      sticky_key: \"header:x-user-id\"\n      min_samples: {min_samples}\n      variants:\n        - {{ name: fp16, backends: [fp16], weight: 50, control: true }}\n        - {{ name: int8, backends: [int8], weight: 50 }}\n",
+        "access_log: {{ path: {:?} }}\nbackends:\n  - {{ name: fp16, url: \"http://{fp16}\" }}\n  - {{ name: int8, url: \"http://{int8}\" }}\nroutes:\n  - name: chat\n    experiment:\n      name: int8-vs-fp16\n      expose_variant: true\n      allow_override: true\n      sticky_key: \"header:x-user-id\"\n      min_samples: {min_samples}\n      variants:\n        - {{ name: fp16, backends: [fp16], weight: 50, control: true }}\n        - {{ name: int8, backends: [int8], weight: 50 }}\n",
         dir.join("access.jsonl")
     )
 }
@@ -313,21 +313,45 @@ async fn a_guardrail_rolls_back_a_regressed_variant_until_reset() {
     let guard = "      guardrails:\n        window: 30s\n        min_samples: 5\n        rules:\n          - { variant: int8, metric: ttft_p99_ms, max: 100 }\n";
     let config = yaml(&dir, fp16.addr, int8.addr, 10)
         .replace("      variants:\n", &format!("{guard}      variants:\n"));
-    let gw = start_yaml(&config).await;
-    let int8_call = |gw: std::net::SocketAddr| async move {
+    // A user the split sends to int8 (forced requests would not count: a client that forces
+    // its variant could trip a guardrail at will). Found on a gateway of the same config.
+    let probe = start_yaml(&config).await;
+    let (mut user, mut probes) = (String::new(), 0);
+    for i in 0.. {
+        probes += 1;
+        let u = format!("user-{i}");
         let r = post(
-            gw,
+            probe.data_addr,
             "/v1/chat/completions",
             &chat(true, 1, ""),
-            &[("x-inferscope-variant", "int8")],
+            &[("x-user-id", u.as_str())],
         )
         .await;
-        r.headers["x-inferscope-variant"]
-            .to_str()
-            .unwrap()
-            .to_string()
+        if r.headers["x-inferscope-variant"] == "int8" {
+            user = u;
+            break;
+        }
+    }
+    probe.shutdown();
+    assert!(probe.wait().await);
+    let gw = start_yaml(&config).await;
+    let int8_call = |gw: std::net::SocketAddr| {
+        let user = user.clone();
+        async move {
+            let r = post(
+                gw,
+                "/v1/chat/completions",
+                &chat(true, 1, ""),
+                &[("x-user-id", user.as_str())],
+            )
+            .await;
+            r.headers["x-inferscope-variant"]
+                .to_str()
+                .unwrap()
+                .to_string()
+        }
     };
-    // Requests forced to int8 are served by int8 until the guardrail sees enough slow ones …
+    // The user's requests are served by int8 until the guardrail sees enough slow ones …
     let mut served = Vec::new();
     for _ in 0..12 {
         served.push(int8_call(gw.data_addr).await);
@@ -370,7 +394,7 @@ async fn a_guardrail_rolls_back_a_regressed_variant_until_reset() {
     assert_eq!(r.status, 200);
     assert_eq!(int8_call(gw.data_addr).await, "int8");
     let log = stop_and_read_log(gw, &dir).await;
-    assert_eq!(log.len(), 13);
+    assert_eq!(log.len(), probes + 13);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -814,7 +838,7 @@ async fn the_joined_verdict_weighs_latency_and_quality_against_the_accept_limits
     // The experiment takes model `demo` only; every other request goes to fp16 alone. `/tokenize`
     // is routed by its body's model too, so perplexity windows are counted in tokens.
     let yaml = format!(
-        "access_log: {{ path: {:?} }}\nbackends:\n  - {{ name: fp16, url: \"http://{}\", price: {{ per_million_output_tokens: 0.5, currency: EUR }} }}\n  - {{ name: int8, url: \"http://{}\", price: {{ per_gpu_hour: 3.0, currency: EUR }}, model: {{ params_b: 8 }}, gpu: {{ preset: h100, count: 2 }} }}\nroutes:\n  - name: demo\n    match: {{ model: demo }}\n    purpose_header: true\n    experiment:\n      name: int8-vs-fp16\n      sticky_key: \"header:x-user-id\"\n      allow_override: true\n      min_samples: 10\n      accept: {{ tpot_change_max: 0, accuracy_drop_max_points: 1.0, ppl_rise_max: 0.5 }}\n      variants:\n        - {{ name: fp16, backends: [fp16], weight: 50, control: true }}\n        - {{ name: int8, backends: [int8], weight: 50 }}\n  - name: default\n    match: {{ path_prefix: / }}\n    backends: [fp16]\n",
+        "access_log: {{ path: {:?} }}\nbackends:\n  - {{ name: fp16, url: \"http://{}\", price: {{ per_million_output_tokens: 0.5, currency: EUR }} }}\n  - {{ name: int8, url: \"http://{}\", price: {{ per_gpu_hour: 3.0, currency: EUR }}, model: {{ params_b: 8 }}, gpu: {{ preset: h100, count: 2 }} }}\nroutes:\n  - name: demo\n    match: {{ model: demo }}\n    purpose_header: true\n    experiment:\n      name: int8-vs-fp16\n      expose_variant: true\n      sticky_key: \"header:x-user-id\"\n      allow_override: true\n      min_samples: 10\n      accept: {{ tpot_change_max: 0, accuracy_drop_max_points: 1.0, ppl_rise_max: 0.5 }}\n      variants:\n        - {{ name: fp16, backends: [fp16], weight: 50, control: true }}\n        - {{ name: int8, backends: [int8], weight: 50 }}\n  - name: default\n    match: {{ path_prefix: / }}\n    backends: [fp16]\n",
         dir.join("access.jsonl"),
         fp16.addr,
         int8.addr
@@ -1505,7 +1529,7 @@ async fn verdict_gives_each_limit_by_suite_and_an_exit_status_to_gate_on() {
     let (fp16, int8) = quiz_sims(0.0, 0.0).await;
     let dir = temp_dir();
     let yaml = format!(
-        "access_log: {{ path: {:?} }}\nbackends:\n  - {{ name: fp16, url: \"http://{}\" }}\n  - {{ name: int8, url: \"http://{}\" }}\nroutes:\n  - name: chat\n    experiment:\n      name: int8-vs-fp16\n      sticky_key: \"header:x-user-id\"\n      min_samples: 10\n      accept: {{ accuracy_drop_max_points: 1.0 }}\n      variants:\n        - {{ name: fp16, backends: [fp16], weight: 50, control: true }}\n        - {{ name: int8, backends: [int8], weight: 50 }}\n",
+        "access_log: {{ path: {:?} }}\nbackends:\n  - {{ name: fp16, url: \"http://{}\" }}\n  - {{ name: int8, url: \"http://{}\" }}\nroutes:\n  - name: chat\n    experiment:\n      name: int8-vs-fp16\n      expose_variant: true\n      sticky_key: \"header:x-user-id\"\n      min_samples: 10\n      accept: {{ accuracy_drop_max_points: 1.0 }}\n      variants:\n        - {{ name: fp16, backends: [fp16], weight: 50, control: true }}\n        - {{ name: int8, backends: [int8], weight: 50 }}\n",
         dir.join("access.jsonl"),
         fp16.addr,
         int8.addr
@@ -1634,7 +1658,7 @@ async fn posted_quality_results_survive_a_restart() {
     let dir = temp_dir();
     let state = dir.join("state");
     let yaml = format!(
-        "state_dir: {state:?}\nbackends:\n  - {{ name: fp16, url: \"http://{}\" }}\n  - {{ name: int8, url: \"http://{}\" }}\nroutes:\n  - name: chat\n    experiment:\n      name: int8-vs-fp16\n      variants:\n        - {{ name: fp16, backends: [fp16], weight: 50, control: true }}\n        - {{ name: int8, backends: [int8], weight: 50 }}\n",
+        "state_dir: {state:?}\nbackends:\n  - {{ name: fp16, url: \"http://{}\" }}\n  - {{ name: int8, url: \"http://{}\" }}\nroutes:\n  - name: chat\n    experiment:\n      name: int8-vs-fp16\n      expose_variant: true\n      variants:\n        - {{ name: fp16, backends: [fp16], weight: 50, control: true }}\n        - {{ name: int8, backends: [int8], weight: 50 }}\n",
         fp16.addr, int8.addr
     );
     let result = r#"{"kind":"accuracy","suite":"mmlu","route":"chat","model":"m","control":"fp16","variants":[{"variant":"fp16","value":0.8,"n":100},{"variant":"int8","value":0.75,"n":100}],"comparisons":[{"variant":"int8","difference":-0.05,"ci95":[-0.09,-0.01]}]}"#;
@@ -1729,7 +1753,7 @@ async fn an_eval_result_is_posted_to_every_replica_of_a_fleet() {
 async fn a_rejected_variant_falls_back_to_the_control_by_itself() {
     let (fp16, int8) = quiz_sims(0.0, 0.2).await;
     let yaml = format!(
-        "backends:\n  - {{ name: fp16, url: \"http://{}\" }}\n  - {{ name: int8, url: \"http://{}\" }}\nroutes:\n  - name: chat\n    experiment:\n      name: int8-vs-fp16\n      allow_override: true\n      sticky_key: \"header:x-user-id\"\n      accept: {{ accuracy_drop_max_points: 1.0 }}\n      on_reject: fallback\n      variants:\n        - {{ name: fp16, backends: [fp16], weight: 50, control: true }}\n        - {{ name: int8, backends: [int8], weight: 50 }}\n",
+        "backends:\n  - {{ name: fp16, url: \"http://{}\" }}\n  - {{ name: int8, url: \"http://{}\" }}\nroutes:\n  - name: chat\n    experiment:\n      name: int8-vs-fp16\n      expose_variant: true\n      allow_override: true\n      sticky_key: \"header:x-user-id\"\n      accept: {{ accuracy_drop_max_points: 1.0 }}\n      on_reject: fallback\n      variants:\n        - {{ name: fp16, backends: [fp16], weight: 50, control: true }}\n        - {{ name: int8, backends: [int8], weight: 50 }}\n",
         fp16.addr, int8.addr
     );
     let gw = start_yaml(&yaml).await;
@@ -1834,7 +1858,7 @@ async fn a_rollback_and_its_reset_survive_a_restart() {
     let (fp16, int8) = quiz_sims(0.0, 0.0).await;
     let dir = temp_dir();
     let yaml = format!(
-        "state_dir: {:?}\nbackends:\n  - {{ name: fp16, url: \"http://{}\" }}\n  - {{ name: int8, url: \"http://{}\" }}\nroutes:\n  - name: chat\n    experiment:\n      name: int8-vs-fp16\n      accept: {{ accuracy_drop_max_points: 1.0 }}\n      on_reject: fallback\n      variants:\n        - {{ name: fp16, backends: [fp16], weight: 50, control: true }}\n        - {{ name: int8, backends: [int8], weight: 50 }}\n",
+        "state_dir: {:?}\nbackends:\n  - {{ name: fp16, url: \"http://{}\" }}\n  - {{ name: int8, url: \"http://{}\" }}\nroutes:\n  - name: chat\n    experiment:\n      name: int8-vs-fp16\n      expose_variant: true\n      accept: {{ accuracy_drop_max_points: 1.0 }}\n      on_reject: fallback\n      variants:\n        - {{ name: fp16, backends: [fp16], weight: 50, control: true }}\n        - {{ name: int8, backends: [int8], weight: 50 }}\n",
         dir.join("state"),
         fp16.addr,
         int8.addr
@@ -1913,7 +1937,7 @@ async fn an_accepted_variant_is_promoted_by_steps_and_a_reset_undoes_it() {
     let (fp16, int8) = quiz_sims(0.0, 0.0).await;
     let dir = temp_dir();
     let yaml = format!(
-        "state_dir: {:?}\nbackends:\n  - {{ name: fp16, url: \"http://{}\" }}\n  - {{ name: int8, url: \"http://{}\" }}\nroutes:\n  - name: chat\n    experiment:\n      name: int8-vs-fp16\n      sticky_key: \"header:x-user-id\"\n      accept: {{ accuracy_drop_max_points: 1.0 }}\n      on_accept: promote\n      promote: {{ steps: [50, 100], hold: 1s }}\n      variants:\n        - {{ name: fp16, backends: [fp16], weight: 90, control: true }}\n        - {{ name: int8, backends: [int8], weight: 10 }}\n",
+        "state_dir: {:?}\nbackends:\n  - {{ name: fp16, url: \"http://{}\" }}\n  - {{ name: int8, url: \"http://{}\" }}\nroutes:\n  - name: chat\n    experiment:\n      name: int8-vs-fp16\n      expose_variant: true\n      sticky_key: \"header:x-user-id\"\n      accept: {{ accuracy_drop_max_points: 1.0 }}\n      on_accept: promote\n      promote: {{ steps: [50, 100], hold: 1s }}\n      variants:\n        - {{ name: fp16, backends: [fp16], weight: 90, control: true }}\n        - {{ name: int8, backends: [int8], weight: 10 }}\n",
         dir.join("state"),
         fp16.addr,
         int8.addr

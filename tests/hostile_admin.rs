@@ -685,3 +685,218 @@ async fn admin_token_guesses_are_throttled_per_address() {
     );
     gw.shutdown();
 }
+
+/// One request from the loopback address `from` (127.0.0.x: a client of its own).
+async fn post_from(from: &str, to: SocketAddr, body: &str, headers: &[(&str, &str)]) -> Received {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{from}:0").parse().unwrap()).unwrap();
+    let stream = socket.connect(to).await.unwrap();
+    Client::over(stream)
+        .await
+        .send("POST", "/v1/chat/completions", body, headers)
+        .await
+}
+
+/// Sticky keys (`PREFIX-i`) the split of the experiment in `yaml` sends to `arm`, `n` of them:
+/// found on a gateway of the same config that names the arm in its answers.
+async fn users_of(yaml: &str, arm: &str, prefix: &str, n: usize) -> Vec<String> {
+    let probe = start_yaml(&yaml.replace(
+        "      sticky_key:",
+        "      expose_variant: true\n      sticky_key:",
+    ))
+    .await;
+    let mut users = Vec::new();
+    for i in 0.. {
+        let user = format!("{prefix}-{i}");
+        let r = post(
+            probe.data_addr,
+            "/v1/chat/completions",
+            &chat(false, 1, ""),
+            &[("x-user-id", user.as_str())],
+        )
+        .await;
+        if r.headers["x-inferscope-variant"] == arm {
+            users.push(user);
+            if users.len() == n {
+                break;
+            }
+        }
+    }
+    probe.shutdown();
+    users
+}
+
+/// Requests a client forced to a variant (`allow_override`) are answered and told their
+/// variant (the client chose it), and trip no guardrail: they are not a draw from the split.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forced_requests_trip_no_guardrail() {
+    let (fp16, int8) = (
+        start_sim(exact(2.0, 1.0), 1).await,
+        start_sim(exact(2.0, 1.0), 2).await,
+    );
+    let yaml = format!(
+        "backends:\n  - {{ name: fp16, url: \"http://{}\" }}\n  - {{ name: int8, url: \"http://{}\" }}\nroutes:\n  - name: chat\n    experiment:\n      name: int8-vs-fp16\n      allow_override: true\n      guardrails:\n        window: 60s\n        min_samples: 3\n        rules:\n          - {{ variant: int8, metric: e2e_p99_ms, max: 50 }}\n      variants:\n        - {{ name: fp16, backends: [fp16], weight: 50, control: true }}\n        - {{ name: int8, backends: [int8], weight: 50 }}\n",
+        fp16.addr, int8.addr
+    );
+    let gw = start_yaml(&yaml).await;
+    let long = chat(true, 200, "");
+    for _ in 0..6 {
+        let r = post(
+            gw.data_addr,
+            "/v1/chat/completions",
+            &long,
+            &[("x-inferscope-variant", "int8")],
+        )
+        .await;
+        assert_eq!(r.status, 200);
+        assert_eq!(r.headers["x-inferscope-variant"], "int8");
+        assert!(ms_of_e2e(&r) > 100.0);
+    }
+    // Guardrails judge as each record arrives: the six are in, none tripped.
+    until(Duration::from_secs(5), "the six recorded", || async {
+        recorded(gw.admin_addr).await >= 6
+    })
+    .await;
+    let (_, body) = admin_get(gw.admin_addr, "/experiments").await;
+    let x: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        x["experiments"][0]["guardrails"]["tripped"],
+        serde_json::json!([])
+    );
+    assert_eq!(x["experiments"][0]["left_out"]["variant_forced"], 6);
+    gw.shutdown();
+}
+
+/// How long a response took from the request's send to its last frame, ms.
+fn ms_of_e2e(r: &Received) -> f64 {
+    r.frames
+        .last()
+        .map_or(0.0, |(t, _)| t.duration_since(r.t_send).as_secs_f64() * 1e3)
+}
+
+/// A verdict that acts by itself is a fair comparison of what users felt, whatever one client
+/// does: responses do not name the arm; a client that picks its arm anyway (a sticky key from a
+/// header it sets) and sends it long requests weighs no more than its share, so the verdict is
+/// not turned; and a client that hangs up on one arm's answers makes the latency limits
+/// undecided instead of decided its way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_picks_its_arm_cannot_steer_an_automatic_rollout() {
+    let (fp16, int8) = (
+        start_sim(exact(2.0, 1.0), 1).await,
+        start_sim(exact(2.0, 1.0), 2).await,
+    );
+    let yaml = format!(
+        "backends:\n  - {{ name: fp16, url: \"http://{}\" }}\n  - {{ name: int8, url: \"http://{}\" }}\nroutes:\n  - name: chat\n    experiment:\n      name: int8-vs-fp16\n      sticky_key: \"header:x-user-id\"\n      min_samples: 20\n      accept: {{ e2e_change_max: 50 }}\n      on_reject: fallback\n      variants:\n        - {{ name: fp16, backends: [fp16], weight: 50, control: true }}\n        - {{ name: int8, backends: [int8], weight: 50 }}\n",
+        fp16.addr, int8.addr
+    );
+    let gw = start_yaml(&yaml).await;
+    let data = gw.data_addr;
+    let short = chat(true, 4, "");
+    // Honest users from five addresses: both arms, short answers.
+    let mut n = 0;
+    for from in [
+        "127.0.0.2",
+        "127.0.0.3",
+        "127.0.0.4",
+        "127.0.0.5",
+        "127.0.0.6",
+    ] {
+        for _ in 0..16 {
+            n += 1;
+            let user = format!("user-{n}");
+            let r = post_from(from, data, &short, &[("x-user-id", user.as_str())]).await;
+            assert_eq!(r.status, 200);
+            assert!(
+                r.headers.get("x-inferscope-variant").is_none(),
+                "the arm is not named by default"
+            );
+        }
+    }
+    // The attacker picks int8 through the sticky key and sends it 100 long requests.
+    let long = chat(true, 100, "");
+    for user in users_of(&yaml, "int8", "mine", 100).await {
+        let r = post_from("127.0.0.9", data, &long, &[("x-user-id", user.as_str())]).await;
+        assert_eq!(r.status, 200);
+    }
+    let view = || async {
+        let (_, body) = admin_get(gw.admin_addr, "/experiments").await;
+        let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+        doc["experiments"][0].clone()
+    };
+    let x = view().await;
+    let int8_requests = x["variants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["variant"] == "int8")
+        .map(|v| v["requests"].as_u64().unwrap())
+        .unwrap();
+    assert!(
+        int8_requests >= 130,
+        "the attacker's requests reached int8: {x}"
+    );
+    let row = &x["verdicts"][0];
+    assert_ne!(row["decision"], "reject", "{row}");
+    let e2e = x["comparisons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["metric"] == "e2e")
+        .unwrap()
+        .clone();
+    assert!(
+        e2e["verdict"].as_str().unwrap().contains("weight bounded"),
+        "{e2e}"
+    );
+    // The judge (every second) has kept a decision, and rolled nothing back.
+    until(
+        Duration::from_secs(5),
+        "the judge kept a decision",
+        || async {
+            view().await["decided"]
+                .as_array()
+                .is_some_and(|d| d.iter().any(|d| d["variant"] == "int8"))
+        },
+    )
+    .await;
+    let x = view().await;
+    assert_eq!(x["guardrails"]["tripped"], serde_json::json!([]), "{x}");
+
+    // Now it hangs up on int8's answers: cancellations differ, no latency limit is decided.
+    for user in users_of(&yaml, "int8", "gone", 30).await {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.9:0".parse().unwrap()).unwrap();
+        let mut client = Client::over(socket.connect(data).await.unwrap()).await;
+        let r = client
+            .send_until(
+                "POST",
+                "/v1/chat/completions",
+                &long,
+                &[("x-user-id", user.as_str())],
+                1,
+            )
+            .await;
+        drop(r);
+        client.abort();
+    }
+    until(
+        Duration::from_secs(5),
+        "the cancellations recorded",
+        || async {
+            view().await["variants"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|v| v["outcomes"]["client_cancelled"].as_u64() >= Some(30))
+        },
+    )
+    .await;
+    let x = view().await;
+    let check = &x["verdicts"][0]["checks"][0];
+    assert_eq!(check["state"], "undecided", "{check}");
+    assert!(
+        check["why"].as_str().unwrap().contains("cancelled"),
+        "{check}"
+    );
+    gw.shutdown();
+}

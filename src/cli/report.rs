@@ -52,6 +52,10 @@ pub(crate) struct Args {
     /// the experiment's `min_samples`, which a log does not carry).
     #[arg(long, default_value_t = crate::config::DEFAULT_MIN_SAMPLES)]
     min_samples: usize,
+    /// No one client (its key's name, else its address) weighs more than this share of a
+    /// group's requests in a comparison (the experiment's `max_client_share`; 1: unbounded).
+    #[arg(long, default_value_t = crate::config::DEFAULT_MAX_CLIENT_SHARE, value_name = "SHARE")]
+    max_client_share: f64,
     /// Print JSON (per group: labels, counts, p50/p90/p99 of every metric; comparisons).
     #[arg(long)]
     json: bool,
@@ -89,6 +93,7 @@ pub(crate) fn exec(args: &Args) -> ExitCode {
         purpose,
         control,
         min_samples,
+        max_client_share,
         json,
         config: roof_config,
         quality,
@@ -119,6 +124,7 @@ pub(crate) fn exec(args: &Args) -> ExitCode {
         purpose: purpose.clone(),
         control: control.clone(),
         min_samples: *min_samples,
+        max_client_share: *max_client_share,
         json: *json,
         quality,
         accept,
@@ -210,6 +216,7 @@ fn html(args: &Args, out: &std::path::Path) -> anyhow::Result<()> {
             purpose: args.purpose.clone(),
             control: None,
             min_samples: args.min_samples,
+            max_client_share: args.max_client_share,
             json: false,
             quality: Vec::new(),
             accept: None,

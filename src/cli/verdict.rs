@@ -41,6 +41,10 @@ pub(crate) struct Args {
     /// Offline: no verdict until both variants have this many samples of a metric.
     #[arg(long, default_value_t = crate::config::DEFAULT_MIN_SAMPLES)]
     min_samples: usize,
+    /// Offline: no one client weighs more than this share of a variant's requests (the
+    /// experiment's `max_client_share`; 1: unbounded).
+    #[arg(long, default_value_t = crate::config::DEFAULT_MAX_CLIENT_SHARE, value_name = "SHARE")]
+    max_client_share: f64,
     /// Print JSON: the experiment, each variant's decision and checks, the decision.
     #[arg(long)]
     json: bool,
@@ -205,6 +209,7 @@ fn offline(args: &Args) -> anyhow::Result<Judged> {
         purpose: None,
         control: Some(control.clone()),
         min_samples: args.min_samples,
+        max_client_share: args.max_client_share,
         json: true,
         quality: super::report::read_quality(&args.quality)?,
         accept: super::report::parse_accept(args.accept.as_deref())?,

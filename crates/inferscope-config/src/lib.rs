@@ -35,7 +35,9 @@ pub use schema::{
     OnAccept, OnReject, OutlierConfig, PriceConfig, ProbeConfig, PromoteConfig, RetryConfig,
     ShadowConfig, SloConfig, TimeoutsConfig, GPU_PRESETS,
 };
-pub use schema::{DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN, DEFAULT_MIN_SAMPLES};
+pub use schema::{
+    DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN, DEFAULT_MAX_CLIENT_SHARE, DEFAULT_MIN_SAMPLES,
+};
 pub use telemetry::{
     resolve as resolve_telemetry, Protocol, Settings as TelemetrySettings, SettingsError,
 };

@@ -750,6 +750,12 @@ fn validate_route(r: &RouteConfig, backends: &HashSet<&str>) -> Result<(), Inval
                     );
                 }
             }
+            if !(x.max_client_share > 0.0 && x.max_client_share <= 1.0) {
+                return err(
+                    vec![K("experiment"), K("max_client_share")],
+                    "a share above 0 and at most 1 (1: unbounded)",
+                );
+            }
             if x.on_accept.is_some() && x.accept.is_none() {
                 return err(
                     vec![K("experiment"), K("on_accept")],

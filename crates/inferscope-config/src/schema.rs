@@ -23,6 +23,8 @@ pub const DEFAULT_ADMIN_LISTEN: SocketAddr = SocketAddr::V4(std::net::SocketAddr
 
 /// An experiment's fixed horizon when it names none (`min_samples:`), and `report`'s.
 pub const DEFAULT_MIN_SAMPLES: usize = 200;
+/// The most of a variant's requests one client weighs in a comparison, by default.
+pub const DEFAULT_MAX_CLIENT_SHARE: f64 = 0.2;
 
 /// The whole gateway configuration.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
@@ -108,6 +110,9 @@ mod defaults {
     }
     pub(super) fn min_samples() -> usize {
         super::DEFAULT_MIN_SAMPLES
+    }
+    pub(super) fn max_client_share() -> f64 {
+        super::DEFAULT_MAX_CLIENT_SHARE
     }
     pub(super) fn shadow_concurrency() -> usize {
         16
@@ -912,9 +917,22 @@ pub struct ExperimentConfig {
     /// `variant_forced` and kept out of the comparisons (they are not a random draw).
     #[serde(default)]
     pub allow_override: bool,
+    /// Name the variant that served in each response's `x-inferscope-variant` header. Off by
+    /// default: a client that knows its arm can steer the comparison (hang up on the arm it
+    /// does not want, or with a header sticky key pick its arm). A request that forced its
+    /// variant (`allow_override`) is answered with it either way.
+    #[serde(default)]
+    pub expose_variant: bool,
     /// Fixed horizon: no verdict until every variant has this many samples of a metric.
     #[serde(default = "defaults::min_samples")]
     pub min_samples: usize,
+    /// No one client — its key's name where `auth` is on, else its address, never a header it
+    /// chooses — weighs more than this share of a variant's requests in a comparison (past it
+    /// a seeded choice of its requests is left out; with too few clients for the share, none
+    /// outweighs the next-largest). 1: unbounded, for one trusted caller (an application
+    /// server) that sends every request.
+    #[serde(default = "defaults::max_client_share")]
+    pub max_client_share: f64,
     /// SLOs that roll a variant back to the control when breached.
     #[serde(default)]
     pub guardrails: Option<GuardrailsConfig>,

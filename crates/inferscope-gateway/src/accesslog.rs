@@ -125,6 +125,8 @@ pub const FIELDS: &[Field] = &[
 pub struct LogLine {
     /// Arrival, RFC 3339.
     pub ts: Option<String>,
+    /// The request's id.
+    pub request_id: Option<String>,
     /// The route.
     pub route: Option<String>,
     /// The model requested.
@@ -136,6 +138,10 @@ pub struct LogLine {
     /// The client forced the variant.
     #[serde(default)]
     pub variant_forced: bool,
+    /// The client's address (`ip:port`).
+    pub client: Option<String>,
+    /// The client key's name, where keys are configured.
+    pub key: Option<String>,
     /// `live`, `shadow`, `eval` or `bench` (absent in logs older than it).
     pub purpose: Option<String>,
     /// The benchmark run it was tagged with.

@@ -291,6 +291,18 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         ),
         None => None,
     };
+    if config.admin.allow_unauthenticated && admin_token.is_none() && !admin_addr.ip().is_loopback()
+    {
+        let receiver = if config.backends.iter().any(|b| b.engine_spans.is_some()) {
+            " and its OTLP span receiver"
+        } else {
+            ""
+        };
+        tracing::warn!(
+            admin = %admin_addr,
+            "admin.allow_unauthenticated: the admin API{receiver} answer anyone who can reach {admin_addr} without a token (measurements, experiments, resets, posted results)"
+        );
+    }
 
     let data_tls = server_tls(config.tls.as_ref(), "tls").await?;
     let admin_tls = server_tls(config.admin.tls.as_ref(), "admin.tls").await?;

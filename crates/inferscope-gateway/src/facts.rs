@@ -88,3 +88,15 @@ pub struct EngineLoad {
     /// Age of the scrape, milliseconds.
     pub age_ms: u32,
 }
+
+/// Who sent a request, as the gateway bounds one client's weight (in a verdict's samples, in
+/// the benchmark runs it keeps): the client key's name where keys are configured (a name the
+/// client proved), else the peer address — never a header the client chooses. 0 when neither
+/// is known.
+pub fn client_id(key: Option<&str>, addr: Option<std::net::IpAddr>) -> u64 {
+    match (key, addr) {
+        (Some(k), _) => crate::util::stable_hash(format!("key:{k}").as_bytes()) | 1,
+        (None, Some(a)) => crate::util::stable_hash(format!("addr:{a}").as_bytes()) | 1,
+        (None, None) => 0,
+    }
+}

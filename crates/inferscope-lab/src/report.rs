@@ -23,6 +23,9 @@ pub struct ReportOptions {
     pub control: Option<String>,
     /// Fixed horizon for verdicts.
     pub min_samples: usize,
+    /// One client's largest share of a group's requests in a comparison (the experiment's
+    /// `max_client_share`).
+    pub max_client_share: f64,
     /// JSON instead of a table: per group the labels, counts and every metric's p50/p90/p99,
     /// and the comparisons (the `/experiments` shape).
     pub json: bool,
@@ -231,7 +234,15 @@ pub fn report(o: &ReportOptions) -> Result<String, ReportError> {
     // Verdict rows: when asked for, or when there is a cost to show beside the latency.
     let joined = o.by == "variant" && o.control.is_some() && (asked || !prices.is_empty());
     let summary = |control: &str| {
-        let mut s = summarize("report", control, &arms, o.min_samples);
+        let mut s = summarize(
+            "report",
+            control,
+            &arms,
+            crate::experiment::Horizon {
+                min_samples: o.min_samples,
+                max_client_share: o.max_client_share,
+            },
+        );
         crate::experiment::quality::add_costs(&mut s, &prices);
         s
     };
@@ -300,7 +311,7 @@ pub fn report(o: &ReportOptions) -> Result<String, ReportError> {
     let _ = writeln!(out, "|{}", "---|".repeat(label_cols.len() + 11));
     for (k, a) in &arms {
         let q = |i: usize, p: f64| {
-            let mut s = a.samples[i].values().to_vec();
+            let mut s = a.samples[i].values();
             s.sort_unstable_by(f64::total_cmp);
             crate::util::quantile::of_sorted_ms(&s, p)
                 .map_or_else(|| "-".to_string(), |v| format!("{v:.2}"))

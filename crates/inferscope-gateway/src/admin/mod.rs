@@ -762,7 +762,7 @@ fn experiment_view(
 ) -> crate::experiment::ExperimentView {
     use crate::experiment::{quality, ExperimentView, ShadowView};
     let arms = rec.experiments.arms(route);
-    let mut summary = crate::experiment::summarize(&x.name, &x.control, &arms, x.min_samples);
+    let mut summary = crate::experiment::summarize(&x.name, &x.control, &arms, x.horizon);
     quality::add_costs(&mut summary, &x.prices);
     quality::add_energy(&mut summary, &variant_energy(x, &rec.stats));
     let feedback = rec.experiments.feedback.summary(route);

@@ -97,20 +97,110 @@ pub fn quantile(sorted: &[f64], q: f64) -> f64 {
     crate::util::quantile::at_rank(sorted, q).unwrap_or(f64::NAN)
 }
 
-fn subsample(x: &[f64], rng: &mut Rng) -> Vec<f64> {
-    if x.len() <= MAX_SAMPLES {
-        return x.to_vec();
-    }
-    (0..MAX_SAMPLES)
-        .map(|_| x[(rng.next_u64() % x.len() as u64) as usize])
-        .collect()
+/// Samples grouped by the unit that was drawn at random: a request. A request's ITL gaps are
+/// one cluster (they share its stream, its batch, its engine's state: not independent draws);
+/// every other metric has one sample per request. Clusters are in a canonical order (by their
+/// smallest value, then size, then id), so a comparison depends on the samples, not on the
+/// order they arrived in (a fleet's merged logs give what one log of the same requests gives).
+#[derive(Debug, Clone, Default)]
+pub struct Clusters {
+    /// Every value, cluster after cluster.
+    values: Vec<f64>,
+    /// Each cluster's range in `values`.
+    ranges: Vec<(usize, usize)>,
 }
 
-fn resample_quantiles(x: &[f64], rng: &mut Rng, buf: &mut Vec<f64>) -> (f64, f64) {
-    buf.clear();
-    buf.extend((0..x.len()).map(|_| x[(rng.next_u64() % x.len() as u64) as usize]));
-    buf.sort_unstable_by(f64::total_cmp);
-    (quantile(buf, 0.5), quantile(buf, 0.99))
+impl Clusters {
+    /// One value per cluster.
+    pub fn singletons(x: &[f64]) -> Self {
+        let mut values = x.to_vec();
+        values.sort_unstable_by(f64::total_cmp);
+        let ranges = (0..values.len()).map(|i| (i, i + 1)).collect();
+        Self { values, ranges }
+    }
+
+    /// `samples` as (cluster id, value), grouped by id.
+    pub fn of(samples: &[(u64, f64)]) -> Self {
+        let mut by: Vec<(u64, f64)> = samples.to_vec();
+        by.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
+        let mut groups: Vec<(f64, usize, u64, usize)> = Vec::new(); // (min, len, id, start)
+        let mut i = 0;
+        while i < by.len() {
+            let mut j = i;
+            while j < by.len() && by[j].0 == by[i].0 {
+                j += 1;
+            }
+            groups.push((by[i].1, j - i, by[i].0, i));
+            i = j;
+        }
+        groups.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+        let mut out = Self::default();
+        for (_, len, _, start) in groups {
+            let at = out.values.len();
+            out.values
+                .extend(by[start..start + len].iter().map(|s| s.1));
+            out.ranges.push((at, at + len));
+        }
+        out
+    }
+
+    /// Clusters.
+    pub fn len(&self) -> usize {
+        self.ranges.len()
+    }
+
+    /// No cluster.
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
+    }
+
+    fn cluster(&self, i: usize) -> &[f64] {
+        let (a, b) = self.ranges[i];
+        &self.values[a..b]
+    }
+
+    /// At most `MAX_SAMPLES` clusters, drawn at random (with replacement) past it.
+    fn subsample(&self, rng: &mut Rng) -> Self {
+        if self.len() <= MAX_SAMPLES {
+            return self.clone();
+        }
+        let mut out = Self::default();
+        for _ in 0..MAX_SAMPLES {
+            let c = self.cluster((rng.next_u64() % self.len() as u64) as usize);
+            let at = out.values.len();
+            out.values.extend_from_slice(c);
+            out.ranges.push((at, at + c.len()));
+        }
+        out
+    }
+
+    /// Each cluster's median, in cluster order.
+    fn medians(&self) -> Vec<f64> {
+        (0..self.len())
+            .map(|i| {
+                let mut c = self.cluster(i).to_vec();
+                c.sort_unstable_by(f64::total_cmp);
+                quantile(&c, 0.5)
+            })
+            .collect()
+    }
+
+    /// Every value, sorted.
+    fn sorted(&self) -> Vec<f64> {
+        let mut v = self.values.clone();
+        v.sort_unstable_by(f64::total_cmp);
+        v
+    }
+
+    /// The median and p99 of a resample of the clusters (as many, with replacement).
+    fn resample_quantiles(&self, rng: &mut Rng, buf: &mut Vec<f64>) -> (f64, f64) {
+        buf.clear();
+        for _ in 0..self.len() {
+            buf.extend_from_slice(self.cluster((rng.next_u64() % self.len() as u64) as usize));
+        }
+        buf.sort_unstable_by(f64::total_cmp);
+        (quantile(buf, 0.5), quantile(buf, 0.99))
+    }
 }
 
 /// Standard normal CDF (Abramowitz–Stegun 7.1.26 via erf; |error| < 1.5e-7).
@@ -177,32 +267,35 @@ pub fn hodges_lehmann(a: &[f64], b: &[f64]) -> f64 {
     quantile(&d, 0.5)
 }
 
-/// Compares `treatment` with `control` (raw samples, any unit). `seed` fixes the resampling.
+/// Compares `treatment` with `control` (raw samples, one per request, any unit). `seed` fixes
+/// the resampling.
 pub fn compare(control: &[f64], treatment: &[f64], seed: u64) -> Option<Comparison> {
+    compare_clusters(
+        &Clusters::singletons(control),
+        &Clusters::singletons(treatment),
+        seed,
+    )
+}
+
+/// Compares `treatment` with `control` where samples come in clusters (a request's ITL gaps):
+/// the percentiles are over every sample, but the bootstrap resamples clusters, the rank test
+/// and the Hodges–Lehmann shift are on each cluster's median, and the counts are of clusters —
+/// so a stream's hundreds of gaps count as the one draw they are, not as hundreds.
+pub fn compare_clusters(control: &Clusters, treatment: &Clusters, seed: u64) -> Option<Comparison> {
     if control.len() < 2 || treatment.len() < 2 {
         return None;
     }
-    let sorted = |x: &[f64]| {
-        let mut v = x.to_vec();
-        v.sort_unstable_by(f64::total_cmp);
-        v
-    };
-    // Sorted first: the result depends on the samples, not on the order they arrived in (a
-    // fleet's merged logs give the verdict one log of the same requests gives).
     let mut rng = Rng::new(seed);
-    let (c, t) = (
-        subsample(&sorted(control), &mut rng),
-        subsample(&sorted(treatment), &mut rng),
-    );
-    let (cs, ts) = (sorted(&c), sorted(&t));
+    let (c, t) = (control.subsample(&mut rng), treatment.subsample(&mut rng));
+    let (cs, ts) = (c.sorted(), t.sorted());
     let ratio = |num: f64, den: f64| if den > 0.0 { num / den - 1.0 } else { f64::NAN };
     let median_change = ratio(quantile(&ts, 0.5), quantile(&cs, 0.5));
     let p99_change = ratio(quantile(&ts, 0.99), quantile(&cs, 0.99));
     let (mut meds, mut p99s) = (Vec::with_capacity(RESAMPLES), Vec::with_capacity(RESAMPLES));
     let (mut b1, mut b2) = (Vec::new(), Vec::new());
     for _ in 0..RESAMPLES {
-        let (cm, c99) = resample_quantiles(&c, &mut rng, &mut b1);
-        let (tm, t99) = resample_quantiles(&t, &mut rng, &mut b2);
+        let (cm, c99) = c.resample_quantiles(&mut rng, &mut b1);
+        let (tm, t99) = t.resample_quantiles(&mut rng, &mut b2);
         meds.push(ratio(tm, cm));
         p99s.push(ratio(t99, c99));
     }
@@ -214,6 +307,7 @@ pub fn compare(control: &[f64], treatment: &[f64], seed: u64) -> Option<Comparis
             hi: quantile(v, 0.975),
         }
     };
+    let (cm, tm) = (c.medians(), t.medians());
     Some(Comparison {
         n_control: control.len(),
         n_treatment: treatment.len(),
@@ -221,8 +315,8 @@ pub fn compare(control: &[f64], treatment: &[f64], seed: u64) -> Option<Comparis
         median_ci: interval(&mut meds),
         p99_change,
         p99_ci: interval(&mut p99s),
-        hodges_lehmann: hodges_lehmann(&c[..c.len().min(500)], &t[..t.len().min(500)]),
-        p_value: mann_whitney(&c, &t),
+        hodges_lehmann: hodges_lehmann(&cm[..cm.len().min(500)], &tm[..tm.len().min(500)]),
+        p_value: mann_whitney(&cm, &tm),
     })
 }
 

@@ -31,6 +31,16 @@ use std::sync::Arc;
 /// header naming the variant that served.
 pub const VARIANT_HEADER: &str = "x-inferscope-variant";
 
+/// What a comparison waits for and how it weighs clients.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Horizon {
+    /// No verdict until both arms have this many requests with a sample of the metric.
+    pub min_samples: usize,
+    /// No client (key, else address) weighs more than this share of an arm's requests in a
+    /// comparison (`bound_clients`); 1: unbounded.
+    pub max_client_share: f64,
+}
+
 /// Samples kept per metric and variant (uniform reservoir over everything seen).
 pub const RESERVOIR: usize = 10_000;
 
@@ -39,10 +49,24 @@ pub const RESERVOIR: usize = 10_000;
 /// `e2e_unstreamed`: not).
 pub const COMPARED: [&str; 6] = ["ttft", "ttfc", "tpot", "itl", "e2e", "e2e_unstreamed"];
 
-/// A uniform random sample of a stream of values (Algorithm R), bounded in memory.
+/// One kept sample: its value, the request it came from (a request's ITL gaps share it), and
+/// the client that sent it (its key's name, else its address: `client_id`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sample {
+    /// Milliseconds.
+    pub ms: f64,
+    /// The request (a hash of its id).
+    pub request: u64,
+    /// The client (`client_id`; 0 when unknown).
+    pub client: u64,
+}
+
+pub use crate::facts::client_id;
+
+/// A uniform random sample of a stream of samples (Algorithm R), bounded in memory.
 #[derive(Debug, Clone)]
 pub struct Reservoir {
-    values: Vec<f64>,
+    values: Vec<Sample>,
     seen: u64,
     rng: Rng,
 }
@@ -57,8 +81,8 @@ impl Reservoir {
         }
     }
 
-    /// Offers one value.
-    pub fn push(&mut self, x: f64) {
+    /// Offers one sample.
+    pub fn push(&mut self, x: Sample) {
         self.seen += 1;
         if self.values.len() < RESERVOIR {
             self.values.push(x);
@@ -70,15 +94,79 @@ impl Reservoir {
         }
     }
 
-    /// The kept values.
-    pub fn values(&self) -> &[f64] {
+    /// The kept samples.
+    pub fn samples(&self) -> &[Sample] {
         &self.values
+    }
+
+    /// The kept values, milliseconds.
+    pub fn values(&self) -> Vec<f64> {
+        self.values.iter().map(|s| s.ms).collect()
     }
 
     /// Values offered so far.
     pub fn seen(&self) -> u64 {
         self.seen
     }
+}
+
+/// `samples` with no client weighing more than `max_share` of the requests left — or, where
+/// there are too few clients for that, more than the next-largest client: each client over the
+/// bound keeps a seeded random choice of its requests (all the samples of each kept request).
+/// A lone client (or clients not told apart: id 0) is left whole. Returns the samples kept and
+/// how many requests were left out.
+pub fn bound_clients(samples: &[Sample], max_share: f64, seed: u64) -> (Vec<Sample>, u64) {
+    use std::collections::BTreeSet;
+    let mut requests: BTreeMap<u64, BTreeSet<u64>> = BTreeMap::new();
+    for s in samples {
+        requests.entry(s.client).or_default().insert(s.request);
+    }
+    if requests.len() < 2 || max_share >= 1.0 {
+        return (samples.to_vec(), 0);
+    }
+    let mut counts: Vec<usize> = requests.values().map(BTreeSet::len).collect();
+    counts.sort_unstable_by(|a, b| b.cmp(a));
+    // The largest cap `t` with t ≤ max_share × Σ min(n_i, t): no client over max_share of
+    // what is kept. Σ min(n_i, t) / t falls as t grows, so the bound holds below some t.
+    let kept = |t: usize| counts.iter().map(|n| (*n).min(t)).sum::<usize>();
+    let holds = |t: usize| (t as f64) <= max_share * kept(t) as f64;
+    let cap = if holds(1) {
+        let (mut lo, mut hi) = (1, counts[0]);
+        while lo < hi {
+            let mid = (lo + hi).div_ceil(2);
+            if holds(mid) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        lo
+    } else {
+        // Too few clients for the share: none outweighs the next-largest.
+        counts[1]
+    };
+    let mut keep: BTreeSet<(u64, u64)> = BTreeSet::new();
+    let mut left_out = 0u64;
+    let mut rng = Rng::new(seed);
+    for (client, reqs) in &requests {
+        let mut reqs: Vec<u64> = reqs.iter().copied().collect();
+        if reqs.len() > cap && *client != 0 {
+            // A seeded partial shuffle: the first `cap` are kept.
+            for i in 0..cap {
+                let j = i + (rng.next_u64() % (reqs.len() - i) as u64) as usize;
+                reqs.swap(i, j);
+            }
+            left_out += (reqs.len() - cap) as u64;
+            reqs.truncate(cap);
+        }
+        keep.extend(reqs.into_iter().map(|r| (*client, r)));
+    }
+    let out = samples
+        .iter()
+        .filter(|s| keep.contains(&(s.client, s.request)))
+        .copied()
+        .collect();
+    (out, left_out)
 }
 
 /// One variant's accumulated data.
@@ -151,7 +239,19 @@ impl Arm {
         }
         self.output_tokens += r.output_tokens.unwrap_or(0);
         self.output_seconds += r.e2e.as_secs_f64();
-        let ms = crate::util::quantile::duration_ms;
+        let (request, client) = (
+            crate::util::stable_hash(r.meta.request_id.as_bytes()),
+            client_id(
+                crate::facts::Facts::of(&r.meta).key.as_deref(),
+                r.meta.client.map(|a| a.ip()),
+            ),
+        );
+        let at = |ms: f64| Sample {
+            ms,
+            request,
+            client,
+        };
+        let ms = |d| at(crate::util::quantile::duration_ms(d));
         let [ttft, ttfc, tpot, itl, e2e, e2e_unstreamed] = &mut self.samples;
         if let Some(d) = r.ttft {
             ttft.push(ms(d));
@@ -164,7 +264,7 @@ impl Arm {
         }
         r.itl.for_each_us(|us, n| {
             for _ in 0..n {
-                itl.push(crate::util::quantile::us_to_ms(us));
+                itl.push(at(crate::util::quantile::us_to_ms(us)));
             }
         });
         if r.meta.stream {
@@ -191,6 +291,23 @@ impl Arm {
         }
         self.output_tokens += v.output_tokens.unwrap_or(0);
         self.output_seconds += e2e_s;
+        let addr = v.client.as_deref().and_then(|c| {
+            c.parse::<std::net::SocketAddr>()
+                .map(|a| a.ip())
+                .or_else(|_| c.parse())
+                .ok()
+        });
+        // A request is one draw wherever its line is read (one log, or a fleet's merged ones).
+        let request = v
+            .request_id
+            .as_deref()
+            .map_or(self.requests, |id| crate::util::stable_hash(id.as_bytes()));
+        let client = client_id(v.key.as_deref(), addr);
+        let at = |ms: f64| Sample {
+            ms,
+            request,
+            client,
+        };
         let e2e = if v.stream == Some(false) { 5 } else { 4 };
         for (i, x) in [
             (0, v.ttft_ms),
@@ -199,13 +316,13 @@ impl Arm {
             (e2e, v.e2e_ms),
         ] {
             if let Some(x) = x {
-                self.samples[i].push(x);
+                self.samples[i].push(at(x));
             }
         }
         // Every gap, as `/stats` records them (logs written before `itl_us` existed have only
         // per-request summaries: their ITL is left out rather than estimated).
         for &us in &v.itl_us {
-            self.samples[3].push(crate::util::quantile::us_to_ms(us));
+            self.samples[3].push(at(crate::util::quantile::us_to_ms(us)));
         }
     }
 
@@ -818,8 +935,12 @@ pub fn summarize(
     name: &str,
     control: &str,
     arms: &BTreeMap<Arc<str>, Arm>,
-    min_samples: usize,
+    horizon: Horizon,
 ) -> Summary {
+    let Horizon {
+        min_samples,
+        max_client_share,
+    } = horizon;
     let variants: Vec<VariantSummary> = arms
         .iter()
         .map(|(v, a)| {
@@ -858,7 +979,7 @@ pub fn summarize(
                 joules_per_output_token: None,
             };
             for (metric, r) in Metric::LATENCY.into_iter().zip(&a.samples) {
-                let mut sorted = r.values().to_vec();
+                let mut sorted = r.values();
                 sorted.sort_unstable_by(f64::total_cmp);
                 if let Some(slot) = s.latency_mut(metric) {
                     *slot = Percentiles::of_sorted(&sorted, r.seen());
@@ -871,10 +992,22 @@ pub fn summarize(
     if let Some(base) = arms.get(control) {
         for (v, a) in arms.iter().filter(|(v, _)| v.as_ref() != control) {
             for (i, metric) in Metric::LATENCY.into_iter().enumerate() {
-                let (c, t) = (base.samples[i].values(), a.samples[i].values());
+                let (c, t) = (base.samples[i].samples(), a.samples[i].samples());
                 if c.is_empty() && t.is_empty() {
                     continue;
                 }
+                let seed =
+                    crate::util::stable_hash(format!("{name}/{v}/{}", metric.as_str()).as_bytes());
+                // No one client outweighs the rest; then each request is one draw (its ITL
+                // gaps together).
+                let ((c, c_out), (t, t_out)) = (
+                    bound_clients(c, max_client_share, seed),
+                    bound_clients(t, max_client_share, seed ^ 1),
+                );
+                let clusters = |x: &[Sample]| {
+                    compare::Clusters::of(&x.iter().map(|s| (s.request, s.ms)).collect::<Vec<_>>())
+                };
+                let (c, t) = (clusters(&c), clusters(&t));
                 let label = metric.as_str().to_uppercase();
                 let (nc, nt) = (c.len(), t.len());
                 if nc.min(nt) < min_samples {
@@ -891,13 +1024,15 @@ pub fn summarize(
                     comparisons.push(row);
                     continue;
                 }
-                let seed =
-                    crate::util::stable_hash(format!("{name}/{v}/{}", metric.as_str()).as_bytes());
-                let Some(cmp) = compare::compare(c, t, seed) else {
+                let Some(cmp) = compare::compare_clusters(&c, &t, seed) else {
                     continue;
                 };
+                let bounded = match c_out + t_out {
+                    0 => String::new(),
+                    n => format!(" (one client's weight bounded: {n} of its requests left out)"),
+                };
                 let verdict = format!(
-                    "{v} {label} {} [{}, {}], {}",
+                    "{v} {label} {} [{}, {}], {}{bounded}",
                     pct(cmp.median_change),
                     pct(cmp.median_ci.lo),
                     pct(cmp.median_ci.hi),

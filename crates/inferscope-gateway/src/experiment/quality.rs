@@ -540,6 +540,29 @@ pub enum ResultsFrom {
     Files,
 }
 
+/// Whether `variant`'s requests were cancelled by their clients significantly more or less
+/// often than the control's (the 95% Newcombe interval of the difference excludes zero): then
+/// the words that say so, for the latency checks.
+fn cancellations_differ(summary: &Summary, control: &str, variant: &str) -> Option<String> {
+    let (c, v) = (summary.variant(control)?, summary.variant(variant)?);
+    let cancelled = |s: &VariantSummary| s.outcomes.get("client_cancelled").copied().unwrap_or(0);
+    let (kc, kv) = (cancelled(c), cancelled(v));
+    if kc + kv == 0 {
+        return None;
+    }
+    let (d, ci) = super::compare::proportion_change(kc, c.requests, kv, v.requests)?;
+    ci.excludes(0.0).then(|| {
+        format!(
+            "not decided: clients cancelled {:.1}% of {variant}'s requests and {:.1}% of {control}'s ({:+.1} points, 95% [{:+.1}, {:+.1}]): latency is measured on the requests that ran to their end, so the arms are no longer comparable",
+            100.0 * kv as f64 / v.requests.max(1) as f64,
+            100.0 * kc as f64 / c.requests.max(1) as f64,
+            100.0 * d,
+            100.0 * ci.lo,
+            100.0 * ci.hi,
+        )
+    })
+}
+
 /// The joined verdict of every non-control variant: one row each, from the latency comparisons in
 /// `summary` (`summarize`'s output), the quality `results`, the `feedback` summary and the shadow
 /// agreement (`shadow`: the shadow variant's name, its exact matches and pairs), judged against
@@ -567,6 +590,11 @@ pub fn verdicts(
         .map(|variant| {
             let mut parts = Vec::new();
             let mut checks = Vec::new();
+            // Latency is measured on the requests that ran to their end: where one arm's
+            // clients hang up significantly more often than the other's, the arms' samples are
+            // no longer comparable (a client that knows its arm can drop the answers it does
+            // not like), so no latency limit is decided.
+            let skew = cancellations_differ(summary, control, variant);
             // Latency: the median change and its interval, once there is enough data.
             for (metric, limit) in [
                 (Metric::Ttft, accept.and_then(|a| a.ttft_change_max)),
@@ -609,13 +637,18 @@ pub fn verdicts(
                         (State::Broken, _) => "the whole interval is above the limit",
                     };
                     let key = format!("{}_change_max", metric.as_str());
-                    checks.push(check(
+                    let mut c = check(
                         &key,
                         max,
                         shown.unwrap_or_else(|| format!("{label}: no data")),
                         state,
                         why,
-                    ));
+                    );
+                    if let (Some(skew), true) = (&skew, ci.is_some()) {
+                        c.state = State::Undecided;
+                        c.why.clone_from(skew);
+                    }
+                    checks.push(c);
                 }
             }
             // Quality: every posted suite and corpus that scored this variant.

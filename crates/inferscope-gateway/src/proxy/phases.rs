@@ -558,7 +558,14 @@ impl Ctx {
         if strip {
             parts.headers.remove(header::CONTENT_LENGTH);
         }
-        let variant = self.notes.update(|m| Arc::clone(&m.variant));
+        // The arm that served is named to the client only where the experiment says so, or
+        // when the client chose it: a client that knows its arm can steer the comparison.
+        let expose =
+            matches!(&route.target, crate::route::Target::Experiment(x) if x.expose_variant);
+        let variant = self
+            .notes
+            .update(|m| (expose || m.variant_forced).then(|| Arc::clone(&m.variant)))
+            .flatten();
         if let Some(v) = variant.filter(|v| v.as_ref() != NONE) {
             if let Ok(v) = HeaderValue::try_from(v.as_ref()) {
                 parts.headers.insert(VARIANT_HEADER, v);

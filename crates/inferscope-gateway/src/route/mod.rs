@@ -168,10 +168,12 @@ pub struct Experiment {
     pub name: Arc<str>,
     /// The baseline variant.
     pub control: Arc<str>,
-    /// Fixed horizon for verdicts.
-    pub min_samples: usize,
+    /// Fixed horizon for verdicts, and one client's largest weight in them.
+    pub horizon: crate::experiment::Horizon,
     /// Honour `x-inferscope-variant`.
     pub allow_override: bool,
+    /// Name the serving variant in every response (else only in answers to forced requests).
+    pub expose_variant: bool,
     /// SLOs that roll variants back to the control.
     pub guard: Option<Arc<crate::experiment::Guardrails>>,
     /// Shadow traffic policy.
@@ -383,8 +385,12 @@ impl Router {
                             .find(|v| v.control)
                             .map_or("", |v| v.name.as_str())
                             .into(),
-                        min_samples: x.min_samples,
+                        horizon: crate::experiment::Horizon {
+                            min_samples: x.min_samples,
+                            max_client_share: x.max_client_share,
+                        },
                         allow_override: x.allow_override,
+                        expose_variant: x.expose_variant,
                         accept: x.accept.clone().map(Box::new),
                         prices: x
                             .variants

@@ -72,9 +72,10 @@ impl RecordSink for Observer {
                 .filter(|_| rec.outcome == Outcome::Ok);
             sh.offer(pair, m.purpose == Purpose::Shadow, text);
         }
-        // Only live traffic judges a served variant: shadow copies are measured apart, and an
-        // eval's or a benchmark's requests are not what users felt.
-        if let (Some(g), true) = (&x.guard, m.purpose == Purpose::Live) {
+        // Only live traffic the split assigned judges a served variant: shadow copies are
+        // measured apart, an eval's or a benchmark's requests are not what users felt, and a
+        // client that forced its variant could trip a guardrail at will.
+        if let (Some(g), true) = (&x.guard, m.purpose == Purpose::Live && !m.variant_forced) {
             for (variant, trip) in g.observe(rec) {
                 (self.on_trip)(&m.route, &variant, &trip);
             }

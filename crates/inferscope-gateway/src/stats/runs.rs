@@ -1,8 +1,10 @@
 //! The gateway's figures per benchmark run: the requests a client tagged with one run id
 //! (`x-inferscope-run`, taken where the route takes the purpose header) tallied apart, so that
 //! `inferscope bench --compare-gateway` sets its figures beside the gateway's over exactly the
-//! same requests, never beside totals that hold other traffic. The newest `MAX_RUNS` runs are
-//! kept; a client cannot grow the table.
+//! same requests, never beside totals that hold other traffic. `MAX_RUNS` runs are kept, the
+//! one that went longest without a request let go first; one client (its key, else its address)
+//! holds at most `MAX_RUNS_PER_CLIENT`, its own oldest let go for its next: a client cannot grow
+//! the table, nor push a running benchmark out of it with forged ids.
 
 use crate::facts::Facts;
 use crate::meter::RequestRecord;
@@ -15,8 +17,10 @@ use tokio::time::Instant;
 /// The header a benchmark tags its requests with.
 pub const RUN_HEADER: &str = "x-inferscope-run";
 
-/// Runs kept: the newest ones, the oldest dropped first.
+/// Runs kept: the most recently active ones.
 pub const MAX_RUNS: usize = 16;
+/// Runs one client holds at most.
+pub const MAX_RUNS_PER_CLIENT: usize = 4;
 
 /// A run id as a client may give it: 1 to 64 of `A-Z a-z 0-9 . _ : -`.
 pub fn run_id(v: &[u8]) -> Option<Arc<str>> {
@@ -30,6 +34,8 @@ pub fn run_id(v: &[u8]) -> Option<Arc<str>> {
 #[derive(Debug)]
 struct Run {
     id: Arc<str>,
+    /// Who started it (`facts::client_id`).
+    owner: u64,
     tally: Tally,
     first: Instant,
     last: Instant,
@@ -54,13 +60,28 @@ impl Runs {
             r.last = now;
             return;
         }
-        if runs.len() >= MAX_RUNS {
-            runs.pop_front();
+        let owner = crate::facts::client_id(
+            Facts::of(&rec.meta).key.as_deref(),
+            rec.meta.client.map(|a| a.ip()),
+        );
+        let own: Vec<usize> = (0..runs.len())
+            .filter(|i| runs[*i].owner == owner)
+            .collect();
+        let evict = if own.len() >= MAX_RUNS_PER_CLIENT {
+            own.first().copied()
+        } else if runs.len() >= MAX_RUNS {
+            (0..runs.len()).min_by_key(|i| runs[*i].last)
+        } else {
+            None
+        };
+        if let Some(i) = evict {
+            runs.remove(i);
         }
         let mut tally = Tally::default();
         tally.record(rec);
         runs.push_back(Run {
             id: Arc::clone(id),
+            owner,
             tally,
             first: now,
             last: now,
@@ -84,6 +105,34 @@ impl Runs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn tagged(run: &str, from: [u8; 4]) -> RequestRecord {
+        let mut m = crate::meter::RequestMeta::new(http::Method::POST, "/v1/chat/completions");
+        m.client = Some(std::net::SocketAddr::from((from, 1234)));
+        Facts::of_mut(&mut m).run = run_id(run.as_bytes());
+        RequestRecord::without_body(m, 200, crate::meter::Outcome::Ok, None, 0)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn forged_run_ids_cannot_push_a_running_benchmark_out() {
+        let runs = Runs::default();
+        runs.record(&tagged("bench-1", [10, 0, 0, 1]));
+        // One address forging 40 ids holds 4 at most; the benchmark stays.
+        for i in 0..40 {
+            runs.record(&tagged(&format!("forged-{i}"), [10, 0, 0, 66]));
+        }
+        assert_eq!(runs.ids().len(), 5);
+        assert!(runs.get("bench-1").is_some());
+        // Many addresses: the run that went longest without a request goes first, and a
+        // running benchmark keeps sending.
+        for i in 0..40u8 {
+            tokio::time::advance(std::time::Duration::from_millis(10)).await;
+            runs.record(&tagged("bench-1", [10, 0, 0, 1]));
+            runs.record(&tagged(&format!("many-{i}"), [10, 1, 0, i]));
+        }
+        assert_eq!(runs.ids().len(), MAX_RUNS);
+        assert!(runs.get("bench-1").is_some());
+    }
 
     #[test]
     fn run_ids_are_short_and_plain() {
