@@ -900,3 +900,28 @@ async fn a_client_that_picks_its_arm_cannot_steer_an_automatic_rollout() {
     );
     gw.shutdown();
 }
+
+/// A posted result that is well formed but impossible is refused with its reason, and nothing
+/// acts on it: an inverted interval around a 60-point drop, an accuracy of 7, a suite name that
+/// rewrites a terminal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn impossible_quality_results_are_refused() {
+    let state = temp_dir().join("state");
+    let (yaml, _sims) = stateful(&state).await;
+    let gw = start_yaml(&yaml).await;
+    for (body, why) in [
+        (BROKEN.replace("[-0.23,-0.15]", "[0.2,-0.9]"), "[low, high]"),
+        (BROKEN.replace("\"value\":0.99", "\"value\":7"), "0..1"),
+        (BROKEN.replace("\"quiz\"", "\"quiz\\u001b[2J\""), "control"),
+    ] {
+        let r = post(gw.admin_addr, "/experiments/quality", &body, &[]).await;
+        assert_eq!(r.status, 400, "{body}");
+        let text = String::from_utf8_lossy(&r.body()).into_owned();
+        assert!(text.contains(why), "{text}");
+    }
+    let (_, body) = admin_get(gw.admin_addr, "/experiments").await;
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(doc["experiments"][0]["quality"], serde_json::json!([]));
+    assert_eq!(tripped(gw.admin_addr).await, 0);
+    gw.shutdown();
+}

@@ -65,6 +65,11 @@ pub struct Report {
     pub outcomes: BTreeMap<String, u64>,
     /// Resident memory (KiB) before the abuse and at its end.
     pub rss_kib: (u64, u64),
+    /// The admin listener's probes during the abuse: answered, and their latency (ms).
+    pub probes: Latency,
+    /// The gateway's own counts at the end: OTLP exports by outcome, state-file writes by
+    /// outcome, admin connections evicted.
+    pub admin_counts: BTreeMap<String, f64>,
     /// Seconds of each phase.
     pub seconds: (f64, f64),
 }
@@ -112,6 +117,15 @@ impl Report {
         );
         println!("log outcomes: {:?}", self.outcomes);
         println!("rss KiB: {} -> {}", self.rss_kib.0, self.rss_kib.1);
+        println!(
+            "admin probes under abuse: {} answered, {} not | p50 {:.2} p99 {:.2} max {:.2} ms",
+            self.probes.ok,
+            self.probes.failed,
+            Latency::q(&self.probes.e2e, 0.5),
+            Latency::q(&self.probes.e2e, 0.99),
+            Latency::q(&self.probes.e2e, 1.0),
+        );
+        println!("admin side: {:?}", self.admin_counts);
     }
 }
 
@@ -468,6 +482,208 @@ fn post_bytes(body: &str) -> Vec<u8> {
     .into_bytes()
 }
 
+/// Admin requests made over a raw connection: `bytes`, then the status line.
+async fn admin_raw(admin: SocketAddr, bytes: &[u8]) -> Option<String> {
+    let mut s = TcpStream::connect(admin).await.ok()?;
+    s.write_all(bytes).await.ok()?;
+    status_line(&mut s, Duration::from_secs(15)).await
+}
+
+/// An OTLP/HTTP export request to the admin listener.
+fn export_bytes(body: &[u8], gzip: bool) -> Vec<u8> {
+    let mut v = format!(
+        "POST /v1/traces HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/x-protobuf\r\n{}content-length: {}\r\nconnection: close\r\n\r\n",
+        if gzip { "content-encoding: gzip\r\n" } else { "" },
+        body.len()
+    )
+    .into_bytes();
+    v.extend_from_slice(body);
+    v
+}
+
+/// 16 MiB of empty spans, gzip'd (~16 KiB on the wire).
+fn span_bomb() -> Vec<u8> {
+    let mut scope = Vec::with_capacity(16 << 20);
+    for _ in 0..(8 << 20) - 16 {
+        scope.extend_from_slice(&[0x12, 0x00]);
+    }
+    let wrap = |inner: Vec<u8>, field: u8| {
+        let mut out = vec![(field << 3) | 2];
+        let mut n = inner.len();
+        while n >= 0x80 {
+            out.push((n as u8) | 0x80);
+            n >>= 7;
+        }
+        out.push(n as u8);
+        out.extend(inner);
+        out
+    };
+    let plain = wrap(wrap(scope, 2), 1);
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    std::io::Write::write_all(&mut gz, &plain).unwrap();
+    gz.finish().unwrap()
+}
+
+/// A span of trace `i` with a queue and prefill of 1e19 s.
+fn forged_span(i: u64) -> Vec<u8> {
+    let attr = |k: &str| {
+        let mut any = vec![0x21]; // double_value = 4
+        any.extend_from_slice(&1e19f64.to_le_bytes());
+        let mut kv = vec![0x0a, k.len() as u8];
+        kv.extend_from_slice(k.as_bytes());
+        kv.push(0x12);
+        kv.push(any.len() as u8);
+        kv.extend(any);
+        kv
+    };
+    let mut span = vec![0x0a, 16];
+    span.extend_from_slice(&u128::from(i + 1).to_be_bytes());
+    span.extend_from_slice(&[0x22, 8]);
+    span.extend_from_slice(&(i + 1).to_be_bytes());
+    for k in [
+        "gen_ai.latency.time_in_queue",
+        "gen_ai.latency.time_in_model_prefill",
+    ] {
+        let kv = attr(k);
+        span.push(0x4a);
+        span.push(kv.len() as u8);
+        span.extend(kv);
+    }
+    let mut scope = vec![0x12, span.len() as u8];
+    scope.extend(span);
+    let mut rs = vec![0x12, scope.len() as u8];
+    rs.extend(scope);
+    let mut req = vec![0x0a, rs.len() as u8];
+    req.extend(rs);
+    req
+}
+
+/// The admin side under abuse: span bombs and forged spans to the OTLP receiver, results
+/// posted while the state files are swapped for a FIFO and a directory, and 70 trickled heads.
+fn admin_abuse(
+    admin: SocketAddr,
+    state: std::path::PathBuf,
+    shared: &Arc<Shared>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    let bomb = export_bytes(&span_bomb(), true);
+    for _ in 0..2 {
+        let (bomb, shared) = (bomb.clone(), Arc::clone(shared));
+        tasks.push(tokio::spawn(async move {
+            while !shared.stop_hostile.load(Ordering::Relaxed) {
+                let status = admin_raw(admin, &bomb).await;
+                shared.did("otlp_span_bomb");
+                shared.got(status.map(|s| format!("admin {s}")));
+            }
+        }));
+    }
+    let shared2 = Arc::clone(shared);
+    tasks.push(tokio::spawn(async move {
+        let mut i = 0;
+        while !shared2.stop_hostile.load(Ordering::Relaxed) {
+            i += 1;
+            let status = admin_raw(admin, &export_bytes(&forged_span(i), false)).await;
+            shared2.did("otlp_forged_span");
+            shared2.got(status.map(|s| format!("admin {s}")));
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }));
+    // The state files: rollbacks.jsonl a FIFO, verdicts.jsonl a directory; results posted on.
+    let _ = std::fs::remove_file(state.join("rollbacks.jsonl"));
+    let _ = std::process::Command::new("mkfifo")
+        .arg(state.join("rollbacks.jsonl"))
+        .status();
+    let _ = std::fs::remove_file(state.join("verdicts.jsonl"));
+    let _ = std::fs::create_dir(state.join("verdicts.jsonl"));
+    let shared3 = Arc::clone(shared);
+    tasks.push(tokio::spawn(async move {
+        let mut i = 0u64;
+        while !shared3.stop_hostile.load(Ordering::Relaxed) {
+            i += 1;
+            let body = format!(
+                r#"{{"kind":"accuracy","suite":"s{}","route":"exp","control":"a","variants":[{{"variant":"a","value":0.9,"n":100}},{{"variant":"b","value":0.6,"n":100}}],"comparisons":[{{"variant":"b","difference":-0.3,"ci95":[-0.4,-0.2]}}]}}"#,
+                i % 8
+            );
+            let req = format!(
+                "POST /experiments/quality HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let status = admin_raw(admin, req.as_bytes()).await;
+            shared3.did("quality_post");
+            shared3.got(status.map(|s| format!("admin {s}")));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }));
+    for _ in 0..70 {
+        let shared = Arc::clone(shared);
+        tasks.push(tokio::spawn(async move {
+            while !shared.stop_hostile.load(Ordering::Relaxed) {
+                let Ok(mut s) = TcpStream::connect(admin).await else {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                };
+                shared.did("admin_trickled_head");
+                for b in b"GET /stats HTTP/1.1\r\nhost: x\r\nx-pad: ".iter().cycle() {
+                    if shared.stop_hostile.load(Ordering::Relaxed)
+                        || s.write_all(&[*b]).await.is_err()
+                    {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+            }
+        }));
+    }
+    tasks
+}
+
+/// `/healthz` every 100 ms, each on a new connection, as a kubelet probes: answered within 1 s
+/// or not, and how long it took.
+async fn probe(admin: SocketAddr, shared: Arc<Shared>) -> Latency {
+    let mut lat = Latency::default();
+    while !shared.stop_normal.load(Ordering::Relaxed) {
+        let t0 = Instant::now();
+        let ok = tokio::time::timeout(
+            Duration::from_secs(1),
+            admin_raw(
+                admin,
+                b"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n",
+            ),
+        )
+        .await;
+        match ok {
+            Ok(Some(s)) if s.ends_with("200") => {
+                lat.ok += 1;
+                lat.e2e.push(t0.elapsed().as_secs_f64() * 1e3);
+            }
+            _ => lat.failed += 1,
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    lat
+}
+
+/// The value of every series of `names` on `/metrics`, by its line's name and labels.
+async fn admin_metrics(admin: SocketAddr, names: &[&str]) -> BTreeMap<String, f64> {
+    let mut s = match TcpStream::connect(admin).await {
+        Ok(s) => s,
+        Err(_) => return BTreeMap::new(),
+    };
+    let _ = s
+        .write_all(b"GET /metrics HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n")
+        .await;
+    let mut text = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut text)).await;
+    String::from_utf8_lossy(&text)
+        .lines()
+        .filter(|l| names.iter().any(|n| l.starts_with(n)))
+        .filter_map(|l| {
+            let (k, v) = l.rsplit_once(' ')?;
+            Some((k.to_owned(), v.parse().ok()?))
+        })
+        .collect()
+}
+
 /// Runs the soak: `quiet` seconds of normal traffic alone, then `abuse` seconds with the hostile
 /// clients and faulty-backend traffic. `normal` closed-loop clients, `silent_conns` idle sockets.
 pub async fn run(quiet: f64, abuse: f64, normal: usize, silent_conns: usize) -> Report {
@@ -490,23 +706,37 @@ pub async fn run(quiet: f64, abuse: f64, normal: usize, silent_conns: usize) -> 
     std::fs::create_dir_all(&dir).unwrap();
     let log = dir.join("access.jsonl");
     let mute = mute_backend().await;
+    let state = dir.join("state");
     let yaml = format!(
         "access_log: {{ path: {log:?} }}
+state_dir: {state:?}
 limits:
   client_idle_timeout: 2s
   header_read_timeout: 2s
   body_read_timeout: 2s
   max_connections: 4000
 backends:
-  - {{ name: good, url: \"http://{}\" }}
+  - {{ name: good, url: \"http://{good}\", engine_spans: {{ wait: 50ms }} }}
+  - {{ name: good2, url: \"http://{good}\" }}
   - {{ name: bad, url: \"http://{}\" }}
   - {{ name: mute, url: \"http://{mute}\" }}
 routes:
   - {{ name: mute, match: {{ path_prefix: /mute }}, backends: [mute], timeouts: {{ first_token: 1s }} }}
   - {{ name: bad, match: {{ model: bad }}, backends: [bad], retry: {{ attempts: 0 }} }}
+  - name: exp
+    match: {{ model: exp }}
+    experiment:
+      name: a-vs-b
+      min_samples: 10
+      accept: {{ e2e_change_max: 50, accuracy_drop_max_points: 1 }}
+      on_reject: fallback
+      variants:
+        - {{ name: a, backends: [good2], weight: 50, control: true }}
+        - {{ name: b, backends: [good2], weight: 50 }}
   - {{ name: good, backends: [good] }}
 ",
-        good.addr, bad.addr
+        bad.addr,
+        good = good.addr,
     );
     let config = inferscope::config::parse(&yaml, "abuse.yaml").unwrap();
     let gw = inferscope::app::start_local(config).await.unwrap();
@@ -536,6 +766,12 @@ routes:
     let faulty: Vec<_> = (0..4)
         .map(|_| tokio::spawn(normal_client(addr, Arc::clone(&shared), "bad")))
         .collect();
+    // Traffic for the experiment whose verdict is judged (and kept) every second.
+    let judged: Vec<_> = (0..2)
+        .map(|_| tokio::spawn(normal_client(addr, Arc::clone(&shared), "exp")))
+        .collect();
+    let admin = gw.admin_addr;
+    let probes = tokio::spawn(probe(admin, Arc::clone(&shared)));
     let mut hostile = Vec::new();
     for _ in 0..silent_conns {
         hostile.push(tokio::spawn(silent(addr, Arc::clone(&shared))));
@@ -579,6 +815,7 @@ routes:
     for (what, bytes) in actions {
         hostile.push(tokio::spawn(repeat(addr, Arc::clone(&shared), what, bytes)));
     }
+    hostile.extend(admin_abuse(admin, state.clone(), &shared));
     tokio::time::sleep(Duration::from_secs_f64(abuse)).await;
     shared.stop_normal.store(true, Ordering::Relaxed);
     let mut abused_lat = Latency::default();
@@ -589,8 +826,23 @@ routes:
     for c in faulty {
         merge(&mut faulty_lat, c.await.unwrap());
     }
+    for c in judged {
+        c.await.unwrap();
+    }
     let abuse_secs = t.elapsed().as_secs_f64();
     let rss_after = rss_kib();
+    let probes = probes.await.unwrap();
+    let admin_counts = admin_metrics(
+        admin,
+        &[
+            "inferscope_otlp_exports_total",
+            "inferscope_state_writes_total",
+            "inferscope_admin_connections_evicted_total",
+            "inferscope_engine_span_values_out_of_range_total",
+            "inferscope_engine_spans_dropped_total",
+        ],
+    )
+    .await;
     shared.stop_hostile.store(true, Ordering::Relaxed);
     for h in hostile {
         let _ = tokio::time::timeout(Duration::from_secs(40), h).await;
@@ -625,6 +877,8 @@ routes:
         outcomes,
         rss_kib: (rss_before, rss_after),
         seconds: (quiet_secs, abuse_secs),
+        probes,
+        admin_counts,
     }
 }
 

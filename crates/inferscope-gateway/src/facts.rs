@@ -94,9 +94,17 @@ pub struct EngineLoad {
 /// client proved), else the peer address — never a header the client chooses. 0 when neither
 /// is known.
 pub fn client_id(key: Option<&str>, addr: Option<std::net::IpAddr>) -> u64 {
+    // Hashed without allocating (once per request on an experiment's route); a key and an
+    // address never hash alike.
     match (key, addr) {
-        (Some(k), _) => crate::util::stable_hash(format!("key:{k}").as_bytes()) | 1,
-        (None, Some(a)) => crate::util::stable_hash(format!("addr:{a}").as_bytes()) | 1,
+        (Some(k), _) => crate::util::stable_hash(k.as_bytes()).rotate_left(1) | 1,
+        (None, Some(a)) => {
+            let v6 = match a {
+                std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+                std::net::IpAddr::V6(v6) => v6,
+            };
+            (crate::util::stable_hash(&v6.octets()) ^ 0x5bd1_e995_5bd1_e995) | 1
+        }
         (None, None) => 0,
     }
 }

@@ -125,9 +125,10 @@ fn unauthorized(path: &str) -> Response<GrpcReply> {
     r
 }
 
-/// Exports read at once: each may hold 16 MiB received and 16 MiB inflated; more wait for
-/// their turn (at most `BUSY_WAIT`, then an exporter is told to retry).
-pub(super) const CONCURRENT_EXPORTS: usize = 2;
+/// Exports read at once: each may hold 16 MiB received and 16 MiB inflated and take a core for
+/// tens of milliseconds; more wait for their turn (at most `BUSY_WAIT`, then an exporter is told
+/// to retry). A stream of span bombs costs one core at most.
+pub(super) const CONCURRENT_EXPORTS: usize = 1;
 /// How long an export waits for its turn.
 const BUSY_WAIT: Duration = Duration::from_secs(5);
 /// How long a whole export body may take to arrive (a trickled body is cut at this).
@@ -176,7 +177,7 @@ impl Receiver {
         w.family(
             name,
             "counter",
-            "OTLP trace exports the admin listener received, by outcome: accepted; invalid (not an OTLP trace export); too_large (past 16 MiB, received or inflated); slow_body (not whole within 10 s); busy (two exports were being read: retry); unauthorized (no admin token, or its address used up its tries); misdirected (a Host not the admin listener's); not_configured (no backend has engine_spans:).",
+            "OTLP trace exports the admin listener received, by outcome: accepted; invalid (not an OTLP trace export); too_large (past 16 MiB, received or inflated); slow_body (not whole within 10 s); busy (another export was being read for 5 s: retry); unauthorized (no admin token, or its address used up its tries); misdirected (a Host not the admin listener's); not_configured (no backend has engine_spans:).",
         );
         for (o, n) in OUTCOMES.iter().zip(&self.outcomes) {
             w.sample(
