@@ -501,10 +501,10 @@ fn export_bytes(body: &[u8], gzip: bool) -> Vec<u8> {
     v
 }
 
-/// 16 MiB of empty spans, gzip'd (~16 KiB on the wire).
+/// 4 MiB of empty spans (the most an export may hold), gzip'd (~4 KiB on the wire).
 fn span_bomb() -> Vec<u8> {
-    let mut scope = Vec::with_capacity(16 << 20);
-    for _ in 0..(8 << 20) - 16 {
+    let mut scope = Vec::with_capacity(4 << 20);
+    for _ in 0..(2 << 20) - 16 {
         scope.extend_from_slice(&[0x12, 0x00]);
     }
     let wrap = |inner: Vec<u8>, field: u8| {

@@ -519,9 +519,9 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
         counters: Arc::clone(&admin_connections),
         tls: admin_tls.clone(),
         // Trickled heads cannot hold every admin connection: at the cap, the one that has
-        // waited longest (a second at least) for its first head makes room for a new one, so
-        // probes, which send theirs at once, get in.
-        evict_waiting_heads: Some(std::time::Duration::from_secs(1)),
+        // waited longest (250 ms at least) for its first head makes room for a new one, so
+        // probes, which send theirs at once, get in well within a kubelet's 1 s timeout.
+        evict_waiting_heads: Some(std::time::Duration::from_millis(250)),
         ..ServerOptions::default()
     };
     let admin_task = tokio::spawn(server::run(

@@ -236,13 +236,13 @@ where
                 let mut permit = None;
                 // With eviction on, a connection waiting in the backlog is taken in, and the
                 // one that has waited longest for its first head makes room for it (tried
-                // again every 100 ms while none has waited long enough).
+                // again every 20 ms while none has waited long enough).
                 let mut evicted = false;
                 while permit.is_none() {
                     let min_age = opts.evict_waiting_heads;
                     let retry = async {
                         if early.is_some() && !evicted {
-                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            tokio::time::sleep(Duration::from_millis(20)).await;
                         } else {
                             std::future::pending::<()>().await;
                         }

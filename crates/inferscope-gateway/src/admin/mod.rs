@@ -498,7 +498,7 @@ fn metrics_body(state: &AdminState, router: &Router, protobuf: bool) -> (&'stati
     scalars.extend(state.connections.scalars());
     scalars.push(counter(
         "inferscope_admin_connections_evicted_total",
-        "Admin connections closed at the admin listener's connection cap to make room for a new one, because they had waited longest (a second at least) for their first request head (trickled heads: slowloris).",
+        "Admin connections closed at the admin listener's connection cap to make room for a new one, because they had waited longest (250 ms at least) for their first request head (trickled heads: slowloris).",
         state.admin_connections.evicted.load(Relaxed),
     ));
     scalars.push(counter(

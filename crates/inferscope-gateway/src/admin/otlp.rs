@@ -17,8 +17,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-/// Largest export accepted (compressed or not), bytes.
-const MAX_EXPORT: usize = 16 << 20;
+/// Largest export accepted, received and inflated, bytes: gRPC's default message size. An
+/// engine's batch span processor exports at most 512 spans at a time (~0.5 MB).
+const MAX_EXPORT: usize = 4 << 20;
 
 /// A gRPC answer: one message, then trailers carrying the status.
 #[derive(Debug, Default)]
@@ -101,7 +102,7 @@ fn gunzip(b: &[u8]) -> Result<Vec<u8>, &'static str> {
         .read_to_end(&mut out)
         .map_err(|_| "the gzip body could not be read")?;
     if out.len() > MAX_EXPORT {
-        return Err("the export is larger than 16 MiB once inflated");
+        return Err("the export is larger than 4 MiB once inflated");
     }
     Ok(out)
 }
@@ -125,7 +126,7 @@ fn unauthorized(path: &str) -> Response<GrpcReply> {
     r
 }
 
-/// Exports read at once: each may hold 16 MiB received and 16 MiB inflated and take a core for
+/// Exports read at once: each may hold 4 MiB received and 4 MiB inflated and take a core for
 /// tens of milliseconds; more wait for their turn (at most `BUSY_WAIT`, then an exporter is told
 /// to retry). A stream of span bombs costs one core at most.
 pub(super) const CONCURRENT_EXPORTS: usize = 1;
@@ -177,7 +178,7 @@ impl Receiver {
         w.family(
             name,
             "counter",
-            "OTLP trace exports the admin listener received, by outcome: accepted; invalid (not an OTLP trace export); too_large (past 16 MiB, received or inflated); slow_body (not whole within 10 s); busy (another export was being read for 5 s: retry); unauthorized (no admin token, or its address used up its tries); misdirected (a Host not the admin listener's); not_configured (no backend has engine_spans:).",
+            "OTLP trace exports the admin listener received, by outcome: accepted; invalid (not an OTLP trace export); too_large (past 4 MiB, received or inflated); slow_body (not whole within 10 s); busy (another export was being read for 5 s: retry); unauthorized (no admin token, or its address used up its tries); misdirected (a Host not the admin listener's); not_configured (no backend has engine_spans:).",
         );
         for (o, n) in OUTCOMES.iter().zip(&self.outcomes) {
             w.sample(
@@ -200,7 +201,7 @@ fn refuse(is_grpc: bool, status: StatusCode, code: u8, msg: &str) -> Response<Gr
 
 /// Receives one export where a backend expects its engine's spans and the admin token and the
 /// `Host` allow it. Bounded whoever sends it: its body must arrive within `BODY_TIMEOUT` and
-/// hold at most 16 MiB (inflated too); at most `CONCURRENT_EXPORTS` are read at once, off the
+/// hold at most 4 MiB (inflated too); at most `CONCURRENT_EXPORTS` are read at once, off the
 /// runtime's workers; what it decodes to is bounded by `receive::decode`.
 pub(super) async fn receive(
     State(state): State<Arc<AdminState>>,
@@ -286,7 +287,7 @@ pub(super) async fn receive(
                 is_grpc,
                 StatusCode::PAYLOAD_TOO_LARGE,
                 8,
-                "the export is larger than 16 MiB",
+                "the export is larger than 4 MiB",
             );
         }
         Err(_) => {
@@ -301,7 +302,7 @@ pub(super) async fn receive(
     };
     let gzip = header_is(&parts.headers, header::CONTENT_ENCODING, "gzip");
     let headers = parts.headers;
-    // Inflating and walking 16 MiB takes tens of milliseconds: off the runtime's workers.
+    // Inflating and walking 4 MiB takes tens of milliseconds: off the runtime's workers.
     let decoded = tokio::task::spawn_blocking(move || {
         if is_grpc {
             grpc_spans(&headers, &bytes)
@@ -326,14 +327,12 @@ pub(super) async fn receive(
                 http(StatusCode::OK, "")
             }
         }
+        Err(BadExport::Frame(m)) if m.contains("4 MiB") => {
+            rx.count("too_large");
+            refuse(is_grpc, StatusCode::PAYLOAD_TOO_LARGE, 8, m)
+        }
         Err(e) => {
-            rx.count(
-                if matches!(e, BadExport::Frame(m) if m.contains("16 MiB")) {
-                    "too_large"
-                } else {
-                    "invalid"
-                },
-            );
+            rx.count("invalid");
             refuse(is_grpc, StatusCode::BAD_REQUEST, 3, &e.to_string())
         }
     }
