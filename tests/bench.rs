@@ -981,23 +981,23 @@ async fn sharegpt_replies_set_the_output_lengths_by_the_backends_tokenizer_with_
             prompts += sim_tokens(sim.addr, turns[0]["value"].as_str().unwrap()).await;
         }
     }
-    // 100 requests go round the 12 prompts: 8 full rounds and 4 more.
-    assert_eq!(r.requests, 100);
-    let per_round = asked;
+    // 100 requests of 12 kept entries: each kept one once, then 88 drawn from them as vLLM
+    // oversamples, said so.
+    assert_eq!((r.requests, w.oversampled), (100, 88));
     assert!(
-        r.requested_output_tokens > 8 * per_round && r.requested_output_tokens < 9 * per_round,
-        "{} asked, {per_round} a round",
+        stderr.contains("88 requests repeat kept entries"),
+        "{stderr}"
+    );
+    assert!(
+        r.requested_output_tokens > asked && r.requested_output_tokens < 100 * asked / 12 * 3,
+        "{} asked, {asked} for the twelve",
         r.requested_output_tokens
     );
     assert_eq!(
         r.total_output_tokens, r.requested_output_tokens,
         "the simulator honours ignore_eos"
     );
-    assert!(
-        r.total_input_tokens > 8 * prompts && r.total_input_tokens < 9 * prompts,
-        "{} prompt tokens, {prompts} a round",
-        r.total_input_tokens
-    );
+    assert!(r.total_input_tokens > prompts, "{}", r.total_input_tokens);
     // --max-tokens overrides the replies' lengths (and skips the output-length filter).
     let (run, report) = bench_run(&[
         "--url",
@@ -1651,4 +1651,142 @@ async fn a_sweep_to_the_knee_doubles_until_the_slos_break_then_bisects() {
         .count();
     assert_eq!(rates.len(), doublings + 2, "{rates:?}");
     assert!(stdout.contains("capacity: "), "{stdout}");
+}
+
+/// A backend whose `/tokenize` fails now and then (every `fail_every`-th call: a busy engine's
+/// tokenizer), and always for a prompt holding `poison`; it answers chat completions at once.
+/// Returns its address and the prompts it answered, in order.
+async fn flaky_tokenizer(
+    fail_every: usize,
+    poison: &'static str,
+) -> (
+    std::net::SocketAddr,
+    std::sync::Arc<parking_lot::Mutex<Vec<String>>>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let asked = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = std::sync::Arc::clone(&asked);
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let (seen, calls) = (std::sync::Arc::clone(&seen), std::sync::Arc::clone(&calls));
+            tokio::spawn(async move {
+                loop {
+                    // One request: head, then its Content-Length body.
+                    let mut buf = Vec::new();
+                    let mut byte = [0u8; 1];
+                    while !buf.ends_with(b"\r\n\r\n") {
+                        if s.read_exact(&mut byte).await.is_err() {
+                            return;
+                        }
+                        buf.push(byte[0]);
+                    }
+                    let head = String::from_utf8_lossy(&buf).to_ascii_lowercase();
+                    let len = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse::<usize>().ok())
+                        .unwrap_or(0);
+                    let mut body = vec![0u8; len];
+                    if s.read_exact(&mut body).await.is_err() {
+                        return;
+                    }
+                    let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+                    let (status, reply) = if head.starts_with("post /tokenize") {
+                        let text = v["prompt"].as_str().unwrap_or_default();
+                        let n = calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                        if text.contains(poison) || n % fail_every == 0 {
+                            ("500 Internal Server Error", "{}".to_owned())
+                        } else {
+                            let count = text.split_whitespace().count() + 1;
+                            ("200 OK", format!("{{\"count\":{count}}}"))
+                        }
+                    } else {
+                        let prompt = v["prompt"]
+                            .as_str()
+                            .or_else(|| v["messages"][0]["content"].as_str())
+                            .unwrap_or_default()
+                            .to_owned();
+                        seen.lock().push(prompt);
+                        (
+                            "200 OK",
+                            r#"{"id":"c","object":"text_completion","model":"demo","choices":[{"index":0,"text":"ok","finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}"#.to_owned(),
+                        )
+                    };
+                    let out = format!(
+                        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{reply}",
+                        reply.len()
+                    );
+                    if s.write_all(out.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, asked)
+}
+
+/// A tokenizer that fails now and then loses no entry (each count is tried again) and recycles
+/// none: the kept entries are sent once each, in vLLM's order. One that keeps failing on some
+/// entries drops those, counted by reason — and past a bound the run stops and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_tokenizer_drops_nothing_silently_and_repeats_no_prompt() {
+    let file = workload("sharegpt.json");
+    let (addr, asked) = flaky_tokenizer(3, "no-such-text").await;
+    let url = format!("http://{addr}");
+    let (run, report) = bench_run(&[
+        "--url",
+        &url,
+        "--dataset",
+        &file,
+        "--requests",
+        "12",
+        "--endpoint",
+        "completions",
+        "--no-stream",
+        "--max-tokens",
+        "4",
+    ])
+    .await;
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    let w = report.unwrap().run.unwrap().workload.unwrap();
+    assert_eq!(
+        (w.entries, w.kept, w.tokenizer_failed, w.oversampled),
+        (15, 12, 0, 0),
+        "{w:?}"
+    );
+    let prompts = asked.lock().clone();
+    let distinct: std::collections::BTreeSet<&String> = prompts.iter().collect();
+    assert_eq!(
+        (prompts.len(), distinct.len()),
+        (12, 12),
+        "no prompt repeated"
+    );
+
+    // Entries the tokenizer never counts (the four prompts holding \"the\"): dropped and
+    // counted, up to three; past it, the run stops and says why.
+    let (addr, _) = flaky_tokenizer(usize::MAX, " the ").await;
+    let url = format!("http://{addr}");
+    let (run, _) = bench_run(&[
+        "--url",
+        &url,
+        "--dataset",
+        &file,
+        "--requests",
+        "12",
+        "--endpoint",
+        "completions",
+        "--no-stream",
+    ])
+    .await;
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("the tokenizer") && stderr.contains("failed on 4 of the"),
+        "{stderr}"
+    );
 }

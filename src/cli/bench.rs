@@ -115,6 +115,11 @@ pub(crate) struct Args {
     /// and Alpaca's replies, LongBench's maxima, random's); 128 where it sets none.
     #[arg(long)]
     max_tokens: Option<u32>,
+    /// When --requests asks for more than a dataset holds after its filters, send each kept
+    /// entry once instead of repeating entries drawn as `vllm bench serve` draws them (its
+    /// `--no-oversample`).
+    #[arg(long)]
+    no_oversample: bool,
     /// A request not answered in full within this long (e.g. 30s) fails with reason `timeout`
     /// (default: no limit).
     #[arg(long)]
@@ -251,6 +256,7 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
         duration,
         no_stream,
         max_tokens,
+        no_oversample,
         timeout,
         ignore_eos,
         slo,
@@ -470,8 +476,10 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
                 seed,
                 &counter,
                 max_tokens,
+                no_oversample,
             )
-            .await;
+            .await
+            .with_context(|| path.display().to_string())?;
             info.other_length = other_length;
             anyhow::ensure!(
                 !prompts.is_empty(),
@@ -515,6 +523,12 @@ pub(crate) async fn exec(args: Args) -> anyhow::Result<()> {
             dropped(s),
             s.counted_by
         );
+        if s.oversampled > 0 {
+            eprintln!(
+                "warning: --requests {requests} asks for more than the {} entries kept: {} requests repeat kept entries, drawn as vllm bench serve draws them (--no-oversample sends each once)",
+                s.kept, s.oversampled
+            );
+        }
     }
     let dataset_path = dataset.as_ref().map(|p| p.display().to_string());
     let run_info = |o: &BenchOptions| {
@@ -716,6 +730,7 @@ fn dropped(s: &crate::lab::loadgen::workload::Sampled) -> String {
         (s.too_long, "too long"),
         (s.other_length, "of another length"),
         (s.length_misses, "off their length"),
+        (s.tokenizer_failed, "not counted (the tokenizer failed)"),
     ]
     .iter()
     .filter(|(n, _)| *n > 0)

@@ -135,10 +135,19 @@ const BUSY_WAIT: Duration = Duration::from_secs(5);
 /// How long a whole export body may take to arrive (a trickled body is cut at this).
 const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The receiver's own state: the turns for reading exports, and what became of each export.
+/// Bytes of exports (inflated) read a second at most, on average; an export past it waits its
+/// turn as `busy` (an exporter retries). An engine exporting a span per request at 1,000 requests
+/// a second sends ~1 MB a second; a stream of span bombs is held to a few percent of a core.
+const READ_PER_SECOND: f64 = (8 << 20) as f64;
+
+/// The receiver's own state: the turns for reading exports, the budget of bytes it reads, and
+/// what became of each export.
 #[derive(Debug)]
 pub struct Receiver {
     turns: tokio::sync::Semaphore,
+    /// Bytes that may still be read now (refilled at `READ_PER_SECOND` up to one second's), and
+    /// when it was last refilled.
+    budget: parking_lot::Mutex<(f64, std::time::Instant)>,
     /// Exports by outcome, in `OUTCOMES` order.
     outcomes: [AtomicU64; OUTCOMES.len()],
 }
@@ -147,6 +156,7 @@ impl Default for Receiver {
     fn default() -> Self {
         Self {
             turns: tokio::sync::Semaphore::new(CONCURRENT_EXPORTS),
+            budget: parking_lot::Mutex::new((READ_PER_SECOND, std::time::Instant::now())),
             outcomes: Default::default(),
         }
     }
@@ -165,6 +175,20 @@ const OUTCOMES: [&str; 8] = [
 ];
 
 impl Receiver {
+    /// Whether an export may be read now (the budget is not spent).
+    fn may_read(&self) -> bool {
+        let mut b = self.budget.lock();
+        let now = std::time::Instant::now();
+        let refill = now.duration_since(b.1).as_secs_f64() * READ_PER_SECOND;
+        *b = ((b.0 + refill).min(READ_PER_SECOND), now);
+        b.0 > 0.0
+    }
+
+    /// `bytes` were read (inflated).
+    fn spent(&self, bytes: usize) {
+        self.budget.lock().0 -= bytes as f64;
+    }
+
     fn count(&self, outcome: &str) {
         if let Some(i) = OUTCOMES.iter().position(|o| *o == outcome) {
             self.outcomes[i].fetch_add(1, Ordering::Relaxed);
@@ -178,7 +202,7 @@ impl Receiver {
         w.family(
             name,
             "counter",
-            "OTLP trace exports the admin listener received, by outcome: accepted; invalid (not an OTLP trace export); too_large (past 4 MiB, received or inflated); slow_body (not whole within 10 s); busy (another export was being read for 5 s: retry); unauthorized (no admin token, or its address used up its tries); misdirected (a Host not the admin listener's); not_configured (no backend has engine_spans:).",
+            "OTLP trace exports the admin listener received, by outcome: accepted; invalid (not an OTLP trace export); too_large (past 4 MiB, received or inflated); slow_body (not whole within 10 s); busy (another export was being read for 5 s, or more than 8 MiB a second came: retry); unauthorized (no admin token, or its address used up its tries); misdirected (a Host not the admin listener's); not_configured (no backend has engine_spans:).",
         );
         for (o, n) in OUTCOMES.iter().zip(&self.outcomes) {
             w.sample(
@@ -300,22 +324,36 @@ pub(super) async fn receive(
             );
         }
     };
+    // The body is read (an exporter writing it must not meet a closed connection); what it
+    // costs to inflate and walk is what the budget holds back.
+    if !rx.may_read() {
+        rx.count("busy");
+        return refuse(
+            is_grpc,
+            StatusCode::TOO_MANY_REQUESTS,
+            8,
+            "more than 8 MiB of exports a second: retry",
+        );
+    }
     let gzip = header_is(&parts.headers, header::CONTENT_ENCODING, "gzip");
     let headers = parts.headers;
     // Inflating and walking 4 MiB takes tens of milliseconds: off the runtime's workers.
-    let decoded = tokio::task::spawn_blocking(move || {
+    let received = bytes.len();
+    let (decoded, read) = tokio::task::spawn_blocking(move || {
         if is_grpc {
             grpc_spans(&headers, &bytes)
         } else if gzip {
-            gunzip(&bytes)
-                .map_err(BadExport::Frame)
-                .and_then(|b| receive::decode(&b))
+            match gunzip(&bytes) {
+                Ok(b) => (receive::decode(&b), b.len()),
+                Err(e) => (Err(BadExport::Frame(e)), MAX_EXPORT),
+            }
         } else {
-            receive::decode(bytes.chunk())
+            (receive::decode(bytes.chunk()), bytes.len())
         }
     })
     .await
-    .unwrap_or(Err(BadExport::Frame("the export could not be read")));
+    .unwrap_or((Err(BadExport::Frame("the export could not be read")), 0));
+    rx.spent(read.max(received));
     match decoded {
         Ok(d) => {
             rx.count("accepted");
@@ -338,14 +376,21 @@ pub(super) async fn receive(
     }
 }
 
-fn grpc_spans(headers: &HeaderMap, body: &[u8]) -> Result<receive::Decoded, BadExport> {
+/// The engine spans of a gRPC body, and the bytes read to get them (inflated).
+fn grpc_spans(headers: &HeaderMap, body: &[u8]) -> (Result<receive::Decoded, BadExport>, usize) {
     // A compressed message (flag 1) under `grpc-encoding: gzip`.
     if body.first() == Some(&1) && header_is(headers, "grpc-encoding", "gzip") {
         let mut plain = body.to_vec();
         plain[0] = 0;
-        let inner = receive::grpc_message(&plain)?;
-        let inflated = gunzip(inner).map_err(BadExport::Frame)?;
-        return receive::decode(&inflated);
+        let inflated =
+            receive::grpc_message(&plain).and_then(|inner| gunzip(inner).map_err(BadExport::Frame));
+        return match inflated {
+            Ok(b) => (receive::decode(&b), b.len()),
+            Err(e) => (Err(e), MAX_EXPORT),
+        };
     }
-    receive::decode(receive::grpc_message(body)?)
+    (
+        receive::grpc_message(body).and_then(receive::decode),
+        body.len(),
+    )
 }

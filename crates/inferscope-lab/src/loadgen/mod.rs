@@ -9,6 +9,7 @@
 
 pub mod dataset;
 pub mod hardware;
+pub mod pyrandom;
 pub mod workload;
 
 pub use workload::{synthetic_prompts, Prompt};

@@ -78,6 +78,20 @@ impl Counter {
         }
     }
 
+    /// `count`, tried again twice (after 100 and 400 ms) when the tokenizer does not answer: a
+    /// busy engine's tokenizer fails now and then, and a workload is not to lose entries to it.
+    pub async fn count_retrying(&self, text: &str) -> Option<u32> {
+        for wait in [0, 100, 400] {
+            if wait > 0 {
+                tokio::time::sleep(Duration::from_millis(wait)).await;
+            }
+            if let Some(c) = self.count(text).await {
+                return Some(c);
+            }
+        }
+        None
+    }
+
     /// What the report says of the counting.
     pub fn describe(&self) -> String {
         match self {
@@ -150,6 +164,31 @@ pub struct Sampled {
     pub other_length: usize,
     /// Random prompts whose count missed the length asked (tokenizers merge words at times).
     pub length_misses: usize,
+    /// Dropped: the tokenizer did not answer for them (after retries).
+    #[serde(default)]
+    pub tokenizer_failed: usize,
+    /// Requests that repeat a kept entry because more were asked for than the dataset holds
+    /// after its filters (as `vllm bench serve` oversamples; `--no-oversample`: none).
+    #[serde(default)]
+    pub oversampled: usize,
+}
+
+/// Entries the tokenizer may fail on before a run stops (besides 1% of the entries): a
+/// workload is run as given or not at all.
+const MAX_TOKENIZER_FAILURES: usize = 3;
+
+/// Why a workload could not be sampled as given.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("the tokenizer ({counted_by}) failed on {failed} of the {tried} entries tried (at most {allowed}): the workload cannot be counted as vLLM counts it; is /tokenize up and the model name right?")]
+pub struct SampleError {
+    /// How lengths were being counted.
+    pub counted_by: String,
+    /// Entries the tokenizer failed on.
+    pub failed: usize,
+    /// Entries tried.
+    pub tried: usize,
+    /// Failures allowed.
+    pub allowed: usize,
 }
 
 /// vLLM's filters for datasets with reference replies (`is_valid_sequence`): prompt and output
@@ -165,9 +204,14 @@ fn verdict(prompt: u32, output: u32, output_fixed: bool) -> Result<(), bool> {
     Ok(())
 }
 
-/// Up to `n` requests from `entries`, shuffled by `seed` and taken in order: each entry with a
+/// `n` requests from `entries`, as `vllm bench serve` samples them: shuffled as Python's
+/// `random.seed(seed); random.shuffle(…)` shuffles them and taken in that order; each entry with a
 /// reply gets the reply's length in tokens as its output length (`fixed_output` overrides it)
-/// and passes vLLM's filters, or is dropped.
+/// and passes vLLM's filters, or is dropped and counted by reason. A count the tokenizer does
+/// not give (after retries) drops the entry, counted; past `MAX_TOKENIZER_FAILURES` (or 1% of the
+/// entries) the sampling stops with an error. Fewer kept than `n`: the rest repeat kept entries
+/// drawn as vLLM draws them (`random.seed(seed); random.choice(…)`), counted, unless
+/// `no_oversample`.
 pub async fn sample(
     layout: &str,
     mut entries: Vec<Entry>,
@@ -175,16 +219,18 @@ pub async fn sample(
     seed: u64,
     counter: &Counter,
     fixed_output: Option<u32>,
-) -> (Vec<Prompt>, Sampled) {
+    no_oversample: bool,
+) -> Result<(Vec<Prompt>, Sampled), SampleError> {
     let mut info = Sampled {
         layout: layout.to_owned(),
         counted_by: counter.describe(),
         entries: entries.len(),
         ..Sampled::default()
     };
-    shuffle(&mut entries, seed);
+    let allowed = MAX_TOKENIZER_FAILURES.max(entries.len() / 100);
+    super::pyrandom::PyRandom::seed(seed).shuffle(&mut entries);
     let mut out = Vec::with_capacity(n.min(entries.len()));
-    for e in entries {
+    for (tried, e) in (1..).zip(entries) {
         if out.len() >= n {
             break;
         }
@@ -196,15 +242,23 @@ pub async fn sample(
             });
             continue;
         };
-        let Some(prompt_len) = counter.count(&e.prompt).await else {
-            continue;
+        let prompt_len = counter.count_retrying(&e.prompt).await;
+        let output = match (fixed_output, prompt_len) {
+            (Some(f), _) => Some(f),
+            (None, Some(_)) => counter.count_retrying(reply).await,
+            (None, None) => None,
         };
-        let output = match fixed_output {
-            Some(f) => f,
-            None => match counter.count(reply).await {
-                Some(c) => c,
-                None => continue,
-            },
+        let (Some(prompt_len), Some(output)) = (prompt_len, output) else {
+            info.tokenizer_failed += 1;
+            if info.tokenizer_failed > allowed {
+                return Err(SampleError {
+                    counted_by: info.counted_by,
+                    failed: info.tokenizer_failed,
+                    tried,
+                    allowed,
+                });
+            }
+            continue;
         };
         match verdict(prompt_len, output, fixed_output.is_some()) {
             Ok(()) => out.push(Prompt {
@@ -217,7 +271,16 @@ pub async fn sample(
         }
     }
     info.kept = out.len();
-    (out, info)
+    if out.len() < n && !out.is_empty() && !no_oversample {
+        let mut rng = super::pyrandom::PyRandom::seed(seed);
+        let kept = out.len();
+        for _ in kept..n {
+            let i = rng.choice(kept);
+            out.push(out[i].clone());
+        }
+        info.oversampled = n - kept;
+    }
+    Ok((out, info))
 }
 
 /// A random workload's shape, in tokens (vLLM's `--random-*`).
@@ -337,15 +400,6 @@ async fn fit(
     got
 }
 
-/// Fisher–Yates by the run's seed.
-fn shuffle<T>(v: &mut [T], seed: u64) {
-    let mut rng = crate::util::Rng::new(seed);
-    for i in (1..v.len()).rev() {
-        let j = (rng.next_u64() % (i as u64 + 1)) as usize;
-        v.swap(i, j);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -383,14 +437,35 @@ mod tests {
             entry(&long, "a reply long enough"),
             entry("another prompt here", "and its reply, at length"),
         ];
-        let (kept, info) =
-            sample("sharegpt", entries.clone(), 10, 7, &Counter::Estimate, None).await;
+        let (kept, info) = sample(
+            "sharegpt",
+            entries.clone(),
+            10,
+            7,
+            &Counter::Estimate,
+            None,
+            true,
+        )
+        .await
+        .unwrap_or_default();
         assert_eq!((info.kept, info.too_short, info.too_long), (2, 1, 1));
         assert!(kept
             .iter()
             .all(|p| p.output_tokens == Some(6) || p.output_tokens == Some(7)));
-        let (again, _) = sample("sharegpt", entries, 10, 7, &Counter::Estimate, Some(50)).await;
+        let (again, info) = sample(
+            "sharegpt",
+            entries,
+            10,
+            7,
+            &Counter::Estimate,
+            Some(50),
+            false,
+        )
+        .await
+        .unwrap_or_default();
         assert!(again.iter().all(|p| p.output_tokens == Some(50)));
+        // Ten asked, two kept: eight repeat, said so.
+        assert_eq!((again.len(), info.kept, info.oversampled), (10, 2, 8));
     }
 
     #[tokio::test]
