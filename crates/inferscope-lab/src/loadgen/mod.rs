@@ -291,6 +291,44 @@ pub struct Sample {
     /// Sent in the warm-up or cool-down stretch: in none of the figures.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub excluded: bool,
+    /// The same request timed by `vllm bench serve`'s definitions (streamed requests): what
+    /// `--format vllm` writes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vllm: Option<VllmTimes>,
+}
+
+/// One streamed request as `vllm bench serve` times it: every event whose `choices` is not
+/// empty counts — the role chunk and a finish chunk with no text too — and the trailing usage
+/// chunk and `[DONE]` do not. Milliseconds from the send.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct VllmTimes {
+    /// The first event with choices (vLLM's TTFT: our TTFC where the role chunk comes first).
+    pub ttft_ms: f64,
+    /// Between consecutive events with choices (vLLM's ITL).
+    pub itl_ms: Vec<f64>,
+    /// The last event with choices (vLLM's E2E latency: the usage chunk and `[DONE]` after it
+    /// are not waited for).
+    pub latency_ms: f64,
+}
+
+/// Whether an event's JSON has a non-empty `choices` array, as `vllm bench serve` tells a chunk
+/// that counts (`if choices := data.get("choices")`).
+fn has_choices(data: &[u8]) -> bool {
+    let Some(at) = memchr::memmem::find(data, b"\"choices\"") else {
+        return false;
+    };
+    let mut rest = data[at + 9..]
+        .iter()
+        .skip_while(|b| b.is_ascii_whitespace());
+    if rest.next() != Some(&b':') {
+        return false;
+    }
+    let mut rest = rest.skip_while(|b| b.is_ascii_whitespace());
+    if rest.next() != Some(&b'[') {
+        return false;
+    }
+    rest.find(|b| !b.is_ascii_whitespace())
+        .is_some_and(|b| *b != b']')
 }
 
 /// Why a request did not succeed, with what the client saw.
@@ -515,6 +553,8 @@ async fn attempt(
     }
     let mut scanner = SseScanner::default();
     let (mut first, mut last): (Option<Instant>, Option<Instant>) = (None, None);
+    // vLLM's clock: the events with choices.
+    let mut vllm: Option<(VllmTimes, Instant)> = None;
     let mut events = 0u64;
     let mut usage_out = None;
     let mut whole = Vec::new();
@@ -537,6 +577,24 @@ async fn attempt(
         }
         scanner.feed(&data, |ev| {
             s.ttfc.get_or_insert(ms(now));
+            if has_choices(ev.data) {
+                match &mut vllm {
+                    None => {
+                        vllm = Some((
+                            VllmTimes {
+                                ttft_ms: ms(now),
+                                ..VllmTimes::default()
+                            },
+                            now,
+                        ));
+                    }
+                    Some((v, prev)) => {
+                        v.itl_ms
+                            .push(now.saturating_duration_since(*prev).as_secs_f64() * 1000.0);
+                        *prev = now;
+                    }
+                }
+            }
             let obs = dialect.classify(ev.data);
             s.complete |= obs.done;
             if let Some(u) = obs.usage {
@@ -556,6 +614,10 @@ async fn attempt(
         });
     }
     s.e2e = ms(Instant::now());
+    s.vllm = vllm.map(|(mut v, last)| {
+        v.latency_ms = ms(last);
+        v
+    });
     if o.stream {
         s.ttft = first.map(ms);
         s.output_tokens = usage_out.unwrap_or(events);
@@ -1482,23 +1544,43 @@ pub fn vllm_result(
         "output_lens",
         json!(finished.iter().map(|s| s.output_tokens).collect::<Vec<_>>()),
     );
+    // vLLM's definitions, where it has them (streamed requests: `Sample::vllm`): TTFT to the
+    // first event with choices, ITL between such events, E2E to the last of them, TPOT their
+    // (E2E − TTFT) over the output tokens after the first. A request without them (not
+    // streamed) is timed as ours: TTFT 0 (vLLM's for a non-streamed endpoint), E2E ours.
+    let ttft = |s: &Sample| s.vllm.as_ref().map(|v| v.ttft_ms);
+    let latency = |s: &Sample| s.vllm.as_ref().map_or(s.e2e, |v| v.latency_ms);
+    fn itl(s: &Sample) -> &[f64] {
+        s.vllm.as_ref().map_or(&[][..], |v| &v.itl_ms[..])
+    }
+    let tpot = |s: &Sample| {
+        let v = s.vllm.as_ref()?;
+        (s.output_tokens > 1).then(|| (v.latency_ms - v.ttft_ms) / (s.output_tokens - 1) as f64)
+    };
+    put(
+        "definitions",
+        json!("vLLM's (vllm bench serve): ttft to the first chunk with choices (the role chunk counts), itl between chunks with choices, latency to the last of them, tpot (latency - ttft) / (output tokens - 1); inferscope's own are in its own format"),
+    );
     put(
         "ttfts",
         json!(finished
             .iter()
-            .map(|s| s.ttft.map_or(0.0, secs))
+            .map(|s| ttft(s).map_or(0.0, secs))
             .collect::<Vec<_>>()),
     );
     put(
         "itls",
         json!(finished
             .iter()
-            .map(|s| s.itl.iter().copied().map(secs).collect::<Vec<_>>())
+            .map(|s| itl(s).iter().copied().map(secs).collect::<Vec<_>>())
             .collect::<Vec<_>>()),
     );
     put(
         "latencies",
-        json!(finished.iter().map(|s| secs(s.e2e)).collect::<Vec<_>>()),
+        json!(finished
+            .iter()
+            .map(|s| secs(latency(s)))
+            .collect::<Vec<_>>()),
     );
     put(
         "errors",
@@ -1512,13 +1594,13 @@ pub fn vllm_result(
             .collect::<Vec<_>>()),
     );
     let metrics: [(&str, Vec<f64>); 4] = [
-        ("ttft", ok.iter().filter_map(|s| s.ttft).collect()),
-        ("tpot", ok.iter().filter_map(|s| s.tpot).collect()),
+        ("ttft", ok.iter().filter_map(|s| ttft(s)).collect()),
+        ("tpot", ok.iter().filter_map(|s| tpot(s)).collect()),
         (
             "itl",
-            ok.iter().flat_map(|s| s.itl.iter().copied()).collect(),
+            ok.iter().flat_map(|s| itl(s).iter().copied()).collect(),
         ),
-        ("e2el", ok.iter().map(|s| s.e2e).collect()),
+        ("e2el", ok.iter().map(|s| latency(s)).collect()),
     ];
     for (name, mut v) in metrics {
         v.sort_unstable_by(f64::total_cmp);
@@ -1938,7 +2020,20 @@ pub fn render_sweep(rows: &[BenchReport]) -> String {
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
-    use super::{capacity, gamma, linear_percentile, BenchReport, Dist};
+    use super::{capacity, gamma, has_choices, linear_percentile, BenchReport, Dist};
+
+    #[test]
+    fn a_chunk_counts_for_vllm_when_its_choices_are_not_empty() {
+        assert!(has_choices(
+            br#"{"id":"c","choices":[{"index":0,"delta":{"role":"assistant"}}]}"#
+        ));
+        assert!(has_choices(br#"{"choices" : [ {"text":""} ]}"#));
+        assert!(!has_choices(
+            br#"{"id":"c","choices":[],"usage":{"completion_tokens":3}}"#
+        ));
+        assert!(!has_choices(br#"{"choices": [ ] }"#));
+        assert!(!has_choices(br#"{"type":"message_start"}"#));
+    }
 
     #[test]
     fn gamma_variates_have_their_shapes_mean_and_variance() {
