@@ -157,6 +157,7 @@ fn cli_output_shapes() {
         via_gateway: false,
         sent_s: 0.0,
         excluded: false,
+        vllm: None,
     }];
     let report =
         inferscope::lab::loadgen::summarize(&samples, std::time::Duration::from_secs(1), &[]);
