@@ -1815,3 +1815,75 @@ async fn a_failing_tokenizer_drops_nothing_silently_and_repeats_no_prompt() {
         "{stderr}"
     );
 }
+
+/// A backend given as `http://host:port/v1` (the OpenAI SDK's and LiteLLM's habit): requests
+/// keep their path, and the engine's own paths (`/tokenize`, `/metrics`, `/health`) reach its
+/// root, so bench counts in the engine's tokens through the gateway; `check` refuses a URL that
+/// names an endpoint, with the base URL to give instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_url_ending_in_v1_reaches_the_engines_own_paths() {
+    let sim = start_sim(exact(1.0, 0.2), 1).await;
+    let dir = temp_dir();
+    let gw = start_yaml(&format!(
+        "access_log: {{ path: {:?} }}\nbackends:\n  - {{ name: e, url: \"http://{}/v1\", metrics: {{ interval: 100ms }} }}\nroutes:\n  - {{ name: all, backends: [e] }}\n",
+        dir.join("access.jsonl"),
+        sim.addr
+    ))
+    .await;
+    let r = post(
+        gw.data_addr,
+        "/tokenize",
+        r#"{"model":"demo","prompt":"hello there world"}"#,
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body()));
+    let url = format!("http://{}", gw.data_addr);
+    let (run, report) = bench_run(&[
+        "--url",
+        &url,
+        "--dataset",
+        &workload("sharegpt.json"),
+        "--requests",
+        "12",
+        "--max-tokens",
+        "4",
+    ])
+    .await;
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let w = report.unwrap().run.unwrap().workload.unwrap();
+    assert!(w.counted_by.starts_with("tokenizer at"), "{w:?}");
+    // The engine's own metrics are scraped from its root too.
+    until(
+        Duration::from_secs(5),
+        "a scrape of the engine's /metrics",
+        || async {
+            backend_stats(gw.admin_addr, "e").await["scrape"]["ok_total"]
+                .as_u64()
+                .is_some_and(|n| n > 0)
+        },
+    )
+    .await;
+    gw.shutdown();
+
+    let cfg = dir.join("endpoint.yaml");
+    std::fs::write(
+        &cfg,
+        "backends:\n  - { name: e, url: \"http://127.0.0.1:8000/v1/chat/completions\" }\nroutes:\n  - { name: all, backends: [e] }\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_inferscope"))
+        .args(["check", cfg.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("names an endpoint") && err.contains("`http://127.0.0.1:8000/v1`"),
+        "{err}"
+    );
+}

@@ -2052,3 +2052,43 @@ async fn an_accepted_variant_is_promoted_by_steps_and_a_reset_undoes_it() {
         serde_json::json!(["accuracy_drop_max_points 1 on quiz: met"])
     );
 }
+
+/// ITL counts gaps, but a stream's gaps are one draw: its comparison waits for `min_samples`
+/// requests like every other metric (it once called a difference significant at 15 requests a
+/// variant, counting their hundreds of gaps as independent), and resamples requests, not gaps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn itl_waits_for_the_same_horizon_in_requests() {
+    let (fp16, int8) = (
+        start_sim(exact(2.0, 2.0), 1).await,
+        start_sim(exact(2.0, 1.0), 2).await,
+    );
+    let dir = temp_dir();
+    let gw = start_yaml(&yaml(&dir, fp16.addr, int8.addr, 20)).await;
+    // No sticky key sent: the split alternates; 30 requests of 40 tokens, about 15 a variant.
+    for _ in 0..30 {
+        chat_ok(gw.data_addr, true, 40).await;
+    }
+    let (_, body) = admin_get(gw.admin_addr, "/experiments").await;
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let itl = comparison(&doc, "int8", "itl");
+    let n = itl["n_treatment"].as_u64().unwrap();
+    assert!(n < 20, "counted in requests, not gaps: {itl}");
+    assert!(
+        itl["verdict"]
+            .as_str()
+            .unwrap()
+            .contains("not enough data yet"),
+        "{itl}"
+    );
+    assert!(itl.get("significant").is_none(), "{itl}");
+    // At the horizon in requests, the same difference is found, resampled by request.
+    for _ in 0..20 {
+        chat_ok(gw.data_addr, true, 40).await;
+    }
+    let (_, body) = admin_get(gw.admin_addr, "/experiments").await;
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let itl = comparison(&doc, "int8", "itl");
+    assert!(itl["n_treatment"].as_u64().unwrap() >= 20, "{itl}");
+    assert_eq!(itl["significant"], true, "{itl}");
+    stop_and_read_log(gw, &dir).await;
+}

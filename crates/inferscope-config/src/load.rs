@@ -494,6 +494,27 @@ fn validate_backend(b: &BackendConfig) -> Result<(), (&'static str, String)> {
             if uri.host().is_none() {
                 return Err(("url", format!("`{url}` has no host")));
             }
+            let path = uri.path().trim_end_matches('/');
+            if let Some(endpoint) = [
+                "/chat/completions",
+                "/completions",
+                "/messages",
+                "/responses",
+                "/embeddings",
+                "/generate",
+            ]
+            .into_iter()
+            .find(|e| path.ends_with(e))
+            {
+                let trimmed = url.trim_end_matches('/');
+                let base = trimmed.strip_suffix(endpoint).unwrap_or(trimmed);
+                return Err((
+                    "url",
+                    format!(
+                        "`{url}` names an endpoint ({endpoint}): give the server's base URL, e.g. `{base}` (each request keeps its own path)"
+                    ),
+                ));
+            }
             if uri.query().is_some() {
                 return Err((
                     "url",

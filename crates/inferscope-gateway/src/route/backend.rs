@@ -115,6 +115,17 @@ impl Drop for BackendGuard {
     }
 }
 
+/// The paths an engine (vLLM, SGLang) serves at its host's root, beside its OpenAI API.
+const ENGINE_ROOT_PATHS: [&str; 7] = [
+    "/tokenize",
+    "/detokenize",
+    "/health",
+    "/metrics",
+    "/version",
+    "/ping",
+    "/get_model_info",
+];
+
 /// `pq` under the API root `root` (see `Backend::upstream_path`).
 pub(super) fn join_root(root: &str, pq: Option<&PathAndQuery>) -> Option<PathAndQuery> {
     let root = root.trim_end_matches('/');
@@ -122,6 +133,11 @@ pub(super) fn join_root(root: &str, pq: Option<&PathAndQuery>) -> Option<PathAnd
         return pq.cloned();
     }
     let full = pq.map_or("/", |p| p.as_str());
+    // `http://host:8000/v1` (the OpenAI SDK's and LiteLLM's habit) names an engine's API: its
+    // own paths are at the host's root, not under `/v1` (vLLM answers `/v1/tokenize` 404).
+    if root == "/v1" && pq.is_some_and(|p| ENGINE_ROOT_PATHS.contains(&p.path())) {
+        return pq.cloned();
+    }
     let rest = match full.strip_prefix("/v1") {
         Some(r) if r.is_empty() || r.starts_with(['/', '?']) => r,
         _ => full,
@@ -250,7 +266,10 @@ impl Backend {
     /// The upstream path and query for a request's: the request's own, under the base URL's API
     /// root when it has one. An OpenAI-style root stands for the gateway's `/v1`
     /// (`https://host/api/v1` sends `/v1/chat/completions` to `/api/v1/chat/completions`); other
-    /// paths go under the root whole (`/health` to `/api/v1/health`).
+    /// paths go under the root whole (`/health` to `/api/v1/health`) — but under a bare `/v1`
+    /// (an engine's URL as the OpenAI SDK takes it) an engine's own paths (`/tokenize`,
+    /// `/detokenize`, `/health`, `/metrics`, `/version`) go to the host's root, where it serves
+    /// them.
     pub fn upstream_path(&self, pq: Option<&PathAndQuery>) -> Option<PathAndQuery> {
         join_root(self.base.path(), pq)
     }
@@ -457,6 +476,27 @@ impl Backend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_engines_own_paths_go_to_its_root_under_a_bare_v1() {
+        let j = |root: &str, p: &'static str| {
+            join_root(root, Some(&PathAndQuery::from_static(p))).map(|p| p.to_string())
+        };
+        assert_eq!(
+            j("/v1", "/v1/chat/completions").as_deref(),
+            Some("/v1/chat/completions")
+        );
+        assert_eq!(j("/v1/", "/tokenize").as_deref(), Some("/tokenize"));
+        assert_eq!(j("/v1", "/metrics").as_deref(), Some("/metrics"));
+        assert_eq!(j("/v1", "/health?x=1").as_deref(), Some("/health?x=1"));
+        // A hosted API under its own root keeps its paths under it.
+        assert_eq!(j("/api/v1", "/health").as_deref(), Some("/api/v1/health"));
+        assert_eq!(
+            j("/api/v1", "/v1/models").as_deref(),
+            Some("/api/v1/models")
+        );
+        assert_eq!(j("/v1", "/other").as_deref(), Some("/v1/other"));
+    }
 
     fn backend(threshold: u32) -> Arc<Backend> {
         let outlier = OutlierConfig {
