@@ -622,3 +622,28 @@ for path in sys.argv[2:]:
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A usage error exits 64 in every command — never a code a command gives a decision
+/// (`verdict`'s 2 is "undecided, wait"); `--help` exits 0. The table is in `inferscope --help`.
+#[test]
+fn usage_errors_have_an_exit_status_of_their_own() {
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_inferscope"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    for args in [
+        &["verdict", "--no-such-flag"][..],
+        &["bench", "--rate", "fast"],
+        &["report"],
+        &["eval", "--concurrency"],
+        &[],
+    ] {
+        let out = run(args);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {:?}", out);
+    }
+    assert_eq!(run(&["verdict", "--help"]).status.code(), Some(0));
+    let help = String::from_utf8(run(&["--help"]).stdout).unwrap();
+    assert!(help.contains("64  usage"), "{help}");
+}

@@ -19,9 +19,22 @@ mod serve;
 mod sim;
 mod verdict;
 
+/// Exit statuses, the same in every command (a pipeline may gate on them).
+const EXIT_STATUSES: &str = "Exit status, every command:
+  0   done (verdict: accept; health: healthy)
+  1   the command ran and failed: an error it names (bench: no request succeeded or past
+      --max-error-rate; eval: a variant with no answered item; verdict: reject; health: not
+      healthy; gpu: no GPU)
+  2   verdict: undecided (wait and ask again); check, report: the input is invalid
+  3   verdict: the experiment could not be read
+  64  usage: an unknown flag, a missing or invalid argument (nothing was run)";
+
+/// Exit status of a usage error (sysexits' EX_USAGE): no command reads it as a decision.
+const USAGE: u8 = 64;
+
 /// A streaming-aware measuring gateway for LLM inference.
 #[derive(Debug, Parser)]
-#[command(name = "inferscope", version, about)]
+#[command(name = "inferscope", version, about, after_long_help = EXIT_STATUSES)]
 pub struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -68,7 +81,18 @@ enum Cmd {
 
 /// Entry point of the binary.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return match e.kind() {
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
+                    ExitCode::SUCCESS
+                }
+                _ => ExitCode::from(USAGE),
+            };
+        }
+    };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
