@@ -2092,3 +2092,73 @@ async fn itl_waits_for_the_same_horizon_in_requests() {
     assert_eq!(itl["significant"], true, "{itl}");
     stop_and_read_log(gw, &dir).await;
 }
+
+/// Quality alone can decide: before any live request, an eval's result judges the variant on
+/// its quality limit — `inferscope verdict` exits 1 on a broken one (and the fallback acts), and
+/// 0 (accept, the status a rollout pipeline gates on) where every limit is met.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quality_alone_decides_before_any_live_request() {
+    let (fp16, int8) = quiz_sims(0.0, 0.0).await;
+    let yaml = format!(
+        "backends:\n  - {{ name: fp16, url: \"http://{}\" }}\n  - {{ name: int8, url: \"http://{}\" }}\nroutes:\n  - name: chat\n    experiment:\n      name: int8-vs-fp16\n      accept: {{ accuracy_drop_max_points: 1.0 }}\n      on_reject: fallback\n      variants:\n        - {{ name: fp16, backends: [fp16], weight: 50, control: true }}\n        - {{ name: int8, backends: [int8], weight: 50 }}\n",
+        fp16.addr, int8.addr
+    );
+    let verdict = |admin: String| {
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_inferscope"))
+                .args(["verdict", "--admin", &admin])
+                .output()
+                .unwrap()
+        })
+    };
+    let result = |difference: f64, ci: [f64; 2]| {
+        format!(
+            r#"{{"kind":"accuracy","suite":"quiz","route":"chat","model":"m","control":"fp16","variants":[{{"variant":"fp16","value":0.9,"n":500}},{{"variant":"int8","value":{},"n":500}}],"comparisons":[{{"variant":"int8","difference":{difference},"ci95":[{},{}]}}]}}"#,
+            0.9 + difference,
+            ci[0],
+            ci[1]
+        )
+    };
+    // A broken limit: reject, exit 1, rolled back — no request served yet.
+    let gw = start_yaml(&yaml).await;
+    let r = post(
+        gw.admin_addr,
+        "/experiments/quality",
+        &result(-0.19, [-0.23, -0.15]),
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let out = verdict(format!("http://{}", gw.admin_addr)).await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains("accuracy_drop_max_points 1 on quiz: BROKEN"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("decision: reject"), "{stdout}");
+    let (_, body) = admin_get(gw.admin_addr, "/experiments").await;
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        doc["experiments"][0]["guardrails"]["tripped"][0]["variant"], "int8",
+        "{doc}"
+    );
+    gw.shutdown();
+    assert!(gw.wait().await);
+
+    // Every limit met: accept, exit 0.
+    let gw = start_yaml(&yaml).await;
+    let r = post(
+        gw.admin_addr,
+        "/experiments/quality",
+        &result(0.0, [-0.004, 0.004]),
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let out = verdict(format!("http://{}", gw.admin_addr)).await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("decision: accept"), "{stdout}");
+    gw.shutdown();
+}

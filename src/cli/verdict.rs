@@ -152,7 +152,7 @@ fn render(j: &Judged, decision: Option<Decision>) -> String {
         match decision {
             Some(d) => d.as_str(),
             None if j.verdicts.is_empty() =>
-                "undecided: no variant but the control has served a request yet",
+                "undecided: no variant but the control has served a request or been scored yet",
             None => "undecided: no accept: limits (give the experiment accept:, or --accept)",
         }
     );
@@ -228,4 +228,38 @@ fn offline(args: &Args) -> anyhow::Result<Judged> {
         control,
         verdicts: r.verdicts.unwrap_or_default(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(variant: &str, decision: Option<Decision>) -> VerdictRow {
+        VerdictRow {
+            variant: variant.into(),
+            control: "c".into(),
+            decision,
+            checks: Vec::new(),
+            row: String::new(),
+        }
+    }
+
+    #[test]
+    fn the_experiments_decision_is_the_worst_of_its_variants() {
+        use Decision::{Accept, Reject, Undecided};
+        let o = |rows: &[(&str, Option<Decision>)]| {
+            overall(&rows.iter().map(|(v, d)| row(v, *d)).collect::<Vec<_>>())
+        };
+        assert_eq!(o(&[("a", Some(Accept)), ("b", Some(Accept))]), Some(Accept));
+        assert_eq!(
+            o(&[("a", Some(Accept)), ("b", Some(Undecided))]),
+            Some(Undecided)
+        );
+        assert_eq!(
+            o(&[("a", Some(Undecided)), ("b", Some(Reject))]),
+            Some(Reject)
+        );
+        assert_eq!(o(&[("a", Some(Accept)), ("b", None)]), None);
+        assert_eq!(o(&[]), None);
+    }
 }

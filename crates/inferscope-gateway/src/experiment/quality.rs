@@ -582,10 +582,23 @@ pub fn verdicts(
         .iter()
         .filter(|r| r.kind == QualityKind::Perplexity)
         .count();
-    summary
+    // Every variant with evidence of any kind is judged on what it has: one that served no
+    // request yet but was scored by an eval gets its quality checks (a quality reject needs no
+    // latency sample).
+    let mut judged: Vec<&str> = summary
         .variants
         .iter()
         .map(|v| v.variant.as_str())
+        .collect();
+    for r in results {
+        for v in &r.variants {
+            if !judged.contains(&v.variant.as_str()) {
+                judged.push(v.variant.as_str());
+            }
+        }
+    }
+    judged
+        .into_iter()
         .filter(|v| *v != control)
         .map(|variant| {
             let mut parts = Vec::new();
