@@ -353,10 +353,9 @@ fn instructions(bin: &Path, config: &Path, dir: &Path, s: &Scenario) -> f64 {
     let text = std::fs::read_to_string(&out).unwrap();
     let total: f64 = text
         .lines()
-        .find_map(|l| {
-            l.strip_prefix("summary:")
-                .or_else(|| l.strip_prefix("totals:"))
-        })
+        // `totals:` is what was counted while instrumentation was on (`summary:` is 0 with
+        // `--instr-atstart=no`).
+        .find_map(|l| l.strip_prefix("totals:"))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or_else(|| panic!("no total in {}", out.display()));
     total / s.requests as f64

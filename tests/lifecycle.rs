@@ -220,6 +220,12 @@ async fn h2c_clients_are_served_and_measured() {
 async fn embedded_default_measures_both_simulated_backends() {
     let mut cfg = inferscope::config::embedded_default().unwrap();
     cfg.access_log = None;
+    // The embedded default keeps its state across a restart, beside its access log.
+    assert_eq!(
+        cfg.state_dir.as_deref(),
+        Some(std::path::Path::new("inferscope-state"))
+    );
+    cfg.state_dir = Some(temp_dir());
     let gw = inferscope::app::start_local(cfg).await.unwrap();
     // One request forced to each variant (the override header), so both backends are measured.
     let mut variants = Vec::new();

@@ -361,12 +361,14 @@ pub async fn start(config: Arc<Config>, overrides: Overrides) -> anyhow::Result<
             Ok(n)
         });
         match kept {
-            Ok(n) => tracing::info!(
-                dir = %dir.display(),
-                "state: {n} quality results, {} rollbacks and {} promotions read back",
+            Ok(n) => {
+                tracing::info!(
+                "state kept in {}: {n} quality results, {} rollbacks and {} promotions read back",
+                std::path::absolute(dir).unwrap_or_else(|_| dir.clone()).display(),
                 rollbacks.tripped.len(),
                 rollbacks.promoted.len()
-            ),
+            )
+            }
             Err(e) => anyhow::bail!("state_dir {}: {e}", dir.display()),
         }
     }
