@@ -143,7 +143,7 @@ fn main() {
                 .fold(BTreeMap::new(), |mut doc, ((name, kind), v)| {
                     doc.entry(name.clone())
                         .or_default()
-                        .insert(kind.as_str(), v.round());
+                        .insert(kind.as_str(), (v * 100.0).round() / 100.0);
                     doc
                 });
         let text = serde_json::to_string_pretty(&doc).unwrap();

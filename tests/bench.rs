@@ -182,6 +182,11 @@ async fn a_benchmark_is_counted_apart_where_the_route_takes_its_purpose() {
                 "8",
                 "--compare-gateway",
                 &admin,
+                // The engine's description and its /metrics read through the run: the
+                // benchmark's requests too, never live traffic.
+                "--engine-info",
+                "--sample-every",
+                "50ms",
                 "--out",
                 &out_arg,
             ])

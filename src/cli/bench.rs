@@ -706,11 +706,13 @@ impl Sampling {
         &self,
         o: &crate::lab::loadgen::BenchOptions,
     ) -> crate::lab::loadgen::hardware::Sampler {
+        // The engine's reads are the benchmark's too (its purpose), not the run's requests.
         crate::lab::loadgen::hardware::Sampler::start(
             self.engine.clone(),
             self.gpu.clone(),
             self.every,
             o.connector.clone(),
+            crate::lab::loadgen::without_run(&o.headers),
         )
     }
 }

@@ -52,12 +52,15 @@ pub struct Sampler {
 
 impl Sampler {
     /// Starts sampling `engine` (an engine's `/metrics` URL) and `gpu` every `every`, the first
-    /// reading at once. `connector` makes the connections (TLS for `https://`).
+    /// reading at once. `connector` makes the connections (TLS for `https://`); `headers` go
+    /// with each (the run's purpose, so a gateway counts these reads as the benchmark's, and
+    /// its key).
     pub fn start(
         engine: Option<String>,
         gpu: Option<GpuSource>,
         every: Duration,
         connector: crate::tls::Connector,
+        headers: Vec<(String, String)>,
     ) -> Self {
         let (stop, mut stopped) = tokio::sync::oneshot::channel();
         let client: Client<crate::tls::Connector, Full<Bytes>> =
@@ -78,7 +81,7 @@ impl Sampler {
                 }
                 let t = start.elapsed().as_secs_f64();
                 let engine_text = match &engine {
-                    Some(u) => match get(&client, u).await {
+                    Some(u) => match get(&client, u, &headers).await {
                         Ok(t) => Some(t),
                         Err(e) => {
                             note(&mut errors, format!("{u}: {e}"));
@@ -95,7 +98,7 @@ impl Sampler {
                     .map(|t| EngineView::parse(&t, base))
                     .filter(|v| !v.is_empty());
                 let gpu_view = match &gpu {
-                    Some(GpuSource::Url(u)) => match get(&client, u).await {
+                    Some(GpuSource::Url(u)) => match get(&client, u, &headers).await {
                         Ok(t) => Some(GpuView::parse(&t)).filter(|g| g.count > 0),
                         Err(e) => {
                             note(&mut errors, format!("{u}: {e}"));
@@ -144,8 +147,9 @@ fn note(errors: &mut Vec<String>, e: String) {
 async fn get(
     client: &Client<crate::tls::Connector, Full<Bytes>>,
     url: &str,
+    headers: &[(String, String)],
 ) -> Result<String, String> {
-    let b = super::get_body(client, url, &[], 16 << 20).await?;
+    let b = super::get_body(client, url, headers, 16 << 20).await?;
     Ok(String::from_utf8_lossy(&b).into_owned())
 }
 
